@@ -1,0 +1,38 @@
+"""The `nexus-eval` CLI root. Each area registers its verbs from `nexus_eval.commands.<area>`.
+
+Heavy imports (torch, docker, celery) happen inside the commands, so `nexus-eval --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from nexus_eval.commands import demo, episode, images, service, tasks
+
+app = typer.Typer(
+    name="nexus-eval",
+    help="Measure how KV-cache eviction changes what a coding agent can do.",
+    no_args_is_help=True,
+    pretty_exceptions_show_locals=False,
+)
+
+
+
+@app.command()
+def version() -> None:
+    """Print the installed nexus-eval version."""
+    from importlib.metadata import version as _v
+
+    typer.echo(_v("nexus-eval"))
+
+
+for _area in (demo, images, tasks, episode, service):
+    _area.register(app)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

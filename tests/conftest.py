@@ -1,0 +1,33 @@
+"""Shared test plumbing.
+
+Markers: `docker` (a real engine), `services` (real Redis + PostgreSQL on 127.0.0.1), `slow`, `gpu`.
+Tests that need an outside part skip with a reason when it is missing on a developer's machine,
+but under CI (`CI=true`) a missing part is a failure: CI starts everything, so a skip there would
+hide a broken install step.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
+
+
+def require(condition: bool, reason: str) -> None:
+    """Skip locally, fail under CI, when an outside part the test needs is missing."""
+    if condition:
+        return
+    if IN_CI:
+        pytest.fail(f"required in CI: {reason}")
+    pytest.skip(reason)
+
+
+def pytest_collection_modifyitems(config, items):
+    import torch
+
+    has_gpu = torch.cuda.is_available()
+    for item in items:
+        if "gpu" in item.keywords and not has_gpu:
+            item.add_marker(pytest.mark.skip(reason="needs a CUDA device"))
