@@ -1,1 +1,19 @@
-"""db package."""
+"""nexus-eval's result store: SQLAlchemy 2 models, Alembic migrations, and a repository API.
+
+Entry points:
+- :func:`connect` / :func:`migrate` (``db.connection``): open a database by URL (SQLite file by default,
+  ``$NEXUS_EVAL_DB`` or ``./runs/nexus-eval.db``; PostgreSQL via ``postgresql+psycopg://``), migrating it
+  to the newest schema through the Alembic API.
+- ``db.models``: ``Job``, ``Episode``, ``Turn`` and the status words.
+- ``db.store``: create jobs, fan out episodes, claim/finish/grade them idempotently, reruns, summaries.
+
+This package knows nothing about Docker, models or Celery.
+"""
+
+from db.connection import Database, connect, default_url, make_engine, migrate, sqlite_url
+from db.models import Episode, EpisodeStatus, Job, JobStatus, Turn
+
+__all__ = [
+    "Database", "Episode", "EpisodeStatus", "Job", "JobStatus", "Turn", "connect", "default_url", "make_engine",
+    "migrate", "sqlite_url",
+]  # fmt: skip

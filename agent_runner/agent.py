@@ -1,0 +1,188 @@
+"""The agent loop: model completes -> parse the call -> the tool runs -> observation back; limits end it.
+
+Exit statuses are exceptions (subclasses of :class:`AgentExit`), raised where the reason is found and
+caught once in :meth:`Agent.run`, which turns them into ``EpisodeResult.exit_status``. The checks after
+every turn run in R2E-Gym's order: submitted, context, absolute steps, wall time, then (ours) consecutive
+format errors. The soft limit (``soft_step_limit``, DeepSWE's 40) only changes the "Steps Remaining" text
+the model sees; the absolute limit (``max_steps``, 100) stops the loop.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any, ClassVar, Literal, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from agent_runner import prompts
+from agent_runner.backends import Model, ModelError
+from agent_runner.environment import Environment
+from agent_runner.parsing import ParsedAction, parse_response, resynthesize
+from agent_runner.records import Completion, EpisodeResult, EpisodeTotals, Message, TurnRecord
+from env.tools import ToolCall, ToolResult
+
+
+class AgentConfig(BaseModel):
+    """Limits and formatting of one agent run (DeepSWE's evaluation values by default)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_steps: int = Field(100, ge=1, description="absolute turn limit (R2E max_steps_absolute)")
+    soft_step_limit: int = Field(40, ge=1, description="the step budget shown as 'Steps Remaining'")
+    max_context_tokens: int = Field(65536, ge=1, description="logical tokens (prompt + generated)")
+    wall_time_s: float = Field(50_000.0, gt=0, description="model + env time for the whole run")
+    max_format_errors: int | None = Field(10, ge=1, description="consecutive turns without a call; None: off")
+    max_new_tokens: int | None = Field(None, ge=1, description="per-turn cap passed to the backend")
+    seed: int = 0
+    history: Literal["raw", "resynthesized"] = Field(
+        "raw", description="assistant messages as generated (rLLM default) or R2E's thought + canonical call"
+    )
+    duplicate_params: Literal["last", "first"] = "last"
+
+
+class AgentExit(Exception):
+    """Ends the loop; ``exit_status`` is the word stored with the episode."""
+
+    exit_status: ClassVar[str]
+
+
+class Submitted(AgentExit):
+    exit_status = "submitted"
+
+
+class StepLimit(AgentExit):
+    exit_status = "step_limit"
+
+
+class ContextLimit(AgentExit):
+    exit_status = "context_limit"
+
+
+class TimeLimit(AgentExit):
+    exit_status = "time_limit"
+
+
+class FormatErrorLimit(AgentExit):
+    exit_status = "format_error_limit"
+
+
+class InfraError(AgentExit):
+    """The model host or the sandbox failed (wraps env.sandbox.InfraError, ModelError and anything else)."""
+
+    exit_status = "infra_failure"
+
+
+class TaskLike(Protocol):
+    instance_id: str
+    problem_statement: str
+
+
+Intervene = Callable[[int, ParsedAction], ParsedAction | None]
+
+
+class Agent:
+    """Runs one episode of ``model`` against ``environment``. ``on_turn`` sees every TurnRecord as it is
+    made (persist it, print it); ``intervene(turn_index, parsed)`` may return a replacement action before
+    it executes (interactive rerun), or None to keep the model's."""
+
+    def __init__(self, model: Model, environment: Environment, config: AgentConfig | None = None, *,
+                 on_turn: Callable[[TurnRecord], Any] | None = None, intervene: Intervene | None = None):
+        self.model, self.env, self.config = model, environment, config or AgentConfig()
+        self.on_turn, self.intervene = on_turn, intervene
+        self.messages: list[Message] = []
+        self.turns: list[TurnRecord] = []
+
+    def run(self, task: TaskLike) -> EpisodeResult:
+        cfg, started = self.config, time.monotonic()
+        self.messages = [Message(role="system", content=prompts.system_prompt()),
+                         Message(role="user", content=prompts.instance_prompt(task, cfg.soft_step_limit))]
+        exit_status, error, format_errors = "infra_failure", None, 0
+        try:
+            self.model.reset(seed=cfg.seed)
+            for index in range(cfg.max_steps):
+                completion, model_s = self._complete()
+                parsed = parse_response(completion.text, duplicates=cfg.duplicate_params)
+                parsed, intervened = self._intervene(index, parsed)
+                self.messages.append(Message(role="assistant", content=self._history(completion, parsed, intervened)))
+                result = self._step(parsed.call, completion)
+                format_errors = 0 if parsed.call else format_errors + 1
+                turn = TurnRecord(index=index, completion=completion, thought=parsed.thought, action=parsed.call,
+                                  parse_error=parsed.error, format_error=parsed.call is None, intervened=intervened,
+                                  observation=result.observation, submitted=result.submitted, env_s=result.seconds,
+                                  model_s=model_s, steps_remaining=cfg.soft_step_limit - index - 1)
+                stop = self._exit_after(turn, time.monotonic() - started, format_errors)
+                if stop is None:
+                    turn.user_message = prompts.observation_message(result.observation, turn.steps_remaining)
+                    self.messages.append(Message(role="user", content=turn.user_message))
+                self.turns.append(turn)
+                if self.on_turn is not None:
+                    self.on_turn(turn)
+                if stop is not None:
+                    raise stop
+            raise StepLimit(f"reached max_steps={cfg.max_steps}")  # only when max_steps loop ran out
+        except AgentExit as exc:
+            exit_status, error = exc.exit_status, _describe(exc)
+        except Exception as exc:  # a bug or an on_turn failure: recorded with its traceback, turns kept
+            error = "unexpected " + "".join(traceback.format_exception(exc)).strip()
+        return EpisodeResult(task_id=task.instance_id, exit_status=exit_status, error=error, turns=self.turns,
+                             messages=self.messages, config={"agent": cfg.model_dump(mode="json")},
+                             timings={"agent_s": time.monotonic() - started}, totals=EpisodeTotals.of(self.turns))
+
+    def _complete(self) -> tuple[Completion, float]:
+        t0 = time.monotonic()
+        try:
+            completion = self.model.complete(list(self.messages), max_new_tokens=self.config.max_new_tokens)
+        except ModelError as exc:
+            raise InfraError(f"model: {exc}") from exc
+        except Exception as exc:
+            raise InfraError(f"model raised {type(exc).__name__}: {exc}") from exc
+        return completion, time.monotonic() - t0
+
+    def _intervene(self, index: int, parsed: ParsedAction) -> tuple[ParsedAction, bool]:
+        replacement = self.intervene(index, parsed) if self.intervene is not None else None
+        return (parsed, False) if replacement is None else (replacement, True)
+
+    def _history(self, completion: Completion, parsed: ParsedAction, intervened: bool) -> str:
+        return resynthesize(parsed) if intervened or self.config.history == "resynthesized" else completion.text
+
+    def _step(self, call: ToolCall | None, completion: Completion) -> ToolResult:
+        if completion.prompt_tokens >= self.config.max_context_tokens:
+            return ToolResult(observation="", submitted=False, seconds=0.0)  # over budget: do not act
+        if call is None:
+            return ToolResult(observation=prompts.NO_FUNCTION_CALL_REMINDER, submitted=False, seconds=0.0)
+        try:
+            return self.env.step(call)
+        except Exception as exc:  # env.sandbox.InfraError and anything else the sandbox raises
+            raise InfraError(f"environment: {call.name} failed: {type(exc).__name__}: {exc}") from exc
+
+    def _exit_after(self, turn: TurnRecord, elapsed_s: float, format_errors: int) -> AgentExit | None:
+        cfg, steps_done, logical = self.config, turn.index + 1, turn.completion.logical_length
+        if turn.submitted:
+            return Submitted(f"submitted at step {steps_done}")
+        if turn.completion.prompt_tokens >= cfg.max_context_tokens or logical >= cfg.max_context_tokens:
+            return ContextLimit(f"logical length {logical} >= max_context_tokens={cfg.max_context_tokens}")
+        if steps_done >= cfg.max_steps:
+            return StepLimit(f"reached max_steps={cfg.max_steps}")
+        if elapsed_s >= cfg.wall_time_s:
+            return TimeLimit(f"{elapsed_s:.1f}s >= wall_time_s={cfg.wall_time_s}")
+        if cfg.max_format_errors is not None and format_errors >= cfg.max_format_errors:
+            return FormatErrorLimit(f"{format_errors} consecutive turns without a function call")
+        return None
+
+
+def _describe(exc: AgentExit) -> str | None:
+    """The reason text; for infra failures caused by an unexpected exception, with its traceback."""
+    if isinstance(exc, Submitted):
+        return None
+    cause = exc.__cause__
+    if cause is None or isinstance(cause, ModelError) or type(cause).__name__ == "InfraError":
+        return str(exc)
+    return f"{exc}\n" + "".join(traceback.format_exception(cause)).strip()
+
+
+def run_agent(model: Model, environment: Environment, task: TaskLike, config: AgentConfig | None = None, *,
+              on_turn: Callable[[TurnRecord], Any] | None = None, intervene: Intervene | None = None) -> EpisodeResult:
+    """Run one episode and return its result (no patch, no grade: see agent_runner.episode_core)."""
+    return Agent(model, environment, config, on_turn=on_turn, intervene=intervene).run(task)

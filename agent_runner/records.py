@@ -1,0 +1,160 @@
+"""What one episode leaves behind: messages, per-turn telemetry, and the episode result.
+
+These are plain pydantic models so the service can store them whole (``model_dump(mode="json")``) and the
+CLI can print them. Backends fill a :class:`Completion` per model call; the agent loop wraps it in a
+:class:`TurnRecord` with the parsed action and the observation; :func:`agent_runner.episode_core.run_episode`
+returns an :class:`EpisodeResult` with the patch and the grade.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from env.tools import ToolCall
+
+Role = Literal["system", "user", "assistant"]
+
+# The agent's exit statuses (see agent_runner.agent); grading statuses come from env.grading.GradeResult.
+ExitStatus = Literal[
+    "submitted", "step_limit", "context_limit", "time_limit", "format_error_limit", "infra_failure"
+]
+
+
+class Message(BaseModel):
+    """One chat message. Messages are never edited after they are sent: a stateful backend (the hf one
+    under true eviction) relies on the conversation only ever growing at the end."""
+
+    model_config = ConfigDict(frozen=True)
+
+    role: Role
+    content: str
+
+
+class LayerStats(BaseModel):
+    """A per-layer quantity (e.g. physical cache slots) summarised over the model's layers."""
+
+    min: float
+    mean: float
+    max: float
+
+    @classmethod
+    def of(cls, values: list[float] | list[int]) -> LayerStats:
+        """Summarise one value per layer; ``values`` must be non-empty."""
+        if not values:
+            raise ValueError("LayerStats.of needs at least one per-layer value")
+        return cls(min=min(values), mean=sum(values) / len(values), max=max(values))
+
+
+class Completion(BaseModel):
+    """One model call's text and telemetry, as reported by a backend.
+
+    Token counts are in the backend's tokenizer. ``logical_length`` is the length of the whole token
+    stream the model has seen after this call (prompt + generated); ``physical_before/after`` are cache
+    slots held per layer just before and after this turn's eviction (``None`` for backends without a
+    visible cache, e.g. an HTTP endpoint). Fields a backend cannot measure stay at their defaults.
+    """
+
+    text: str
+    tokens_appended: int = 0  # tokens newly fed to the model this turn (not present in the previous stream)
+    tokens_generated: int = 0
+    prompt_tokens: int = 0  # length of the prompt this call conditioned on (logical)
+    logical_length: int = 0
+    physical_before: LayerStats | None = None
+    physical_after: LayerStats | None = None
+    eviction_events: int = 0
+    cache_bytes: int | None = None
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    tokens_per_s: float | None = None
+    finish_reason: str | None = None  # "stop" (end of turn) | "length" (hit max_new_tokens) | backend's own
+    extra: dict[str, Any] = Field(default_factory=dict)
+
+
+class TurnRecord(BaseModel):
+    """One turn: a completion, what the parser made of it, and what the environment answered.
+
+    ``observation`` is the tool's text (or the no-function-call reminder) without the "Steps Remaining"
+    suffix; ``user_message`` is exactly what was sent back to the model (observation + suffix), or
+    ``None`` on the final turn when nothing more was sent.
+    """
+
+    index: int  # 0-based
+    completion: Completion
+    thought: str
+    action: ToolCall | None
+    parse_error: str | None = None
+    format_error: bool = False  # no usable function call in the completion
+    intervened: bool = False  # the caller's intervene hook replaced the parsed action
+    observation: str
+    user_message: str | None = None
+    submitted: bool = False
+    env_s: float = 0.0
+    model_s: float = 0.0  # wall time of model.complete as seen by the loop
+    steps_remaining: int = 0  # the soft budget left after this turn (may go negative)
+
+    @property
+    def raw(self) -> str:
+        """The raw completion text exactly as the model produced it."""
+        return self.completion.text
+
+
+class EpisodeTotals(BaseModel):
+    """Sums over the turns of an episode."""
+
+    turns: int = 0
+    tokens_generated: int = 0
+    tokens_appended: int = 0
+    eviction_events: int = 0
+    format_errors: int = 0
+    max_logical_length: int = 0
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    model_s: float = 0.0
+    env_s: float = 0.0
+
+    @classmethod
+    def of(cls, turns: list[TurnRecord]) -> EpisodeTotals:
+        return cls(
+            turns=len(turns),
+            tokens_generated=sum(t.completion.tokens_generated for t in turns),
+            tokens_appended=sum(t.completion.tokens_appended for t in turns),
+            eviction_events=sum(t.completion.eviction_events for t in turns),
+            format_errors=sum(1 for t in turns if t.format_error),
+            max_logical_length=max((t.completion.logical_length for t in turns), default=0),
+            prefill_s=sum(t.completion.prefill_s for t in turns),
+            decode_s=sum(t.completion.decode_s for t in turns),
+            model_s=sum(t.model_s for t in turns),
+            env_s=sum(t.env_s for t in turns),
+        )
+
+
+class EpisodeResult(BaseModel):
+    """The outcome of one episode.
+
+    ``exit_status`` is how the agent loop ended; ``grade`` is env.grading's ``GradeResult`` dumped to a dict
+    (kept as a dict so this module does not import the Docker side), ``None`` when not graded.
+    ``status`` is the one word the service reports: the grade's status when graded, else the exit status.
+    ``error`` says why, for every exit but ``submitted``; ``grade_error`` is set when grading itself raised.
+    """
+
+    task_id: str
+    exit_status: ExitStatus
+    error: str | None = None
+    patch: str | None = None  # None when the diff could not be taken (e.g. the container died)
+    grade: dict[str, Any] | None = None
+    grade_error: str | None = None
+    turns: list[TurnRecord] = Field(default_factory=list)
+    messages: list[Message] = Field(default_factory=list)
+    config: dict[str, Any] = Field(default_factory=dict)
+    timings: dict[str, float] = Field(default_factory=dict)  # e.g. setup_s, agent_s, diff_s, grade_s, total_s
+    totals: EpisodeTotals = Field(default_factory=EpisodeTotals)
+
+    @property
+    def status(self) -> str:
+        if self.exit_status == "infra_failure" and self.grade is None:
+            return "infra_failure"
+        if self.grade is not None:
+            return str(self.grade.get("status"))
+        return self.exit_status

@@ -1,0 +1,370 @@
+"""Idempotent episode execution: claim, heartbeat, record turns, finish, grade.
+
+The contract that makes a redelivered Celery message harmless:
+
+1. ``claim_episode`` moves ``queued -> running`` (or takes over a ``running`` row whose worker is dead or
+   whose heartbeat is stale) with a compare-and-swap UPDATE on ``(status, claim_token)``, and hands back a
+   :class:`Claim` holding a fresh random token. Of two racing workers exactly one gets a Claim; the other
+   gets ``None`` and must drop the message.
+2. Every later write (``record_turn``, ``heartbeat``, ``finish_episode``) is conditional on
+   ``status = 'running' AND claim_token = <token>``. A worker whose claim was taken over, cancelled or
+   already finished cannot write: ``record_turn``/``heartbeat`` raise :class:`ClaimLost`,
+   ``finish_episode`` returns ``False``. So an episode row gets exactly one result.
+3. ``record_grade`` writes a verdict only over an agent exit status (``submitted``, ``step_limit`` ...),
+   so a redelivered grade task is a no-op; ``regrade=True`` overwrites on purpose.
+
+A takeover deletes the dead run's partial turns (the new run starts from turn 0); ``n_claims`` counts the
+claims, so ``n_claims > 1`` shows that a takeover happened.
+
+Transactions: each function does its writes in the caller's session and does not commit; use one
+``with db.session() as s:`` per call so the commit happens right after (the row locks are short).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import delete, func, select, update
+from sqlalchemy.orm import Session
+
+from db.connection import begin_write
+from db.models import (
+    AGENT_EXIT_STATUSES,
+    GRADE_STATUSES,
+    Episode,
+    EpisodeStatus,
+    Job,
+    JobStatus,
+    Turn,
+    utcnow,
+)
+
+# What a finished run may report. Agent exits wait for a grade; grade statuses mean it was graded in-line.
+FINISH_STATUSES = AGENT_EXIT_STATUSES | GRADE_STATUSES | {"timeout", "infra_failure"}
+TURN_FIELDS = frozenset(c.name for c in Turn.__table__.columns) - {"id", "episode_id", "index", "created_at"}
+
+
+class ClaimLost(RuntimeError):
+    """The claim no longer holds: the episode was cancelled, taken over, or already finished."""
+
+
+@dataclass(frozen=True)
+class Claim:
+    """Proof that this worker owns a running episode. Pass it to every later write."""
+
+    episode_id: str
+    job_id: str
+    token: str
+    worker: str
+    attempt: int
+    celery_task_id: str | None = None
+    took_over_from: str | None = None  # the dead/stale worker whose run this claim replaced
+
+
+def worker_identity() -> str:
+    """``hostname/pid`` of this process: what ``episodes.worker`` records."""
+    return f"{socket.gethostname()}/{os.getpid()}"
+
+
+def local_worker_is_dead(worker: str) -> bool:
+    """True only when ``worker`` ("hostname/pid") ran on this host and that pid is gone.
+
+    Workers on other hosts are never judged dead here (use ``stale_after_s`` for them). A reused pid
+    reads as alive, which errs on the side of not taking over.
+    """
+    host, _, pid_text = worker.rpartition("/")
+    if host != socket.gethostname() or not pid_text.isdigit():
+        return False
+    try:
+        os.kill(int(pid_text), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def _lock_job(session: Session, job_id: str) -> Job:
+    """Lock the job row (PostgreSQL ``FOR UPDATE``; SQLite's write lock covers it): every writer takes the
+    job lock before an episode lock, so concurrent claims and finishes cannot deadlock and the job-status
+    refresh sees the other writers' committed rows."""
+    job = session.execute(select(Job).where(Job.id == job_id).with_for_update()).scalar_one()
+    return job
+
+
+def claim_episode(
+    session: Session,
+    episode_id: str,
+    *,
+    worker: str | None = None,
+    celery_task_id: str | None = None,
+    stale_after_s: float | None = None,
+    is_dead: Callable[[str], bool] = local_worker_is_dead,
+    now: datetime | None = None,
+) -> Claim | None:
+    """Claim ``episode_id`` for ``worker`` (default: this process). Returns ``None`` when someone else
+    holds it, it is already finished, or its job was cancelled; raises ``LookupError`` if it does not exist.
+
+    A ``running`` episode is taken over when ``is_dead(its worker)`` or its heartbeat is older than
+    ``stale_after_s`` (pick a value well above the longest gap between turns).
+    """
+    begin_write(session)
+    worker = worker or worker_identity()
+    now = now or utcnow()
+    job_id = session.execute(select(Episode.job_id).where(Episode.id == episode_id)).scalar_one_or_none()
+    if job_id is None:
+        raise LookupError(f"no episode {episode_id!r}")
+    job = _lock_job(session, job_id)
+    row = session.execute(
+        select(Episode).where(Episode.id == episode_id).execution_options(populate_existing=True)
+    ).scalar_one()
+    if job.status == JobStatus.cancelled:
+        return None
+    took_over_from = None
+    if row.status == EpisodeStatus.running:
+        stale = (
+            stale_after_s is not None
+            and row.heartbeat_at is not None
+            and now - row.heartbeat_at > timedelta(seconds=stale_after_s)
+        )
+        if not (stale or (row.worker is not None and is_dead(row.worker))):
+            return None
+        took_over_from = row.worker or "?"
+    elif row.status != EpisodeStatus.queued:
+        return None
+
+    token = uuid.uuid4().hex
+    swapped = session.execute(
+        update(Episode)
+        .where(
+            Episode.id == episode_id,
+            Episode.status == row.status,
+            Episode.claim_token.is_(None)
+            if row.claim_token is None
+            else Episode.claim_token == row.claim_token,
+        )
+        .values(
+            status=EpisodeStatus.running.value,
+            worker=worker,
+            claim_token=token,
+            celery_task_id=celery_task_id or row.celery_task_id,
+            started_at=now,
+            heartbeat_at=now,
+            n_claims=Episode.n_claims + 1,
+        )
+        .execution_options(synchronize_session=False)
+    )
+    if swapped.rowcount != 1:
+        return None
+    if took_over_from is not None:
+        session.execute(delete(Turn).where(Turn.episode_id == episode_id))
+    if job.status == JobStatus.pending:
+        job.status = JobStatus.running.value
+    session.flush()
+    return Claim(
+        episode_id=episode_id,
+        job_id=job_id,
+        token=token,
+        worker=worker,
+        attempt=row.attempt,
+        celery_task_id=celery_task_id or row.celery_task_id,
+        took_over_from=took_over_from,
+    )
+
+
+def _touch(session: Session, claim: Claim, now: datetime) -> None:
+    touched = session.execute(
+        update(Episode)
+        .where(
+            Episode.id == claim.episode_id, Episode.status == "running", Episode.claim_token == claim.token
+        )
+        .values(heartbeat_at=now)
+        .execution_options(synchronize_session=False)
+    )
+    if touched.rowcount != 1:
+        raise ClaimLost(
+            f"episode {claim.episode_id}: claim {claim.token[:8]} by {claim.worker} no longer holds"
+        )
+
+
+def heartbeat(session: Session, claim: Claim) -> None:
+    """Mark the claim alive (for long turns). Raises :class:`ClaimLost` if it no longer holds."""
+    begin_write(session)
+    _touch(session, claim, utcnow())
+
+
+def record_turn(session: Session, claim: Claim, index: int, **fields: Any) -> Turn:
+    """Store one turn (0-based ``index``) and refresh the heartbeat. ``fields`` are Turn columns
+    (``tokens_generated``, ``physical_before`` as ``{"min","mean","max"}``, ``completion``, ``action`` ...).
+
+    Raises :class:`ClaimLost` if the claim no longer holds (stop the episode then: it was cancelled or
+    taken over), ``TypeError`` for an unknown field.
+    """
+    unknown = sorted(set(fields) - TURN_FIELDS)
+    if unknown:
+        raise TypeError(f"record_turn: unknown turn field(s) {unknown}; known: {sorted(TURN_FIELDS)}")
+    begin_write(session)
+    now = utcnow()
+    _touch(session, claim, now)
+    turn = Turn(episode_id=claim.episode_id, index=index, created_at=now, **fields)
+    session.add(turn)
+    session.flush()
+    return turn
+
+
+def _turn_totals(session: Session, episode_id: str) -> dict[str, Any]:
+    n, prompt, appended, generated, peak = session.execute(
+        select(
+            func.count(Turn.id),
+            func.sum(Turn.prompt_tokens),
+            func.sum(Turn.tokens_appended),
+            func.sum(Turn.tokens_generated),
+            func.max(Turn.cache_bytes),
+        ).where(Turn.episode_id == episode_id)
+    ).one()
+    return {
+        "n_turns": n,
+        "prompt_tokens": prompt or 0,
+        "appended_tokens": appended or 0,
+        "generated_tokens": generated or 0,
+        "peak_cache_bytes": peak,
+    }
+
+
+FINISH_FIELDS = frozenset(
+    {
+        "exit_status", "error", "patch", "test_log", "grader", "grader_version", "agent_s", "grade_s",
+        "wall_s", "prompt_tokens", "appended_tokens", "generated_tokens", "n_turns", "peak_cache_bytes",
+        "result", "config",
+    }
+)  # fmt: skip
+
+
+def finish_episode(session: Session, claim: Claim, status: str, **fields: Any) -> bool:
+    """Write the run's result if ``claim`` still holds; ``True`` when written, ``False`` when the episode
+    already has a result (a duplicate delivery), was cancelled, or was taken over.
+
+    ``status``: an agent exit (``submitted`` ... ``format_error_limit``: a grade may follow), a grade status
+    when graded in-line, ``timeout`` or ``infra_failure`` (then give ``error``). ``fields``: see
+    ``FINISH_FIELDS``; token totals, ``n_turns`` and ``peak_cache_bytes`` default to sums/maxima over the
+    stored turns.
+    """
+    if status not in FINISH_STATUSES:
+        raise ValueError(f"finish_episode: status {status!r} is not one of {sorted(FINISH_STATUSES)}")
+    unknown = sorted(set(fields) - FINISH_FIELDS)
+    if unknown:
+        raise TypeError(f"finish_episode: unknown field(s) {unknown}; known: {sorted(FINISH_FIELDS)}")
+    begin_write(session)
+    _lock_job(session, claim.job_id)
+    now = utcnow()
+    values = {**_turn_totals(session, claim.episode_id), **fields, "status": status, "finished_at": now}
+    if status in GRADE_STATUSES:
+        values.setdefault("graded_at", now)
+    written = session.execute(
+        update(Episode)
+        .where(
+            Episode.id == claim.episode_id, Episode.status == "running", Episode.claim_token == claim.token
+        )
+        .values(**values)
+        .execution_options(synchronize_session=False)
+    )
+    if written.rowcount != 1:
+        return False
+    from db.store import refresh_job_status  # store builds on this module
+
+    refresh_job_status(session, claim.job_id)
+    return True
+
+
+def fail_running_episode(
+    session: Session, episode_id: str, status: str, error: str, *, claim_token: str | None = None
+) -> bool:
+    """Record ``status`` (``timeout``/``infra_failure``) with ``error`` for an episode that is still
+    ``running`` (and, if given, still under ``claim_token``). For failure handlers that run outside the
+    worker that held the claim, e.g. after a hard time limit killed it. ``True`` when written."""
+    if status not in {"timeout", "infra_failure"}:
+        raise ValueError(f"fail_running_episode: status must be timeout or infra_failure, not {status!r}")
+    begin_write(session)
+    job_id = session.execute(select(Episode.job_id).where(Episode.id == episode_id)).scalar_one_or_none()
+    if job_id is None:
+        raise LookupError(f"no episode {episode_id!r}")
+    _lock_job(session, job_id)
+    conditions = [Episode.id == episode_id, Episode.status == "running"]
+    if claim_token is not None:
+        conditions.append(Episode.claim_token == claim_token)
+    values = {**_turn_totals(session, episode_id), "status": status, "error": error, "finished_at": utcnow()}
+    written = session.execute(
+        update(Episode).where(*conditions).values(**values).execution_options(synchronize_session=False)
+    )
+    if written.rowcount != 1:
+        return False
+    from db.store import refresh_job_status
+
+    refresh_job_status(session, job_id)
+    return True
+
+
+def record_grade(
+    session: Session,
+    episode_id: str,
+    status: str,
+    *,
+    test_log: str | None = None,
+    grader: str | None = None,
+    grader_version: str | None = None,
+    grade_s: float | None = None,
+    error: str | None = None,
+    report: dict[str, Any] | None = None,
+    regrade: bool = False,
+) -> bool:
+    """Record a grading verdict (``resolved``/``unresolved``/``empty_patch``/``patch_failed``, or
+    ``infra_failure`` when grading itself failed) over an agent exit status. With ``regrade=True`` an
+    earlier verdict is replaced (``regrade JOB``). ``report`` is stored as ``result["grade"]``.
+    Returns ``False`` (and writes nothing) when the episode is not awaiting a grade."""
+    allowed_verdicts = GRADE_STATUSES | {"infra_failure"}
+    if status not in allowed_verdicts:
+        raise ValueError(f"record_grade: status {status!r} is not one of {sorted(allowed_verdicts)}")
+    begin_write(session)
+    job_id = session.execute(select(Episode.job_id).where(Episode.id == episode_id)).scalar_one_or_none()
+    if job_id is None:
+        raise LookupError(f"no episode {episode_id!r}")
+    _lock_job(session, job_id)
+    gradable = set(AGENT_EXIT_STATUSES)
+    if regrade:
+        gradable |= GRADE_STATUSES | {"infra_failure"}
+    row = session.execute(
+        select(Episode).where(Episode.id == episode_id).execution_options(populate_existing=True)
+    ).scalar_one()
+    # A regrade of an infra_failure only makes sense when the agent left a patch behind.
+    if row.status not in gradable or (row.status == "infra_failure" and row.exit_status is None):
+        return False
+    result = dict(row.result or {})
+    if report is not None:
+        result["grade"] = report
+    written = session.execute(
+        update(Episode)
+        .where(Episode.id == episode_id, Episode.status == row.status)
+        .values(
+            status=status,
+            test_log=test_log,
+            grader=grader,
+            grader_version=grader_version,
+            grade_s=grade_s,
+            error=error,
+            result=result,
+            graded_at=utcnow(),
+        )  # fmt: skip
+        .execution_options(synchronize_session=False)
+    )
+    if written.rowcount != 1:
+        return False
+    from db.store import refresh_job_status
+
+    refresh_job_status(session, job_id)
+    return True

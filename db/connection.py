@@ -1,0 +1,177 @@
+"""Opening the database: URL defaults, engine settings, and migrating to the newest schema.
+
+Users never run ``alembic`` by hand: :func:`connect` (or :func:`migrate`) runs ``alembic upgrade head``
+through the Alembic API with the migrations shipped inside this package.
+
+URLs:
+- default: ``sqlite:///<abs path>`` where the path is ``$NEXUS_EVAL_DB`` or ``./runs/nexus-eval.db``
+  (a bare path in ``NEXUS_EVAL_DB`` is taken as a SQLite file; a URL is used as is);
+- PostgreSQL: ``postgresql+psycopg://user:password@host:5432/dbname`` (psycopg 3).
+
+SQLite is opened in WAL mode with a busy timeout and foreign keys on. Write transactions in
+:mod:`db.store`/:mod:`db.claims` start with ``BEGIN IMMEDIATE`` (see :func:`begin_write`) so two workers
+racing for the same episode serialize at the start of the transaction instead of failing on a lock
+upgrade halfway through it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session, sessionmaker
+
+DEFAULT_DB_PATH = Path("runs") / "nexus-eval.db"
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+MIGRATIONS_DIR = Path(__file__).with_name("migrations")
+
+
+def default_url() -> str:
+    """The database URL to use when none is given: ``$NEXUS_EVAL_DB`` (URL or file path) or ./runs/nexus-eval.db."""
+    configured = os.environ.get("NEXUS_EVAL_DB", "").strip()
+    if "://" in configured:
+        return configured
+    path = Path(configured) if configured else DEFAULT_DB_PATH
+    return sqlite_url(path)
+
+
+def sqlite_url(path: str | os.PathLike[str]) -> str:
+    """``sqlite:///`` URL for a file path, made absolute so it does not depend on the cwd later."""
+    return f"sqlite:///{Path(path).expanduser().resolve()}"
+
+
+def _install_sqlite_hooks(engine: Engine) -> None:
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection, _record):  # type: ignore[no-untyped-def]
+        # Let SQLAlchemy, not the sqlite3 module, decide when transactions begin (see _on_begin).
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
+        cursor.execute("PRAGMA foreign_keys = ON")
+        if engine.url.database not in (None, "", ":memory:"):
+            cursor.execute("PRAGMA journal_mode = WAL")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn):  # type: ignore[no-untyped-def]
+        mode = conn.get_execution_options().get("sqlite_begin", "DEFERRED")
+        conn.exec_driver_sql(f"BEGIN {mode}")
+
+
+def make_engine(url: str | None = None, *, echo: bool = False) -> Engine:
+    """An Engine for ``url`` (default: :func:`default_url`); creates a SQLite file's parent folder."""
+    url = url or default_url()
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        if parsed.database and parsed.database != ":memory:":
+            Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(url, echo=echo)
+        _install_sqlite_hooks(engine)
+        return engine
+    if parsed.get_backend_name() == "postgresql" and parsed.get_driver_name() not in ("psycopg", ""):
+        raise ValueError(
+            f"unsupported PostgreSQL driver {parsed.get_driver_name()!r} in {url!r}: use postgresql+psycopg://"
+        )
+    if parsed.get_backend_name() == "postgresql" and parsed.get_driver_name() == "":
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    return create_engine(parsed, echo=echo, pool_pre_ping=True)
+
+
+def begin_write(session: Session) -> None:
+    """Start ``session``'s transaction as a write transaction (``BEGIN IMMEDIATE`` on SQLite).
+
+    A no-op when the session's transaction already holds a connection (then it is whatever it began as)
+    or the database is not SQLite. Call it before the first statement of a unit of work.
+    """
+    if session.get_bind().dialect.name != "sqlite":
+        return
+    transaction = session.get_transaction()
+    if transaction is not None and getattr(transaction, "_connections", None):
+        return  # already connected: BEGIN was emitted, the mode cannot change now
+    session.connection(execution_options={"sqlite_begin": "IMMEDIATE"})
+
+
+def _alembic_config(url: str):  # type: ignore[no-untyped-def]
+    from alembic.config import Config
+
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    # '%' is ConfigParser's interpolation character; URLs with %-escaped passwords must survive it.
+    config.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    return config
+
+
+def migrate(url: str | None = None, revision: str = "head") -> None:
+    """Bring the database at ``url`` to ``revision`` (default: the newest), creating it if needed."""
+    from alembic import command
+
+    url = url or default_url()
+    engine = make_engine(url)
+    try:
+        config = _alembic_config(url)
+        with engine.begin() as connection:
+            config.attributes["connection"] = connection
+            command.upgrade(config, revision)
+    finally:
+        engine.dispose()
+
+
+def current_revision(url: str | None = None) -> str | None:
+    """The Alembic revision the database at ``url`` is at (``None`` for an empty database)."""
+    from alembic.runtime.migration import MigrationContext
+
+    engine = make_engine(url)
+    try:
+        with engine.connect() as connection:
+            return MigrationContext.configure(connection).get_current_revision()
+    finally:
+        engine.dispose()
+
+
+def head_revision() -> str:
+    """The newest revision shipped in ``db/migrations``."""
+    from alembic.script import ScriptDirectory
+
+    head = ScriptDirectory.from_config(_alembic_config("sqlite://")).get_current_head()
+    assert head is not None, "db/migrations has no revisions"
+    return head
+
+
+@dataclass
+class Database:
+    """An engine plus a session factory. Use one short session per unit of work::
+
+        db = connect()
+        with db.session() as s:
+            job = store.create_job(s, spec_json, config_hash=...)
+
+    ``session()`` commits on success and rolls back on error. Never keep a session open across a model
+    call or a container run: on SQLite an open write transaction blocks every other writer.
+    """
+
+    url: str
+    engine: Engine
+    sessions: sessionmaker[Session]
+
+    @contextmanager
+    def session(self) -> Iterator[Session]:
+        with self.sessions.begin() as session:
+            yield session
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+
+def connect(url: str | None = None, *, upgrade: bool = True, echo: bool = False) -> Database:
+    """Open the database at ``url`` (default: :func:`default_url`), migrating it to head first unless
+    ``upgrade=False``."""
+    url = url or default_url()
+    if upgrade:
+        migrate(url)
+    engine = make_engine(url, echo=echo)
+    return Database(url=url, engine=engine, sessions=sessionmaker(engine, expire_on_commit=False))

@@ -1,0 +1,236 @@
+"""The SQL schema: jobs, their episodes (one row per attempt) and the episodes' turns.
+
+Typed SQLAlchemy 2 declarative models. The schema itself is owned by the Alembic revisions in
+``db/migrations/versions``; ``tests/service/test_db_models.py`` checks the two never drift apart.
+
+Status words are stored as short strings (``StrEnum`` values) guarded by CHECK constraints, so a typo is
+an error at write time; adding a status means adding it here *and* a migration that widens the check.
+All timestamps are timezone-aware UTC (SQLite keeps them naive; :class:`UTCDateTime` puts the zone back).
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    CheckConstraint,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+
+class JobStatus(StrEnum):
+    pending = "pending"  # created, no episode claimed yet
+    running = "running"  # at least one episode claimed, some not terminal
+    done = "done"  # every episode terminal
+    cancelled = "cancelled"
+    failed = "failed"  # the job itself could not proceed (e.g. the task selection failed); see jobs.error
+
+
+class EpisodeStatus(StrEnum):
+    queued = "queued"
+    running = "running"
+    # grading verdicts (final)
+    resolved = "resolved"
+    unresolved = "unresolved"
+    empty_patch = "empty_patch"
+    patch_failed = "patch_failed"
+    # the agent's exit statuses: the agent is done, the grade is not (yet) recorded
+    submitted = "submitted"
+    step_limit = "step_limit"
+    context_limit = "context_limit"
+    time_limit = "time_limit"
+    format_error_limit = "format_error_limit"
+    # the service's own failures (final)
+    timeout = "timeout"  # the Celery soft/hard time limit, not the agent's wall-time limit
+    infra_failure = "infra_failure"
+    cancelled = "cancelled"
+
+
+GRADE_STATUSES = frozenset({"resolved", "unresolved", "empty_patch", "patch_failed"})
+AGENT_EXIT_STATUSES = frozenset(
+    {"submitted", "step_limit", "context_limit", "time_limit", "format_error_limit"}
+)
+SERVICE_FAILURE_STATUSES = frozenset({"timeout", "infra_failure", "cancelled"})
+# Terminal = nothing more will happen to the row by itself. Agent exits are terminal for the agent stage
+# (a grade may still be recorded on top of them).
+TERMINAL_STATUSES = GRADE_STATUSES | AGENT_EXIT_STATUSES | SERVICE_FAILURE_STATUSES
+ACTIVE_STATUSES = frozenset({"queued", "running"})
+
+
+def new_id(n_hex: int = 12) -> str:
+    """A short random id: ``n_hex`` hex digits of a uuid4 (8 for jobs, which people type; 12 for episodes)."""
+    return uuid.uuid4().hex[:n_hex]
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """A ``DateTime(timezone=True)`` that always hands back aware UTC datetimes (SQLite drops the zone)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            raise ValueError(f"naive datetime {value!r}: store timezone-aware UTC datetimes")
+        return value.astimezone(UTC) if value is not None else None
+
+    def process_result_value(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+# JSON on SQLite, JSONB on PostgreSQL (indexable, compact).
+JSONType = JSON().with_variant(JSONB(), "postgresql")
+
+
+def _in_check(column: str, values: type[StrEnum]) -> str:
+    return f"{column} IN ({', '.join(repr(v.value) for v in values)})"
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Job(Base):
+    """One submitted job: a frozen JobSpec (``config``), its hash, and provenance."""
+
+    __tablename__ = "jobs"
+    __table_args__ = (CheckConstraint(_in_check("status", JobStatus), name="ck_jobs_status"),)
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=lambda: new_id(8))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
+    status: Mapped[str] = mapped_column(String(16), default=JobStatus.pending.value)
+    name: Mapped[str | None] = mapped_column(String(200))
+    config: Mapped[dict[str, Any]] = mapped_column(JSONType)  # JobSpec.model_dump(mode="json")
+    config_hash: Mapped[str] = mapped_column(String(64), index=True)  # sha256 hex of canonical JSON
+    package_versions: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
+    git_revision: Mapped[str | None] = mapped_column(String(64))
+    error: Mapped[str | None] = mapped_column(Text)
+
+    episodes: Mapped[list[Episode]] = relationship(back_populates="job", cascade="all, delete-orphan")
+
+
+class Episode(Base):
+    """One attempt of one episode key (task x method x scope x protocol x seed).
+
+    A rerun is a new row with ``attempt + 1``; rows are never reused for a new attempt. The claim columns
+    (``worker``, ``claim_token``, ``heartbeat_at``, ``n_claims``) make execution idempotent: see
+    :mod:`db.claims`.
+    """
+
+    __tablename__ = "episodes"
+    __table_args__ = (
+        UniqueConstraint(
+            "job_id", "task_id", "method", "scope", "protocol", "seed", "attempt", name="uq_episode_attempt"
+        ),
+        CheckConstraint(_in_check("status", EpisodeStatus), name="ck_episodes_status"),
+        CheckConstraint("attempt >= 1", name="ck_episodes_attempt"),
+        Index("ix_episodes_job_key", "job_id", "episode_key"),
+        Index("ix_episodes_job_status", "job_id", "status"),
+    )
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    task_id: Mapped[str] = mapped_column(String(200))
+    method: Mapped[str] = mapped_column(String(64))
+    scope: Mapped[str] = mapped_column(String(32))
+    protocol: Mapped[str] = mapped_column(String(32))
+    seed: Mapped[int] = mapped_column(Integer)
+    attempt: Mapped[int] = mapped_column(Integer, default=1)
+    episode_key: Mapped[str] = mapped_column(String(400))  # see db.store.episode_key
+    status: Mapped[str] = mapped_column(String(32), default=EpisodeStatus.queued.value)
+    exit_status: Mapped[str | None] = mapped_column(String(64))  # the agent loop's exit, as it reported it
+    error: Mapped[str | None] = mapped_column(Text)  # why, for every status but resolved/unresolved
+
+    patch: Mapped[str | None] = mapped_column(Text)
+    test_log: Mapped[str | None] = mapped_column(Text)  # raw test output the grade was parsed from
+    grader: Mapped[str | None] = mapped_column(String(100))
+    grader_version: Mapped[str | None] = mapped_column(String(100))
+
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)  # last successful claim
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)  # agent stage finished
+    graded_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    agent_s: Mapped[float | None] = mapped_column(Float)
+    grade_s: Mapped[float | None] = mapped_column(Float)
+    wall_s: Mapped[float | None] = mapped_column(Float)  # claim to agent finish, as the worker measured it
+
+    prompt_tokens: Mapped[int | None] = mapped_column(BigInteger)  # sum over turns of the prompt length
+    appended_tokens: Mapped[int | None] = mapped_column(BigInteger)
+    generated_tokens: Mapped[int | None] = mapped_column(BigInteger)
+    n_turns: Mapped[int | None] = mapped_column(Integer)
+    peak_cache_bytes: Mapped[int | None] = mapped_column(BigInteger)
+
+    worker: Mapped[str | None] = mapped_column(String(200))  # "hostname/pid" of the current claim
+    claim_token: Mapped[str | None] = mapped_column(String(32))
+    heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    n_claims: Mapped[int] = mapped_column(Integer, default=0)  # > 1 means a dead worker's run was taken over
+    celery_task_id: Mapped[str | None] = mapped_column(String(64))
+
+    config: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)  # the full merged episode config
+    result: Mapped[dict[str, Any] | None] = mapped_column(JSONType)  # extra result fields (grade report...)
+
+    job: Mapped[Job] = relationship(back_populates="episodes")
+    turns: Mapped[list[Turn]] = relationship(
+        back_populates="episode", cascade="all, delete-orphan", order_by="Turn.index"
+    )
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.status in TERMINAL_STATUSES
+
+
+class Turn(Base):
+    """One agent turn's telemetry and content.
+
+    ``physical_before/after`` are ``{"min", "mean", "max"}`` of the cache slots held per layer just before
+    and after this turn's eviction (``None`` when the backend has no visible cache).
+    """
+
+    __tablename__ = "turns"
+    __table_args__ = (UniqueConstraint("episode_id", "index", name="uq_turn_index"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    episode_id: Mapped[str] = mapped_column(ForeignKey("episodes.id", ondelete="CASCADE"), index=True)
+    index: Mapped[int] = mapped_column(Integer)  # 0-based turn number
+    tokens_appended: Mapped[int] = mapped_column(Integer, default=0)
+    tokens_generated: Mapped[int] = mapped_column(Integer, default=0)
+    prompt_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    logical_length: Mapped[int] = mapped_column(Integer, default=0)
+    physical_before: Mapped[dict[str, float] | None] = mapped_column(JSONType)
+    physical_after: Mapped[dict[str, float] | None] = mapped_column(JSONType)
+    eviction_events: Mapped[int] = mapped_column(Integer, default=0)
+    cache_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    prefill_s: Mapped[float] = mapped_column(Float, default=0.0)
+    decode_s: Mapped[float] = mapped_column(Float, default=0.0)
+    tokens_per_s: Mapped[float | None] = mapped_column(Float)
+    env_s: Mapped[float] = mapped_column(Float, default=0.0)
+    completion: Mapped[str] = mapped_column(Text, default="")  # the raw model output
+    thought: Mapped[str | None] = mapped_column(Text)
+    # the parsed tool call ({"name", "arguments"}), None on a format error
+    action: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
+    observation: Mapped[str | None] = mapped_column(Text)
+    extra: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)  # format_error, intervened, ...
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+    episode: Mapped[Episode] = relationship(back_populates="turns")

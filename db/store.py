@@ -1,0 +1,317 @@
+"""The repository: every read and write the service does, as functions over a Session.
+
+Jobs and fan-out::
+
+    with db.session() as s:
+        job = create_job(s, config=spec.model_dump(mode="json"), config_hash=spec.config_hash(), name=spec.name)
+        add_episodes(s, job.id, spec.episodes(available_task_ids))   # objects with task_id/method/...
+
+Running one episode (see :mod:`db.claims` for the idempotency contract, re-exported here)::
+
+    with db.session() as s: claim = claim_episode(s, episode_id, celery_task_id=task_id)
+    if claim is None: return                                       # someone else has it / it is done
+    with db.session() as s: record_turn(s, claim, 0, tokens_generated=..., completion=...)
+    with db.session() as s: finish_episode(s, claim, "submitted", patch=diff, agent_s=...)
+    with db.session() as s: record_grade(s, episode_id, "resolved", test_log=log, grader="swebench", ...)
+
+Reading: :func:`episodes_for_job`, :func:`latest_attempts` (what ``compare`` uses), :func:`job_summary`.
+Reruns: :func:`new_attempt` / :func:`rerun_job` add rows with ``attempt + 1``; old rows are never changed.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Collection, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from sqlalchemy import and_, func, select, update
+from sqlalchemy.orm import Session
+
+from db.claims import (
+    Claim,
+    ClaimLost,
+    claim_episode,
+    fail_running_episode,
+    finish_episode,
+    heartbeat,
+    local_worker_is_dead,
+    record_grade,
+    record_turn,
+    worker_identity,
+)
+from db.connection import begin_write
+from db.models import ACTIVE_STATUSES, Episode, EpisodeStatus, Job, JobStatus
+from db.provenance import git_revision as current_git_revision
+from db.provenance import package_versions as current_package_versions
+
+__all__ = [
+    "Claim", "ClaimLost", "EpisodeKeyLike", "JobSummary", "add_episodes", "assign_celery_task", "cancel_job",
+    "claim_episode", "create_job", "episode_key", "episodes_for_job", "fail_job", "fail_running_episode",
+    "finish_episode", "get_episode", "get_job", "heartbeat", "job_summary", "latest_attempts",
+    "local_worker_is_dead", "new_attempt", "record_grade", "record_turn", "refresh_job_status", "rerun_job",
+    "worker_identity",
+]  # fmt: skip
+
+
+class EpisodeKeyLike(Protocol):
+    """What :func:`add_episodes` needs from each fanned-out episode (``workers.spec.EpisodeKey`` fits)."""
+
+    task_id: str
+    method: str
+    scope: str
+    protocol: str
+    seed: int
+
+
+def episode_key(task_id: str, method: str, scope: str, protocol: str, seed: int) -> str:
+    """The stable key of an episode without its attempt: ``task|method|scope|protocol|seed``."""
+    return f"{task_id}|{method}|{scope}|{protocol}|{seed}"
+
+
+def create_job(
+    session: Session,
+    *,
+    config: dict[str, Any],
+    config_hash: str,
+    name: str | None = None,
+    package_versions: dict[str, str] | None = None,
+    git_revision: str | None = None,
+) -> Job:
+    """Insert a ``pending`` job. ``config`` is the frozen JobSpec as JSON; provenance defaults to this
+    process's package versions and the service checkout's git revision."""
+    begin_write(session)
+    job = Job(
+        name=name,
+        config=config,
+        config_hash=config_hash,
+        package_versions=current_package_versions() if package_versions is None else package_versions,
+        git_revision=current_git_revision() if git_revision is None else git_revision,
+        status=JobStatus.pending.value,
+    )
+    session.add(job)
+    session.flush()
+    return job
+
+
+def add_episodes(
+    session: Session, job_id: str, episodes: Iterable[EpisodeKeyLike], *, config: dict[str, Any] | None = None
+) -> list[Episode]:
+    """Add attempt-1 ``queued`` rows for each key. ``config`` (the merged per-episode config) is stored on
+    every row; an item with its own ``config`` attribute (a dict) is merged over it."""
+    begin_write(session)
+    rows = []
+    for item in episodes:
+        own = getattr(item, "config", None) or {}
+        rows.append(
+            Episode(
+                job_id=job_id,
+                task_id=item.task_id,
+                method=item.method,
+                scope=item.scope,
+                protocol=item.protocol,
+                seed=item.seed,
+                attempt=1,
+                episode_key=episode_key(item.task_id, item.method, item.scope, item.protocol, item.seed),
+                status=EpisodeStatus.queued.value,
+                config={**(config or {}), **own},
+            )
+        )
+    session.add_all(rows)
+    session.flush()
+    return rows
+
+
+def assign_celery_task(session: Session, episode_id: str, celery_task_id: str) -> bool:
+    """Remember the Celery task id an episode was enqueued under (only while it is still queued)."""
+    begin_write(session)
+    done = session.execute(
+        update(Episode)
+        .where(Episode.id == episode_id, Episode.status == "queued")
+        .values(celery_task_id=celery_task_id)
+        .execution_options(synchronize_session=False)
+    )
+    return done.rowcount == 1
+
+
+def _by_id_or_prefix(session: Session, model: type[Job] | type[Episode], ident: str) -> Any:
+    row = session.get(model, ident)
+    if row is not None:
+        return row
+    matches = (
+        session.execute(select(model).where(model.id.startswith(ident, autoescape=True)).limit(2))
+        .scalars()
+        .all()
+    )
+    kind = model.__tablename__[:-1]
+    if not matches:
+        raise LookupError(f"no {kind} with id {ident!r}")
+    if len(matches) > 1:
+        raise LookupError(f"{kind} id prefix {ident!r} is ambiguous ({matches[0].id}, {matches[1].id}, ...)")
+    return matches[0]
+
+
+def get_job(session: Session, job_id: str) -> Job:
+    """The job with this id or unique id prefix; ``LookupError`` (saying which) otherwise."""
+    return _by_id_or_prefix(session, Job, job_id)
+
+
+def get_episode(session: Session, episode_id: str) -> Episode:
+    """The episode with this id or unique id prefix; ``LookupError`` otherwise."""
+    return _by_id_or_prefix(session, Episode, episode_id)
+
+
+def episodes_for_job(
+    session: Session, job_id: str, *, statuses: Collection[str] | None = None, latest_only: bool = False
+) -> list[Episode]:
+    """The job's episodes ordered by key then attempt; optionally only the newest attempt per key and/or
+    only those in ``statuses``."""
+    rows = (
+        latest_attempts(session, [job_id])
+        if latest_only
+        else list(session.execute(select(Episode).where(Episode.job_id == job_id)).scalars())
+    )
+    if statuses is not None:
+        rows = [r for r in rows if r.status in statuses]
+    return sorted(rows, key=lambda r: (r.episode_key, r.attempt))
+
+
+def latest_attempts(session: Session, job_ids: Sequence[str]) -> list[Episode]:
+    """The newest attempt of every episode key of the given jobs, ordered by job then key."""
+    newest = (
+        select(Episode.job_id, Episode.episode_key, func.max(Episode.attempt).label("attempt"))
+        .where(Episode.job_id.in_(list(job_ids)))
+        .group_by(Episode.job_id, Episode.episode_key)
+        .subquery()
+    )
+    query = select(Episode).join(
+        newest,
+        and_(
+            Episode.job_id == newest.c.job_id,
+            Episode.episode_key == newest.c.episode_key,
+            Episode.attempt == newest.c.attempt,
+        ),
+    )
+    return sorted(session.execute(query).scalars(), key=lambda r: (r.job_id, r.episode_key))
+
+
+def new_attempt(
+    session: Session, episode_id: str, *, config_overrides: dict[str, Any] | None = None
+) -> Episode:
+    """A new ``queued`` row for the same key with attempt = newest attempt + 1. The source must have
+    finished (not queued/running). ``config_overrides`` are merged over the source's config."""
+    begin_write(session)
+    source = get_episode(session, episode_id)
+    if source.status in ACTIVE_STATUSES:
+        raise ValueError(f"episode {source.id} is {source.status}; only a finished episode can be rerun")
+    newest = session.execute(
+        select(func.max(Episode.attempt)).where(
+            Episode.job_id == source.job_id, Episode.episode_key == source.episode_key
+        )
+    ).scalar_one()
+    row = Episode(
+        job_id=source.job_id,
+        task_id=source.task_id,
+        method=source.method,
+        scope=source.scope,
+        protocol=source.protocol,
+        seed=source.seed,
+        attempt=newest + 1,
+        episode_key=source.episode_key,
+        status=EpisodeStatus.queued.value,
+        config={**(source.config or {}), **(config_overrides or {})},
+    )
+    session.add(row)
+    session.flush()
+    job = session.get(Job, source.job_id)
+    if job is not None and job.status in (JobStatus.done, JobStatus.failed, JobStatus.cancelled):
+        job.status = JobStatus.running.value  # reopened: refresh_job_status closes it again when done
+        job.error = None
+    refresh_job_status(session, source.job_id)
+    return row
+
+
+def rerun_job(session: Session, job_id: str, statuses: Collection[str]) -> list[Episode]:
+    """New attempts for every latest attempt of ``job_id`` whose status is in ``statuses``."""
+    unknown = sorted(set(statuses) - {s.value for s in EpisodeStatus})
+    if unknown:
+        raise ValueError(f"unknown episode status(es) {unknown}; known: {[s.value for s in EpisodeStatus]}")
+    if set(statuses) & ACTIVE_STATUSES:
+        raise ValueError("queued/running episodes cannot be rerun; cancel them first")
+    targets = [r for r in latest_attempts(session, [job_id]) if r.status in statuses]
+    return [new_attempt(session, r.id) for r in targets]
+
+
+@dataclass
+class JobSummary:
+    """Counts over the newest attempt of each episode key."""
+
+    job_id: str
+    status: str
+    total: int
+    counts: dict[str, int] = field(default_factory=dict)  # status -> number of episode keys
+
+    @property
+    def active(self) -> int:
+        return sum(self.counts.get(s, 0) for s in ACTIVE_STATUSES)
+
+    @property
+    def finished(self) -> int:
+        return self.total - self.active
+
+
+def job_summary(session: Session, job_id: str) -> JobSummary:
+    job = get_job(session, job_id)
+    counts = Counter(r.status for r in latest_attempts(session, [job.id]))
+    return JobSummary(job_id=job.id, status=job.status, total=sum(counts.values()), counts=dict(counts))
+
+
+def refresh_job_status(session: Session, job_id: str) -> str:
+    """Recompute and store the job's status from its episodes (cancelled/failed jobs stay as they are)."""
+    job = session.execute(
+        select(Job).where(Job.id == job_id).execution_options(populate_existing=True)
+    ).scalar_one()
+    if job.status in (JobStatus.cancelled, JobStatus.failed):
+        return job.status
+    counts = Counter(r.status for r in latest_attempts(session, [job_id]))
+    active = counts["queued"] + counts["running"]
+    if sum(counts.values()) > 0 and active == 0:
+        new = JobStatus.done
+    elif counts["running"] or (active < sum(counts.values())):
+        new = JobStatus.running
+    else:
+        new = JobStatus.pending if job.status == JobStatus.pending else JobStatus.running
+    if job.status != new:
+        job.status = new.value
+        session.flush()
+    return job.status
+
+
+def cancel_job(session: Session, job_id: str, reason: str = "cancelled by user") -> list[str]:
+    """Cancel the job and every queued/running episode of it. Returns the Celery task ids to revoke.
+
+    A worker still running one of them finds out at its next ``record_turn`` (``ClaimLost``); its
+    ``finish_episode`` returns ``False``."""
+    begin_write(session)
+    job = get_job(session, job_id)
+    active = [r for r in episodes_for_job(session, job.id) if r.status in ACTIVE_STATUSES]
+    task_ids = sorted({r.celery_task_id for r in active if r.celery_task_id})
+    session.execute(
+        update(Episode)
+        .where(Episode.job_id == job.id, Episode.status.in_(list(ACTIVE_STATUSES)))
+        .values(status=EpisodeStatus.cancelled.value, error=reason)
+        .execution_options(synchronize_session=False)
+    )
+    job.status = JobStatus.cancelled.value
+    job.error = reason
+    session.flush()
+    return task_ids
+
+
+def fail_job(session: Session, job_id: str, error: str) -> None:
+    """Mark the job failed with ``error`` (it could not proceed at all, e.g. its task selection failed)."""
+    begin_write(session)
+    job = get_job(session, job_id)
+    job.status = JobStatus.failed.value
+    job.error = error
+    session.flush()

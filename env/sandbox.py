@@ -1,0 +1,361 @@
+"""One Docker container per episode, on docker-py against the local engine.
+
+Isolation: `network_mode="none"`, memory / pids / CPU limits, no privileged mode, every capability dropped
+but the few a root user needs to manage files it does not own (see `SandboxConfig.cap_add`),
+`no-new-privileges`, tini as PID 1 (reaps orphans). The keep-alive command is `sleep <ttl_s>`, so a
+container whose owner died exits by itself at its TTL; `reap()` removes exited or expired ones.
+
+Commands (`Sandbox.run`): `/bin/sh -c` with stderr merged into stdout, under `timeout -s KILL` in the
+container (the whole process group dies), plus a host-side guard. Every process a command starts carries
+`NEXUS_EXEC=<id>` in its environment; after a timeout every process still carrying it is killed, which also
+catches children that left the process group with `setsid`. Output is streamed and capped: the first and
+last `max_output_bytes / 2` are kept with a marker in between, so a 1 GB print costs no host memory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import shlex
+import tarfile
+import threading
+import time
+import uuid
+from pathlib import Path, PurePosixPath
+
+from pydantic import BaseModel, ConfigDict, Field
+
+# Repo interpreters first, as in R2E-Gym's DOCKER_PATH: R2E images keep a uv venv at /testbed/.venv
+# (linked to /root/.venv), SWE-bench images a conda env `testbed`; directories that do not exist are skipped.
+SANDBOX_PATH = ":".join([
+    "/testbed/.venv/bin", "/root/.venv/bin", "/opt/miniconda3/envs/testbed/bin", "/root/.local/bin",
+    "/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin",
+])  # fmt: skip
+LABEL_PREFIX = "nexus-eval"
+TRUNCATION_MARK = "\n[... output truncated: {dropped} bytes omitted from the middle ...]\n"
+
+
+class InfraError(RuntimeError):
+    """The container could not be started, or died / stopped answering."""
+
+
+class SandboxConfig(BaseModel):
+    """Limits and defaults for one sandbox container."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    memory: str = Field("2g", description="memory limit (docker syntax); swap is not allowed beyond it")
+    pids: int = Field(512, ge=16, description="max processes/threads in the container (fork bombs stop here)")
+    cpus: float = Field(1.0, gt=0, description="CPU quota in cores")
+    ttl_s: int = Field(4 * 3600, ge=10, description="the container exits by itself after this many seconds")
+    max_output_bytes: int = Field(256 * 1024, ge=1024, description="captured output cap per command")
+    default_timeout_s: float = Field(120.0, gt=0, description="per-command timeout when none is given")
+    host_grace_s: float = Field(15.0, ge=1, description="host-side guard beyond the in-container timeout")
+    # root inside needs these to chown/chmod files of other owners (git checkout, pip, tests using tmp
+    # dirs) and to signal its own processes; everything else (NET_RAW, MKNOD, SYS_CHROOT, ...) stays off.
+    cap_add: list[str] = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETUID", "SETGID"]
+    env: dict[str, str] = Field(default_factory=dict, description="extra environment for every command")
+
+
+class ExecResult(BaseModel):
+    """One command's outcome. `output` is stdout+stderr merged (decoded as UTF-8, bad bytes replaced)."""
+
+    output: str
+    exit_code: int
+    timed_out: bool
+    truncated: bool
+    seconds: float
+
+
+class _CappedBuffer:
+    """Keeps the first and last `cap/2` bytes of a stream and counts what was dropped between them."""
+
+    def __init__(self, cap: int) -> None:
+        self.half = cap // 2
+        self.head = bytearray()
+        self.tail = bytearray()
+        self.dropped = 0
+
+    def add(self, chunk: bytes) -> None:
+        room = self.half - len(self.head)
+        if room > 0:
+            self.head += chunk[:room]
+            chunk = chunk[room:]
+        if not chunk:
+            return
+        self.tail += chunk
+        overflow = len(self.tail) - self.half
+        if overflow > 0:
+            del self.tail[:overflow]
+            self.dropped += overflow
+
+    def text(self) -> tuple[str, bool]:
+        decode = lambda b: bytes(b).decode("utf-8", errors="replace")  # noqa: E731
+        if not self.dropped:
+            return decode(self.head + self.tail), False
+        return decode(self.head) + TRUNCATION_MARK.format(dropped=self.dropped) + decode(self.tail), True
+
+
+def episode_labels(job: str, episode: str, ttl_s: int) -> dict[str, str]:
+    return {
+        f"{LABEL_PREFIX}.job": job,
+        f"{LABEL_PREFIX}.episode": episode,
+        f"{LABEL_PREFIX}.created": str(int(time.time())),
+        f"{LABEL_PREFIX}.ttl": str(ttl_s),
+    }
+
+
+class Sandbox:
+    """A running container. Use as a context manager (or call `close()`); `start()` makes one."""
+
+    def __init__(self, client, container, config: SandboxConfig) -> None:
+        self.client = client
+        self.container = container
+        self.config = config
+        self._closed = False
+
+    # ------------------------------------------------------------------------------------ lifecycle
+    @classmethod
+    def start(
+        cls,
+        image: str,
+        *,
+        config: SandboxConfig | None = None,
+        labels: dict[str, str] | None = None,
+        job: str = "adhoc",
+        episode: str | None = None,
+        client=None,
+    ) -> Sandbox:
+        """Create and start a container from `image`; raise InfraError if it cannot run a command."""
+        import docker
+
+        config = config or SandboxConfig()
+        if client is None:
+            try:
+                client = docker.from_env(timeout=300)
+            except docker.errors.DockerException as exc:
+                raise InfraError(f"cannot reach the Docker engine: {exc}") from exc
+        all_labels = episode_labels(job, episode or uuid.uuid4().hex[:12], config.ttl_s)
+        all_labels.update(labels or {})
+        try:
+            container = client.containers.run(
+                image,
+                entrypoint=["sleep", str(config.ttl_s)],
+                command=[],
+                detach=True,
+                init=True,
+                network_mode="none",
+                mem_limit=config.memory,
+                memswap_limit=config.memory,
+                pids_limit=config.pids,
+                nano_cpus=int(config.cpus * 1e9),
+                cap_drop=["ALL"],
+                cap_add=config.cap_add,
+                security_opt=["no-new-privileges"],
+                privileged=False,
+                labels=all_labels,
+                working_dir="/",
+                environment={"PATH": SANDBOX_PATH},
+            )
+        except docker.errors.ImageNotFound as exc:
+            raise InfraError(f"image {image} is not present locally: {exc}") from exc
+        except docker.errors.DockerException as exc:
+            raise InfraError(f"container from {image} failed to start: {exc}") from exc
+        box = cls(client, container, config)
+        try:
+            probe = box.run("true", timeout=30, workdir="/")
+            if probe.exit_code != 0:
+                raise InfraError(f"container from {image} cannot run commands: {probe.output[-500:]}")
+        except BaseException:
+            box.close()
+            raise
+        return box
+
+    def __enter__(self) -> Sandbox:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Remove the container (idempotent; a container already gone is fine)."""
+        if self._closed:
+            return
+        self._closed = True
+        import docker
+
+        with contextlib.suppress(docker.errors.NotFound):
+            self.container.remove(force=True)
+
+    @property
+    def id(self) -> str:
+        return self.container.id
+
+    # ------------------------------------------------------------------------------------ commands
+    def run(self, cmd: str, *, timeout: float | None = None, workdir: str = "/testbed") -> ExecResult:
+        """Run `cmd` with `/bin/sh -c` in `workdir`; the timeout is enforced inside the container."""
+        if self._closed:
+            raise InfraError("sandbox is closed")
+        timeout = float(timeout if timeout is not None else self.config.default_timeout_s)
+        exec_tag = uuid.uuid4().hex
+        # exec 2>&1 merges in the container, so the order of stdout/stderr lines is the real one.
+        wrapped = f"exec 2>&1; exec timeout -s KILL {timeout:.3f} /bin/sh -c {shlex.quote(cmd)}"
+        env = {"PATH": SANDBOX_PATH, "NEXUS_EXEC": exec_tag, **self.config.env}
+        api = self.client.api
+        started = time.monotonic()
+        try:
+            exec_id = api.exec_create(
+                self.container.id, ["/bin/sh", "-c", wrapped], stdout=True, stderr=True,
+                workdir=workdir, environment=env,
+            )["Id"]  # fmt: skip
+            stream = api.exec_start(exec_id, stream=True, demux=False)
+        except Exception as exc:
+            raise InfraError(f"exec in container {self.container.short_id} failed: {self._why(exc)}") from exc
+        buffer = _CappedBuffer(self.config.max_output_bytes)
+        failure: list[BaseException] = []
+
+        def pump() -> None:
+            try:
+                for chunk in stream:
+                    buffer.add(chunk)
+            except Exception as exc:  # recorded and re-raised on the caller's thread
+                failure.append(exc)
+
+        reader = threading.Thread(target=pump, daemon=True)
+        reader.start()
+        reader.join(timeout + self.config.host_grace_s)
+        host_timeout = reader.is_alive()
+        seconds = time.monotonic() - started
+        if host_timeout:
+            self._kill_tagged(exec_tag)
+            reader.join(10)
+        if failure:
+            raise InfraError(f"reading command output failed: {self._why(failure[0])}")
+        exit_code = api.exec_inspect(exec_id).get("ExitCode")
+        exit_code = -1 if exit_code is None else int(exit_code)
+        # timeout(1) kills its whole process group with KILL, itself included: 137 after ~timeout seconds.
+        timed_out = host_timeout or (exit_code in (124, 137) and seconds >= timeout * 0.98)
+        if timed_out:
+            self._kill_tagged(exec_tag)
+        output, truncated = buffer.text()
+        return ExecResult(output=output, exit_code=exit_code, timed_out=timed_out, truncated=truncated,
+                          seconds=seconds)  # fmt: skip
+
+    def _kill_tagged(self, exec_tag: str) -> None:
+        """KILL every process whose environment carries this command's tag (escapees of setsid too)."""
+        script = (
+            f"for p in /proc/[0-9]*; do grep -qsz '^NEXUS_EXEC={exec_tag}$' $p/environ 2>/dev/null "
+            "&& kill -9 ${p#/proc/} 2>/dev/null; done; true"
+        )
+        # the container may be gone; the caller reports the timeout either way
+        with contextlib.suppress(Exception):
+            self.container.exec_run(["/bin/sh", "-c", script], environment={"PATH": SANDBOX_PATH})
+
+    def _why(self, exc: BaseException) -> str:
+        try:
+            self.container.reload()
+            state = self.container.attrs.get("State", {})
+            return f"{exc} (container status {state.get('Status')}, OOMKilled={state.get('OOMKilled')})"
+        except Exception:
+            return f"{exc} (container gone)"
+
+    def check(self, cmd: str, *, timeout: float | None = None, workdir: str = "/testbed") -> str:
+        """`run`, but a non-zero exit or a timeout raises InfraError (for our own plumbing commands)."""
+        result = self.run(cmd, timeout=timeout, workdir=workdir)
+        if result.exit_code != 0 or result.timed_out:
+            raise InfraError(f"`{cmd[:200]}` failed (exit {result.exit_code}): {result.output[-1500:]}")
+        return result.output
+
+    # ------------------------------------------------------------------------------------ files
+    def write_file(self, path: str, data: bytes | str, *, mode: int = 0o644) -> None:
+        """Write one file (parents are created) through a tar archive."""
+        raw = data.encode() if isinstance(data, str) else data
+        target = PurePosixPath(path)
+        self.check(f"mkdir -p {shlex.quote(str(target.parent))}", workdir="/")
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            info = tarfile.TarInfo(target.name)
+            info.size, info.mode, info.mtime = len(raw), mode, int(time.time())
+            tar.addfile(info, io.BytesIO(raw))
+        if not self.container.put_archive(str(target.parent), buf.getvalue()):
+            raise InfraError(f"writing {path} into the container failed")
+
+    def read_file(self, path: str) -> bytes:
+        """Read one regular file through `get_archive`; FileNotFoundError if it does not exist."""
+        import docker
+
+        try:
+            chunks, _stat = self.container.get_archive(path)
+        except docker.errors.NotFound:
+            raise FileNotFoundError(f"{path} does not exist in container {self.container.short_id}") from None
+        with tarfile.open(fileobj=io.BytesIO(b"".join(chunks))) as tar:
+            member = tar.next()
+            if member is None or not member.isfile():
+                raise IsADirectoryError(f"{path} is not a regular file")
+            return tar.extractfile(member).read()
+
+    def exists(self, path: str) -> bool:
+        return self.run(f"test -e {shlex.quote(path)}", timeout=30, workdir="/").exit_code == 0
+
+    def copy_in(self, host_path: str | Path, container_dir: str) -> None:
+        """Copy a host file or directory into `container_dir` (created if needed)."""
+        host_path = Path(host_path)
+        if not host_path.exists():
+            raise FileNotFoundError(host_path)
+        self.check(f"mkdir -p {shlex.quote(container_dir)}", workdir="/")
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            tar.add(str(host_path), arcname=host_path.name)
+        if not self.container.put_archive(container_dir, buf.getvalue()):
+            raise InfraError(f"copying {host_path} into {container_dir} failed")
+
+    def copy_out(self, container_path: str, host_dir: str | Path) -> Path:
+        """Copy a container file or directory into `host_dir`; return the host path of the copy."""
+        import docker
+
+        host_dir = Path(host_dir)
+        host_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            chunks, _stat = self.container.get_archive(container_path)
+        except docker.errors.NotFound:
+            raise FileNotFoundError(f"{container_path} does not exist in the container") from None
+        with tarfile.open(fileobj=io.BytesIO(b"".join(chunks))) as tar:
+            tar.extractall(host_dir, filter="data")
+        return host_dir / PurePosixPath(container_path).name
+
+    # ------------------------------------------------------------------------------------ git
+    def diff(self, repo: str = "/testbed") -> str:
+        """The episode's patch: `git add -A && git diff --cached` of `repo` (binary-safe, no colour)."""
+        result = self.run("git add -A && git -c core.quotepath=off diff --cached --binary --no-color",
+                          timeout=120, workdir=repo)  # fmt: skip
+        if result.exit_code != 0 or result.timed_out or result.truncated:
+            raise InfraError(f"git diff in {repo} failed (exit {result.exit_code}): {result.output[-800:]}")
+        return result.output
+
+
+def reap(older_than_s: float | None = None, label_filter: dict[str, str] | None = None, *, client=None) -> int:
+    """Remove nexus-eval containers that are past their TTL (or older than `older_than_s`), or exited.
+
+    `label_filter` narrows to e.g. `{"nexus-eval.job": "42"}`. Returns how many were removed.
+    """
+    import docker
+
+    client = client or docker.from_env(timeout=120)
+    filters = [f"{LABEL_PREFIX}.created"] + [f"{k}={v}" for k, v in (label_filter or {}).items()]
+    removed = 0
+    now = time.time()
+    for container in client.containers.list(all=True, filters={"label": filters}):
+        labels = container.labels
+        try:
+            age = now - float(labels.get(f"{LABEL_PREFIX}.created", "0"))
+            ttl = float(labels.get(f"{LABEL_PREFIX}.ttl", "0"))
+        except ValueError:
+            age, ttl = float("inf"), 0.0
+        limit = older_than_s if older_than_s is not None else ttl
+        if age >= limit or container.status in ("exited", "dead"):
+            try:
+                container.remove(force=True)
+                removed += 1
+            except docker.errors.NotFound:
+                pass
+    return removed

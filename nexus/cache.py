@@ -1,0 +1,295 @@
+"""`EvictableCache`: a transformers `Cache` whose layers can forget tokens and keep true positions.
+
+Each layer holds, at KV-head granularity (never expanded to query heads):
+  keys, values  [B, Hkv, P, D]   post-RoPE, P = physical slots (a view of a buffer with spare capacity)
+  positions     [B, Hkv, P]      logical position of each slot; -1 = empty slot (heads keeping fewer slots)
+and the logical length of the stream (`get_seq_length()`), so RoPE positions and masks stay true after
+any eviction and the same cache can be carried through many `model(...)` / `generate()` calls.
+
+Slot order is time order: new tokens are appended last and compaction keeps ascending slot order.
+Eviction itself is triggered from the attention function (`nexus.attention`), after the layer attended,
+so what the cache reports after a forward is exactly what the next forward sees.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+from nexus.budget import prefill_budget, should_evict
+from nexus.config import EvictionConfig
+from nexus.policies.base import LayerView
+
+#: the EvictableCache whose `update` ran last in this context; the attention function reads it
+ACTIVE_CACHE: contextvars.ContextVar[EvictableCache | None] = contextvars.ContextVar("nexus_cache", default=None)
+
+
+@dataclass
+class EvictionEvent:
+    """One eviction event: every layer that evicted during one forward."""
+
+    index: int
+    phase: str  # "prefill" | "decode"
+    logical_length: int
+    layers: int = 0
+    tokens_before: int = 0  # physical slots summed over the evicting layers, before
+    tokens_after: int = 0
+    seconds: float = 0.0
+    per_layer: dict[int, tuple[int, int]] = field(default_factory=dict)  # layer -> (before, after)
+
+
+class EvictableLayer(CacheLayerMixin):
+    """One layer's evictable storage. Buffers grow in chunks and are reallocated smaller on eviction."""
+
+    is_compileable = False
+    is_croppable = False
+    is_sliding = False
+
+    def __init__(self, layer_idx: int, window: int):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.window = window
+        self.reset()
+
+    # -- storage -----------------------------------------------------------------------------------------
+    def reset(self) -> None:
+        self._k: torch.Tensor | None = None
+        self._v: torch.Tensor | None = None
+        self._pos: torch.Tensor | None = None
+        self.keys = self.values = None
+        self.is_initialized = False
+        self.length = 0  # physical slots P (padded length when heads keep different counts)
+        self.n_seen = 0  # logical length
+        self.occupancy = 0.0  # mean valid slots per KV head
+        self.ragged = False  # some KV heads hold fewer tokens than the padded length
+        self.budget: int | None = None
+        self.events = 0
+        self.state: dict[str, Any] = {}
+        self._q: torch.Tensor | None = None  # ring of the last W queries [B, Hq, W, D]
+        self._q_pos: torch.Tensor | None = None  # [W] logical positions, -1 = empty
+        self._q_count = 0
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.dtype, self.device = key_states.dtype, key_states.device
+        self.is_initialized = True
+
+    def _reallocate(self, capacity: int) -> None:
+        """Move the live slots into fresh buffers of `capacity` slots (frees the old ones)."""
+        b, h, _, dk = self._k.shape
+        dv = self._v.shape[-1]
+        k = self._k.new_empty(b, h, capacity, dk)
+        v = self._v.new_empty(b, h, capacity, dv)
+        pos = self._pos.new_full((b, h, capacity), -1)
+        k[:, :, : self.length] = self._k[:, :, : self.length]
+        v[:, :, : self.length] = self._v[:, :, : self.length]
+        pos[:, :, : self.length] = self._pos[:, :, : self.length]
+        self._k, self._v, self._pos = k, v, pos
+
+    def _refresh_views(self) -> None:
+        self.keys = self._k[:, :, : self.length]
+        self.values = self._v[:, :, : self.length]
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        """Append q new tokens ([B, Hkv, q, D]); returns all physical keys/values [B, Hkv, P + q, D]."""
+        b, h, q, _ = key_states.shape
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+            self._k = key_states.new_empty(b, h, 0, key_states.shape[-1])
+            self._v = value_states.new_empty(b, h, 0, value_states.shape[-1])
+            self._pos = torch.empty(b, h, 0, dtype=torch.long, device=key_states.device)
+        elif self._k.shape[0] != b or self._k.shape[1] != h:
+            raise ValueError(
+                f"layer {self.layer_idx}: cache holds batch={self._k.shape[0]}, kv_heads={self._k.shape[1]} "
+                f"but got keys of shape {tuple(key_states.shape)}; use a fresh EvictableCache per conversation"
+            )
+        need = self.length + q
+        if need > self._k.shape[2]:
+            self._reallocate(need + max(256, need // 8))  # chunked growth: amortised O(1) appends
+        self._k[:, :, self.length : need] = key_states
+        self._v[:, :, self.length : need] = value_states
+        self._pos[:, :, self.length : need] = torch.arange(self.n_seen, self.n_seen + q, device=self._pos.device)
+        self.length, self.n_seen, self.occupancy = need, self.n_seen + q, self.occupancy + q
+        self._refresh_views()
+        return self.keys, self.values
+
+    def keep(self, idx: torch.Tensor, capacity: int) -> None:
+        """Keep slots `idx` [B, Hkv, K] (ascending, -1 padded); the buffers shrink to `capacity` >= K."""
+        safe = idx.clamp(min=0)
+        empty = idx < 0
+        k = self.keys.gather(2, safe.unsqueeze(-1).expand(-1, -1, -1, self._k.shape[-1]))
+        v = self.values.gather(2, safe.unsqueeze(-1).expand(-1, -1, -1, self._v.shape[-1]))
+        pos = self.positions.gather(2, safe).masked_fill(empty, -1)
+        for name, t in self.state.get("slots", {}).items():
+            self.state["slots"][name] = t.gather(-1, safe).masked_fill(empty, 0)
+        self._k, self._v, self._pos = k, v, pos
+        self.length = idx.shape[-1]
+        ragged = bool(empty.any())  # one host sync per event, never per decode step
+        self.occupancy = float((~empty).sum()) / (idx.shape[0] * idx.shape[1]) if ragged else float(self.length)
+        self.ragged = ragged
+        if capacity > self.length:
+            self._reallocate(capacity)
+        self._refresh_views()
+
+    @property
+    def positions(self) -> torch.Tensor:
+        return self._pos[:, :, : self.length]
+
+    # -- the observation window of recent queries ---------------------------------------------------------
+    def push_queries(self, query: torch.Tensor) -> None:
+        """Remember the last W post-RoPE queries ([B, Hq, q, D]) in a ring buffer (one copy per forward)."""
+        q = query.shape[2]
+        if self._q is None:
+            b, hq, _, d = query.shape
+            self._q = query.new_zeros(b, hq, self.window, d)
+            self._q_pos = torch.full((self.window,), -1, dtype=torch.long, device=query.device)
+        take = min(q, self.window)
+        slots = (self._q_count + torch.arange(take, device=query.device)) % self.window
+        self._q.index_copy_(2, slots, query[:, :, q - take :])
+        self._q_pos.index_copy_(0, slots, torch.arange(self.n_seen - take, self.n_seen, device=query.device))
+        self._q_count += take
+
+    def query_window(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """([B, Hq, w, D], [w]) the recent queries oldest first, w = min(W, queries seen)."""
+        w = min(self._q_count, self.window)
+        order = self._q_pos.argsort()[self.window - w :]  # empty slots (-1) sort first
+        return self._q.index_select(2, order), self._q_pos.index_select(0, order)
+
+    # -- what transformers asks ---------------------------------------------------------------------------
+    def get_seq_length(self) -> int:
+        return self.n_seen
+
+    def get_mask_sizes(self, query_length) -> tuple[int, int]:
+        # int on transformers >= 5.3, a cache_position tensor on older releases
+        q = query_length if isinstance(query_length, int) else query_length.shape[0]
+        return self.length + q, self.n_seen - self.length
+
+    def get_max_length(self) -> int:
+        return -1
+
+    def nbytes(self) -> int:
+        """Bytes of the K/V buffers this layer holds (spare capacity included: it is allocated)."""
+        if self._k is None:
+            return 0
+        return self._k.numel() * self._k.element_size() + self._v.numel() * self._v.element_size()
+
+
+class EvictableCache(Cache):
+    """A persistent KV cache that applies an `EvictionConfig` during ordinary forwards and `generate()`.
+
+    Use: `nexus.prepare(model)` once, then `cache = EvictableCache(model.config, EvictionConfig(...))` and pass
+    it as `cache=` (transformers >= 5.20) or `past_key_values=` to every forward of one conversation.
+    """
+
+    def __init__(self, model_config, config: EvictionConfig | None = None):
+        self.config = config or EvictionConfig()
+        text_config = model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config
+        self.num_layers = text_config.num_hidden_layers
+        layers = [EvictableLayer(i, self.config.window) for i in range(self.num_layers)]
+        super().__init__(layers=layers)
+        self.events: list[EvictionEvent] = []
+        self._returned: dict[int, torch.Tensor] = {}
+
+    # -- the transformers Cache API -------------------------------------------------------------------------
+    def update(self, key_states, value_states, layer_idx: int, *args, **kwargs):
+        keys, values = self.layers[layer_idx].update(key_states, value_states)
+        self._returned[layer_idx] = keys
+        ACTIVE_CACHE.set(self)
+        return keys, values
+
+    def crop(self, max_length: int) -> None:
+        raise NotImplementedError("EvictableCache cannot be cropped: evicted tokens are gone")
+
+    def reset(self) -> None:
+        super().reset()
+        self.events.clear()
+        self._returned.clear()
+
+    # -- what users read ------------------------------------------------------------------------------------
+    @property
+    def logical_length(self) -> int:
+        return self.layers[0].n_seen
+
+    def physical_length(self, layer: int) -> int:
+        """Physical slots of `layer` (the padded length where KV heads keep different counts)."""
+        return self.layers[layer].length
+
+    def occupancy(self, layer: int) -> float:
+        """Mean number of tokens held per KV head in `layer` (equals physical_length unless ragged)."""
+        return self.layers[layer].occupancy
+
+    def retained_positions(self, layer: int) -> torch.Tensor:
+        """LongTensor [B, Hkv, slots] of the logical positions kept in `layer`; -1 marks an empty slot."""
+        lay = self.layers[layer]
+        if lay._pos is None:
+            return torch.empty(0, 0, 0, dtype=torch.long)
+        return lay.positions.clone()
+
+    def nbytes(self) -> int:
+        """Bytes of every layer's K/V buffers."""
+        return sum(layer.nbytes() for layer in self.layers)
+
+    def budget(self, layer: int = 0) -> int | None:
+        """The per-head budget `layer` is held to (set at the end of the last prefill)."""
+        return self.layers[layer].budget
+
+    # -- called by the attention function, after layer `layer_idx` attended ---------------------------------
+    def owns(self, layer_idx: int, key: torch.Tensor) -> bool:
+        return self._returned.get(layer_idx) is key
+
+    def after_attention(self, layer_idx: int, query: torch.Tensor, scaling: float) -> None:
+        """Record the queries, let the policy observe, and evict this layer if its budget says so."""
+        cfg, policy, layer = self.config, self.config.policy, self.layers[layer_idx]
+        self._returned.pop(layer_idx, None)
+        if not policy.evicts:
+            return
+        q = query.shape[2]
+        phase = "prefill" if q > 1 else "decode"
+        if policy.needs_queries:
+            layer.push_queries(query)
+        if policy.observes:
+            new_pos = torch.arange(layer.n_seen - q, layer.n_seen, device=query.device)
+            policy.observe(self._view(layer, scaling, phase), query, new_pos)
+        if phase == "prefill" or layer.budget is None:
+            base = prefill_budget(cfg, layer.n_seen)
+            layer.budget = policy.layer_budget(base, layer_idx, self.num_layers, layer.length, cfg.window)
+        if should_evict(cfg, phase=phase, occupancy=layer.occupancy, budget=layer.budget):
+            self._evict(layer, scaling, phase)
+
+    def _view(self, layer: EvictableLayer, scaling: float, phase: str) -> LayerView:
+        if layer._q is not None:
+            queries, qpos = layer.query_window()
+        else:
+            queries = qpos = None
+        gen = None
+        if self.config.policy.needs_queries:
+            gen = torch.Generator(device=layer.device)
+            gen.manual_seed(hash((self.config.seed, layer.layer_idx, layer.events)) & 0x7FFF_FFFF_FFFF_FFFF)
+        return LayerView(
+            layer_idx=layer.layer_idx, num_layers=self.num_layers, keys=layer.keys, positions=layer.positions,
+            queries=queries, query_positions=qpos, scaling=scaling, budget=layer.budget or 0,
+            window=self.config.window, block_size=self.config.block_size, phase=phase,
+            generator=gen, state=layer.state,
+        )
+
+    def _evict(self, layer: EvictableLayer, scaling: float, phase: str) -> None:
+        t0 = time.perf_counter()
+        before = layer.length
+        idx = self.config.policy.select(self._view(layer, scaling, phase))
+        # under prefill_decode leave room for the slack so decoding appends without reallocating
+        spare = self.config.slack if self.config.scope == "prefill_decode" else 0
+        layer.keep(idx, capacity=idx.shape[-1] + spare)
+        layer.events += 1
+        ev = self.events[-1] if self.events else None
+        if ev is None or ev.logical_length != layer.n_seen or ev.phase != phase or layer.layer_idx in ev.per_layer:
+            ev = EvictionEvent(index=len(self.events), phase=phase, logical_length=layer.n_seen)
+            self.events.append(ev)
+        ev.layers += 1
+        ev.tokens_before += before
+        ev.tokens_after += layer.length
+        ev.per_layer[layer.layer_idx] = (before, layer.length)
+        ev.seconds += time.perf_counter() - t0

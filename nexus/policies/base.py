@@ -1,0 +1,197 @@
+"""What every eviction policy sees and returns, and the tensor helpers they share.
+
+An eviction *event* hands a policy one layer at a time as a `LayerView` and asks for the slots to keep.
+Shapes use B = batch, Hq = query heads, Hkv = KV heads, G = Hq // Hkv (GQA group), P = physical slots,
+w = query-window rows (w <= W), D = head dim.
+
+Conventions every policy follows (the cache relies on them):
+- Keys are post-RoPE, as the model attended to them, so slots can be kept in any subset without re-rotation.
+- `positions[b, h, p]` is the logical position of slot p; -1 marks an empty slot (ragged per-head budgets).
+- `select` returns slot indices `[B, Hkv, K]`, ascending, with -1 padding at the end of a row when heads keep
+  different counts. Ascending order keeps "slot order == time order", which the cache's masks rely on.
+- Scores are computed at KV-head granularity: query heads are grouped, never `repeat_kv(K)`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+
+NEG_INF = float("-inf")
+
+
+@dataclass
+class LayerView:
+    """One layer's cache as a policy sees it at an eviction event.
+
+    keys:            [B, Hkv, P, D] post-RoPE keys of every physical slot (including tokens just appended).
+    positions:       [B, Hkv, P] int64 logical position per slot, -1 = empty slot.
+    queries:         [B, Hq, w, D] the most recent w <= W post-RoPE queries (the observation window).
+    query_positions: [w] int64 logical positions of those queries (shared by the batch: no padding).
+    budget:          slots to keep per KV head in this layer (after `Policy.layer_budget`).
+    """
+
+    layer_idx: int
+    num_layers: int
+    keys: torch.Tensor
+    positions: torch.Tensor
+    queries: torch.Tensor
+    query_positions: torch.Tensor
+    scaling: float
+    budget: int
+    window: int
+    block_size: int
+    phase: str  # "prefill" | "decode"
+    generator: torch.Generator | None = None
+    state: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def valid(self) -> torch.Tensor:
+        """[B, Hkv, P] bool: slot holds a token."""
+        return self.positions >= 0
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self.keys.shape[1]
+
+    @property
+    def group_size(self) -> int:
+        return self.queries.shape[1] // self.keys.shape[1]
+
+    @property
+    def physical_length(self) -> int:
+        return self.keys.shape[2]
+
+
+class Policy:
+    """Base class: a policy is a small frozen dataclass of hyperparameters plus these hooks.
+
+    Subclasses set `name` and override `select` (or `score` via `ScorePolicy`).
+    """
+
+    name: ClassVar[str] = ""
+    #: the cache keeps the last W post-RoPE queries per layer for this policy
+    needs_queries: ClassVar[bool] = True
+    #: `observe` is called after every forward's attention (H2O's accumulated attention)
+    observes: ClassVar[bool] = False
+    #: False only for dense: the cache never calls `select`
+    evicts: ClassVar[bool] = True
+
+    def min_budget(self, window: int, block_size: int) -> int:
+        """Smallest per-head budget this policy can honour (forced slots + one free slot)."""
+        return window + 1
+
+    def layer_budget(self, budget: int, layer_idx: int, num_layers: int, length: int, window: int) -> int:
+        """Per-layer budget from the base budget (PyramidKV overrides). `length` = physical slots now."""
+        return budget
+
+    def observe(self, view: LayerView, new_queries: torch.Tensor, new_positions: torch.Tensor) -> None:
+        """Update per-conversation state in `view.state` with this forward's queries [B, Hq, q, D]."""
+
+    def select(self, view: LayerView) -> torch.Tensor:
+        """Return kept slot indices [B, Hkv, K] (ascending, -1 padded)."""
+        raise NotImplementedError
+
+
+class ScorePolicy(Policy):
+    """A policy that is a per-slot score fed to top-K, with a forced set (recency window by default)."""
+
+    def score(self, view: LayerView) -> torch.Tensor:
+        """[B, Hkv, P] float32, higher = keep. Values at invalid slots are ignored."""
+        raise NotImplementedError
+
+    def forced(self, view: LayerView) -> torch.Tensor:
+        """[B, Hkv, P] bool: slots kept unconditionally (default: the last `window` tokens)."""
+        return recent_slots(view.positions, min(view.window, view.budget))
+
+    def select(self, view: LayerView) -> torch.Tensor:
+        return keep_top(self.score(view), self.forced(view), view.valid, view.budget)
+
+    def select_counts(self, view: LayerView, counts: torch.Tensor) -> torch.Tensor:
+        """Ragged selection: keep `counts[b, h]` slots per head (Ada-KV). Returns [B, Hkv, max count]."""
+        return keep_top_ragged(self.score(view), self.forced(view), view.valid, counts)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Shared tensor helpers
+
+
+def group_queries(queries: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
+    """[B, Hq, w, D] -> [B, Hkv, G, w, D]: query head h belongs to KV head h // G (transformers' repeat_kv)."""
+    b, hq, w, d = queries.shape
+    return queries.view(b, num_kv_heads, hq // num_kv_heads, w, d)
+
+
+def visibility(query_positions: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """[B, Hkv, w, P] bool: query i may attend slot p (causal by logical position, slot not empty)."""
+    qp = query_positions.view(1, 1, -1, 1)
+    kp = positions.unsqueeze(2)
+    return (kp <= qp) & (kp >= 0)
+
+
+def window_logits(view: LayerView) -> torch.Tensor:
+    """[B, Hkv, G, w, P] float32 scaled logits q.k of the window queries, -inf where not visible.
+
+    Computed per KV head with grouped queries, so K is never repeated to query heads.
+    """
+    q = group_queries(view.queries, view.num_kv_heads).float()
+    logits = torch.einsum("bhgwd,bhpd->bhgwp", q, view.keys.float()) * view.scaling
+    seen = visibility(view.query_positions, view.positions).unsqueeze(2)
+    return logits.masked_fill(~seen, NEG_INF)
+
+
+def window_attention(view: LayerView) -> torch.Tensor:
+    """[B, Hkv, G, w, P] softmax of `window_logits` over slots (rows with nothing visible become 0)."""
+    return torch.softmax(window_logits(view), dim=-1).nan_to_num(0.0)
+
+
+def recent_slots(positions: torch.Tensor, n: int) -> torch.Tensor:
+    """[B, Hkv, P] bool marking the n valid slots with the highest logical positions in each head."""
+    if n <= 0:
+        return torch.zeros_like(positions, dtype=torch.bool)
+    n = min(n, positions.shape[-1])
+    top = positions.topk(n, dim=-1).indices
+    mask = torch.zeros_like(positions, dtype=torch.bool).scatter_(-1, top, True)
+    return mask & (positions >= 0)
+
+
+def first_slots(positions: torch.Tensor, n: int) -> torch.Tensor:
+    """[B, Hkv, P] bool marking the valid slots whose logical position is < n (attention sinks)."""
+    return (positions >= 0) & (positions < n)
+
+
+def _ranked(scores: torch.Tensor, forced: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """Scores with forced slots first (+inf) and empty slots last (-inf); float32 [B, Hkv, P]."""
+    s = scores.float().masked_fill(forced, float("inf"))
+    return s.masked_fill(~valid, NEG_INF)
+
+
+def keep_top(scores: torch.Tensor, forced: torch.Tensor, valid: torch.Tensor, k: int) -> torch.Tensor:
+    """Top-k slots per head by score, forced slots first. Returns ascending indices [B, Hkv, k'].
+
+    k' = min(k, P). Rows with fewer than k' valid slots are padded with -1.
+    """
+    k = min(k, scores.shape[-1])
+    idx = _ranked(scores, forced, valid).topk(k, dim=-1).indices
+    idx = idx.masked_fill(~valid.gather(-1, idx), -1)
+    return sort_with_padding(idx)
+
+
+def keep_top_ragged(
+    scores: torch.Tensor, forced: torch.Tensor, valid: torch.Tensor, counts: torch.Tensor
+) -> torch.Tensor:
+    """Per-head top-`counts[b, h]` selection. Returns [B, Hkv, max(counts)] ascending, -1 padded."""
+    kmax = int(counts.max().clamp(min=1, max=scores.shape[-1]))
+    idx = _ranked(scores, forced, valid).topk(kmax, dim=-1).indices  # best first
+    rank = torch.arange(kmax, device=idx.device).view(1, 1, -1)
+    keep = (rank < counts.unsqueeze(-1)) & valid.gather(-1, idx)
+    return sort_with_padding(idx.masked_fill(~keep, -1))
+
+
+def sort_with_padding(idx: torch.Tensor) -> torch.Tensor:
+    """Sort slot indices ascending per row, keeping -1 padding at the end."""
+    big = torch.iinfo(idx.dtype).max
+    s = idx.masked_fill(idx < 0, big).sort(dim=-1).values
+    return s.masked_fill(s == big, -1)

@@ -1,0 +1,127 @@
+"""H2O: heavy hitters by accumulated attention (Zhang et al., "H2O: Heavy-Hitter Oracle for Efficient
+Generative Inference of Large Language Models").
+
+State (per layer, for the whole conversation, on the cache): `view.state["slots"]["acc"]`, [B, Hkv, P]
+float32, aligned with the physical slots (the cache gathers it with the kept indices at every event).
+With `normalize=True` also `view.state["slots"]["seen"]`, [B, Hkv, P] float32: how many query rows
+could see each slot.
+
+`observe` after every forward's attention, with the new queries [B, Hq, q, D] at logical positions [q]:
+1. extend acc (and seen) with zeros for the slots appended since the last call (new slots are last);
+2. for each chunk of `chunk_rows` query rows: softmax(q k^T * scaling) over the visible slots in fp32
+   (causal by logical position, empty slots hidden), summed over the rows and over the G query heads of
+   the KV group -> [B, Hkv, P], added to acc.
+Chunking bounds the transient to [B, Hkv, G, chunk_rows, P] so a 64K prefill never materialises q x P
+probabilities. No host syncs (decode runs this every step).
+
+`select`: the most recent `round(recent_ratio * budget)` tokens (round half up) are forced, the rest of
+the budget goes to the top remaining slots by acc (or acc / seen with `normalize`).
+
+Deliberate differences and choices:
+- KV-head granularity: the original is written for MHA and keeps per-query-head scores; we sum the
+  probabilities over the G heads of a group (a sum, like the original's sum over rows; the ranking per
+  head equals the mean's) and select per KV head.
+- Budget split: the original sets heavy = 0.1 T and recent = 0.1 T (a 20% budget split in half):
+  `recent_ratio=0.5` of our single per-head budget reproduces that.
+- Un-normalised by default, like the original (old tokens are favoured: more queries saw them).
+  `normalize=True` divides by the number of queries that could see each slot, as kvpress's
+  `ObservedAttentionPress` does (there: T - j for a single prefill). acc sums the G heads of a group
+  while seen counts rows once, so the ratio is G x the mean probability: the same ranking.
+- When it evicts: the original evicts at every decode step once the cache exceeds heavy + recent; under
+  prefill_decode we evict when a layer reaches budget + slack (amortised; the accumulator still sees
+  every query). Under prefill_only it is one eviction at the end of each prefill with the method's own
+  score: the accumulator over every query seen so far (prefill rows and decoded tokens alike).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from nexus.policies import register
+from nexus.policies.base import LayerView, ScorePolicy, group_queries, recent_slots, visibility
+
+
+def _extended(state: dict, name: str, like: torch.Tensor) -> torch.Tensor:
+    """state[name] grown with zeros to `like`'s slot count ([B, Hkv, P] float32, created if absent)."""
+    old = state.get(name)
+    b, h, p = like.shape
+    if old is None:
+        return torch.zeros(b, h, p, dtype=torch.float32, device=like.device)
+    if old.shape[:2] != (b, h) or old.shape[-1] > p:
+        raise ValueError(f"h2o: state['slots'][{name!r}] has shape {tuple(old.shape)}, cache slots {(b, h, p)}")
+    if old.shape[-1] == p:
+        return old
+    return torch.cat([old, old.new_zeros(b, h, p - old.shape[-1])], dim=-1)
+
+
+@register("h2o")
+@dataclass(frozen=True)
+class H2O(ScorePolicy):
+    """Heavy hitters (accumulated attention) + a recency window.
+
+    recent_ratio: fraction of the per-head budget given to the most recent tokens (0.5 = the original's
+                  0.1 / 0.1 heavy / recent split); the rest goes to the heaviest hitters.
+    normalize:    divide the accumulated attention by how many queries could see each slot (kvpress
+                  ObservedAttention); False = the original's raw sum.
+    chunk_rows:   query rows processed at once in `observe` (memory bound only; the result is the same).
+    """
+
+    name: ClassVar[str] = "h2o"
+    needs_queries: ClassVar[bool] = False
+    observes: ClassVar[bool] = True
+
+    recent_ratio: float = 0.5
+    normalize: bool = False
+    chunk_rows: int = 512
+
+    def __post_init__(self) -> None:
+        r = self.recent_ratio
+        if isinstance(r, bool) or not isinstance(r, int | float) or not 0.0 <= r < 1.0:
+            raise ValueError(f"h2o: recent_ratio must be a number in [0, 1), got {r!r}")
+        if not isinstance(self.normalize, bool):
+            raise ValueError(f"h2o: normalize must be a bool, got {self.normalize!r}")
+        if isinstance(self.chunk_rows, bool) or not isinstance(self.chunk_rows, int) or self.chunk_rows < 1:
+            raise ValueError(f"h2o: chunk_rows must be an integer >= 1, got {self.chunk_rows!r}")
+
+    def recent_count(self, budget: int) -> int:
+        """Slots of `budget` forced to the most recent tokens: round half up of recent_ratio * budget."""
+        return int(self.recent_ratio * budget + 0.5)
+
+    def min_budget(self, window: int, block_size: int) -> int:
+        budget = 1
+        while self.recent_count(budget) >= budget:  # terminates: recent_ratio < 1
+            budget += 1
+        return budget
+
+    def observe(self, view: LayerView, new_queries: torch.Tensor, new_positions: torch.Tensor) -> None:
+        """acc += attention of `new_queries` [B, Hq, q, D] (at logical `new_positions` [q]) on every slot."""
+        slots = view.state.setdefault("slots", {})
+        acc = _extended(slots, "acc", view.positions)
+        seen = _extended(slots, "seen", view.positions) if self.normalize else None
+        q = group_queries(new_queries, view.num_kv_heads).float()  # [B, Hkv, G, q, D]
+        keys = view.keys.float()
+        for start in range(0, q.shape[3], self.chunk_rows):
+            rows = slice(start, start + self.chunk_rows)
+            vis = visibility(new_positions[rows], view.positions)  # [B, Hkv, r, P]
+            logits = torch.einsum("bhgrd,bhpd->bhgrp", q[:, :, :, rows], keys) * view.scaling
+            probs = torch.softmax(logits.masked_fill(~vis.unsqueeze(2), float("-inf")), dim=-1)
+            acc = acc + probs.nan_to_num(0.0).sum(dim=(2, 3))
+            if seen is not None:
+                seen = seen + vis.sum(dim=2, dtype=torch.float32)
+        slots["acc"] = acc
+        if seen is not None:
+            slots["seen"] = seen
+
+    def score(self, view: LayerView) -> torch.Tensor:
+        """[B, Hkv, P] float32 accumulated attention (zeros before any `observe`)."""
+        slots = view.state.get("slots", {})
+        acc = _extended(slots, "acc", view.positions)
+        if not self.normalize:
+            return acc
+        return acc / _extended(slots, "seen", view.positions).clamp(min=1.0)
+
+    def forced(self, view: LayerView) -> torch.Tensor:
+        return recent_slots(view.positions, self.recent_count(view.budget))

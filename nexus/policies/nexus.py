@@ -1,0 +1,271 @@
+"""Nexus Sampling: block-level Nexus scores (direct attention + a short walk) fed to a weighted reservoir.
+
+One eviction event, per layer (paper section 2; `shared/reference/nexus-sampling.md`):
+
+1. Observation window: the last w <= W post-RoPE queries, HEAD-AVERAGED: Q [B, w, D] = mean over all Hq
+   query heads, K [B, P, D] = mean over the Hkv KV heads (GQA: queries and keys averaged separately).
+2. Block attention: softmax(Q K^T * scaling) over slots with the causal mask by LOGICAL position (a window
+   query never sees a later key, even when the window holds queries from an earlier call), block-summed
+   into N = ceil(P / b) key blocks and row-normalised: S [B, w, N], each row a distribution over blocks.
+   Blocks are runs of b consecutive valid slots in slot order (= time order); the last may be partial.
+3. Direct score a = mean of the rows of S (sums to 1).
+4. Walk: C = 0; for each of H = `walk_steps` rows a^(q): gamma = 1 + <a^(q), C>, C += gamma * a^(q);
+   c~ = C / ||C||_1. Which rows is not in the paper: `walk_rows="recent"` (default) feeds the H most recent
+   rows, oldest first; "spread" feeds H rows evenly spaced over the window, oldest first. With w < H only
+   the w available rows are used; H = 0 gives c~ = 0 (Nexus score = direct score).
+5. s_j = a_j + lam * c~_j; w_j = s_j + eps_tie * j / (N - 1) (a recency tie-break; 0 for N = 1).
+6. Forced blocks: block 0 (attention sink), every block holding one of the last W slots (the recency window;
+   the still-filling last block is always among them). K = floor((budget - forced tokens) / b) whole
+   blocks are then chosen. Choice: the leftover (< b) slots of the budget stay UNUSED, so the kept set is
+   always whole blocks + the partial newest block; compacting it keeps every block aligned to b, and the
+   kept set never exceeds the budget.
+7. Reservoir: n = `reservoir_n` uniforms per non-forced block from `view.generator` (one draw of shape
+   [B, N, n] float64), log pi_j = logsumexp_i(log u_j^(i) / w_j) - log n, keep the top K (see reservoir.py).
+
+The selection is shared by all KV heads of the layer (uniform per-head budget), so `select` requires every
+head to hold the same slots (true whenever the cache only ever ran this policy) and returns [B, Hkv, K]
+with the same ascending slots in every head.
+
+Ada-Nexus (the paper only says Ada-KV's allocation is applied on top; this construction is ours): as a
+`ScorePolicy` Nexus works per KV head. Each head's queries are the mean over its G query heads (the group
+average, our GQA convention), its keys are its own; steps 2-5 run per head, and `score` spreads each
+block's weight w_j evenly over the block's tokens (w_j / tokens in block), so a head's token scores sum to
+about 1 + lam and are comparable across heads. `forced` marks each head's forced blocks, and
+`select_counts(view, counts)` keeps per head its forced blocks plus floor((counts - forced) / b) blocks by a
+per-head reservoir (one draw of shape [B, Hkv, N, n]).
+
+Compute dtype: float32, or float64 when the inputs are float64 (so tests can compare exactly).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from nexus.policies import register
+from nexus.policies.base import NEG_INF, LayerView, ScorePolicy, group_queries, recent_slots, sort_with_padding
+from nexus.policies.reservoir import draw_uniforms, reservoir_log_priorities, select_top
+
+WALK_ROWS = ("recent", "spread")
+
+
+def compute_dtype(t: torch.Tensor) -> torch.dtype:
+    return torch.promote_types(t.dtype, torch.float32)
+
+
+def block_index(valid: torch.Tensor, block_size: int) -> torch.Tensor:
+    """[..., P] long block id of each slot (its rank among the valid slots // b), -1 for an empty slot."""
+    rank = valid.long().cumsum(-1) - 1
+    return torch.where(valid, rank // block_size, -1)
+
+
+def block_sum(values: torch.Tensor, ids: torch.Tensor, num_blocks: int) -> torch.Tensor:
+    """Sum `values` [..., P] (or [..., r, P] with ids [..., P]) into blocks: [..., (r,) N]. Empty slots drop."""
+    ids = ids.masked_fill(ids < 0, num_blocks)  # a spare bucket for empty slots, cut off below
+    if values.dim() == ids.dim() + 1:
+        ids = ids.unsqueeze(-2).expand_as(values)
+    out = values.new_zeros((*values.shape[:-1], num_blocks + 1))
+    return out.scatter_add_(-1, ids, values)[..., :num_blocks]
+
+
+def block_sizes(valid: torch.Tensor, block_size: int) -> torch.Tensor:
+    """[..., N] long: valid tokens in each block (N = ceil(P / b); blocks past the valid slots hold 0)."""
+    n = math.ceil(valid.shape[-1] / block_size)
+    return block_sum(valid.long(), block_index(valid, block_size), n)
+
+
+def block_attention(
+    queries: torch.Tensor,
+    keys: torch.Tensor,
+    query_positions: torch.Tensor,
+    positions: torch.Tensor,
+    scaling: float,
+    block_size: int,
+) -> torch.Tensor:
+    """S = rownorm(BlockSum_b(softmax(Q K^T * scaling))) with the causal mask by logical position.
+
+    queries [..., w, D], keys [..., P, D], query_positions [w], positions [..., P] (-1 = empty slot).
+    Returns [..., w, N], N = ceil(P / b); a row that sees no key at all is all zeros.
+    """
+    dtype = compute_dtype(keys)
+    logits = queries.to(dtype) @ keys.to(dtype).transpose(-1, -2) * scaling  # [..., w, P]
+    kp = positions.unsqueeze(-2)
+    seen = (kp <= query_positions.view(-1, 1)) & (kp >= 0)
+    probs = torch.softmax(logits.masked_fill(~seen, NEG_INF), dim=-1).nan_to_num(0.0)
+    n = math.ceil(keys.shape[-2] / block_size)
+    blocks = block_sum(probs, block_index(positions >= 0, block_size), n)
+    mass = blocks.sum(-1, keepdim=True)
+    return torch.where(mass > 0, blocks / mass.clamp_min(torch.finfo(dtype).tiny), 0.0)
+
+
+def direct_score(rows: torch.Tensor) -> torch.Tensor:
+    """a [..., N] = mean of the rows of S [..., w, N] (rows that saw nothing are left out of the mean)."""
+    active = (rows.sum(-1) > 0).sum(-1, keepdim=True).clamp_min(1)
+    return rows.sum(-2) / active
+
+
+def walk_row_indices(num_rows: int, steps: int, mode: str = "recent") -> list[int]:
+    """Which window rows feed the walk, oldest first: min(steps, num_rows) of them."""
+    h = min(steps, num_rows)
+    if h <= 0:
+        return []
+    if mode == "recent":
+        return list(range(num_rows - h, num_rows))
+    if mode == "spread":
+        return torch.linspace(0, num_rows - 1, h).round().long().tolist()
+    raise ValueError(f"walk_rows must be one of {', '.join(WALK_ROWS)}, got {mode!r}")
+
+
+def walk_score(rows: torch.Tensor, order: Sequence[int]) -> torch.Tensor:
+    """c~ [..., N]: C = 0; for q in order: C += (1 + <S[q], C>) * S[q]; then C / ||C||_1 (0 when C = 0)."""
+    c = rows.new_zeros((*rows.shape[:-2], rows.shape[-1]))
+    for q in order:
+        a_q = rows[..., q, :]
+        gamma = 1.0 + (a_q * c).sum(-1, keepdim=True)
+        c = c + gamma * a_q
+    norm = c.abs().sum(-1, keepdim=True)
+    return torch.where(norm > 0, c / norm.clamp_min(torch.finfo(c.dtype).tiny), 0.0)
+
+
+def nexus_weights(direct: torch.Tensor, bridge: torch.Tensor, lam: float, eps_tie: float) -> torch.Tensor:
+    """w [..., N] = a + lam * c~ + eps_tie * r, r_j = j / (N - 1) (0 oldest block, 1 newest; 0 if N = 1)."""
+    n = direct.shape[-1]
+    ramp = torch.arange(n, device=direct.device, dtype=direct.dtype) / max(n - 1, 1)
+    return direct + lam * bridge + eps_tie * ramp
+
+
+def forced_blocks(positions: torch.Tensor, window: int, block_size: int) -> torch.Tensor:
+    """[..., N] bool: block 0 (sink), the blocks holding the last `window` valid slots, the newest block."""
+    valid = positions >= 0
+    ids = block_index(valid, block_size)
+    n = math.ceil(positions.shape[-1] / block_size)
+    recent = recent_slots(positions, window) & valid
+    forced = block_sum(recent.long(), ids, n) > 0
+    count = valid.sum(-1, keepdim=True)
+    newest = ((count - 1).clamp_min(0) // block_size).clamp_max(n - 1)
+    has_any = count > 0
+    forced = forced | (torch.zeros_like(forced).scatter_(-1, newest, True) & has_any)
+    forced[..., 0] |= has_any.squeeze(-1)
+    return forced
+
+
+def mask_to_indices(mask: torch.Tensor) -> torch.Tensor:
+    """[..., P] bool -> ascending slot indices [..., max kept], -1 padded (one host sync for the width)."""
+    idx = torch.arange(mask.shape[-1], device=mask.device).expand_as(mask).masked_fill(~mask, -1)
+    width = max(int(mask.sum(-1).max()), 1) if mask.numel() else 1
+    return sort_with_padding(idx)[..., :width]
+
+
+@register("nexus")
+@dataclass(frozen=True)
+class Nexus(ScorePolicy):
+    """Nexus Sampling (uniform per-head budget); see the module docstring for every step and choice.
+
+    walk_steps (H=3), lam (0.5), eps_tie (1e-6), reservoir_n (n=5): the paper's defaults.
+    walk_rows: "recent" (default) or "spread", which window rows feed the walk.
+    """
+
+    name: ClassVar[str] = "nexus"
+    walk_steps: int = 3
+    lam: float = 0.5
+    eps_tie: float = 1e-6
+    reservoir_n: int = 5
+    walk_rows: str = "recent"
+
+    def __post_init__(self) -> None:
+        for field, value, lo in (("walk_steps", self.walk_steps, 0), ("reservoir_n", self.reservoir_n, 1)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < lo:
+                raise ValueError(f"nexus: {field} must be an integer >= {lo}, got {value!r}")
+        for field, value in (("lam", self.lam), ("eps_tie", self.eps_tie)):
+            ok = not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
+            if not ok or value < 0:
+                raise ValueError(f"nexus: {field} must be a finite number >= 0, got {value!r}")
+        if self.walk_rows not in WALK_ROWS:
+            raise ValueError(f"nexus: walk_rows must be one of {', '.join(WALK_ROWS)}, got {self.walk_rows!r}")
+
+    def min_budget(self, window: int, block_size: int) -> int:
+        """Most the forced set can take (sink + the <= 1 + ceil((W-1)/b) recency blocks) plus one block."""
+        recency_blocks = 1 + math.ceil((window - 1) / block_size)
+        return block_size * (1 + recency_blocks) + block_size
+
+    # -- the math, shared by the uniform and the per-head paths --------------------------------------------
+
+    def block_weights(self, queries, keys, query_positions, positions, scaling: float, block_size: int):
+        """w [..., N] from queries [..., w, D], keys [..., P, D], positions [..., P] (steps 2-5)."""
+        rows = block_attention(queries, keys, query_positions, positions, scaling, block_size)
+        order = walk_row_indices(rows.shape[-2], self.walk_steps, self.walk_rows)
+        return nexus_weights(direct_score(rows), walk_score(rows, order), self.lam, self.eps_tie)
+
+    def keep_slots(self, weights, positions, window: int, block_size: int, budgets, generator) -> torch.Tensor:
+        """[..., P] bool kept slots: forced blocks + the top-K blocks by reservoir priority (steps 6-7).
+
+        weights [..., N], positions [..., P], budgets: int or LongTensor [...] (tokens allowed per row).
+        """
+        valid = positions >= 0
+        sizes = block_sizes(valid, block_size)
+        exists = sizes > 0
+        forced = forced_blocks(positions, window, block_size) & exists
+        forced_tokens = (sizes * forced).sum(-1)
+        budgets = torch.as_tensor(budgets, device=weights.device)
+        k = (budgets - forced_tokens).clamp_min(0) // block_size
+        uniforms = draw_uniforms(tuple(weights.shape), self.reservoir_n, generator, weights.device)
+        chosen = select_top(reservoir_log_priorities(weights, uniforms), exists & ~forced, k)
+        keep = chosen | forced
+        return keep.gather(-1, block_index(valid, block_size).clamp_min(0)) & valid
+
+    def _check_budget(self, view: LayerView) -> None:
+        floor = self.min_budget(view.window, view.block_size)
+        if view.budget < floor:
+            raise ValueError(
+                f"nexus: budget {view.budget} is below min_budget {floor} (sink + recency blocks + one block "
+                f"for window={view.window}, block_size={view.block_size})"
+            )
+
+    # -- uniform selection (the paper's Nexus) --------------------------------------------------------------
+
+    def select(self, view: LayerView) -> torch.Tensor:
+        self._check_budget(view)
+        positions = view.positions[:, 0]  # [B, P]
+        if bool((view.positions != positions.unsqueeze(1)).any()):
+            raise ValueError(
+                "nexus: KV heads hold different slots, but uniform Nexus selects one set per layer; "
+                "use ada_nexus for head-adaptive budgets"
+            )
+        queries = view.queries.mean(dim=1)  # [B, w, D] mean over all query heads
+        keys = view.keys.mean(dim=1)  # [B, P, D] mean over KV heads
+        weights = self.block_weights(queries, keys, view.query_positions, positions, view.scaling, view.block_size)
+        keep = self.keep_slots(weights, positions, view.window, view.block_size, view.budget, view.generator)
+        return mask_to_indices(keep.unsqueeze(1).expand(-1, view.num_kv_heads, -1))
+
+    # -- per-KV-head ScorePolicy interface (Ada-Nexus) ------------------------------------------------------
+
+    def head_weights(self, view: LayerView) -> torch.Tensor:
+        """[B, Hkv, N] per-head block weights with group-averaged queries."""
+        queries = group_queries(view.queries, view.num_kv_heads).mean(dim=2)  # [B, Hkv, w, D]
+        return self.block_weights(
+            queries, view.keys, view.query_positions, view.positions, view.scaling, view.block_size
+        )
+
+    def score(self, view: LayerView) -> torch.Tensor:
+        """[B, Hkv, P] float32: each head's block weight spread evenly over the block's tokens (0 if empty)."""
+        weights = self.head_weights(view)
+        valid = view.valid
+        per_token = weights / block_sizes(valid, view.block_size).clamp_min(1)
+        ids = block_index(valid, view.block_size)
+        return per_token.gather(-1, ids.clamp_min(0)).masked_fill(~valid, 0.0).float()
+
+    def forced(self, view: LayerView) -> torch.Tensor:
+        """[B, Hkv, P] bool: the slots of each head's forced blocks (sink, recency window, newest block)."""
+        valid = view.valid
+        blocks = forced_blocks(view.positions, view.window, view.block_size)
+        return blocks.gather(-1, block_index(valid, view.block_size).clamp_min(0)) & valid
+
+    def select_counts(self, view: LayerView, counts: torch.Tensor) -> torch.Tensor:
+        """Per head: forced blocks + floor((counts - forced) / b) reservoir blocks. [B, Hkv, max kept]."""
+        weights = self.head_weights(view)
+        keep = self.keep_slots(weights, view.positions, view.window, view.block_size, counts, view.generator)
+        return mask_to_indices(keep)

@@ -1,0 +1,73 @@
+"""Weighted reservoir selection (Efraimidis-Spirakis priorities, n-averaged), in log space.
+
+Nexus Sampling (paper section 2.3) keeps K of the candidate blocks by the n-averaged priority
+
+    pi_j = (1/n) * sum_i (u_j^(i)) ** (1 / w_j),      u_j^(i) ~ U(0, 1) i.i.d.,
+
+taking the top K by pi_j. n = 1 is the classic weighted-without-replacement sampler; as n grows pi_j
+concentrates on E[u^(1/w)] = w / (1 + w), which is increasing in w, so the selection converges to the
+deterministic top-K by weight. With weights near 1e-3, u^(1/w) underflows to 0 in float32 and the top-K
+among zeros becomes arbitrary, so everything here works with
+
+    log pi_j = logsumexp_i(log u_j^(i) / w_j) - log n
+
+in float64, which is exact (it is the same number) and never underflows for w >= 1e-300.
+
+Shapes: any leading dims `...` (batch, KV head), N candidates on the last axis, n draws after it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+NEG_INF = float("-inf")
+
+
+def draw_uniforms(shape: tuple[int, ...], n: int, generator: torch.Generator | None, device) -> torch.Tensor:
+    """[*shape, n] float64 uniforms in (0, 1), drawn in one call from `generator` (on its own device).
+
+    One call per selection keeps the stream reproducible: the same generator state gives the same draws.
+    `None` means a fresh generator seeded with 0 (still deterministic). Exact zeros (possible from
+    `torch.rand`) are lifted to the smallest positive double so log u stays finite.
+    """
+    if generator is None:
+        generator = torch.Generator().manual_seed(0)
+    u = torch.rand((*shape, n), generator=generator, device=generator.device, dtype=torch.float64)
+    return u.clamp_min(torch.finfo(torch.float64).tiny).to(device)
+
+
+def reservoir_log_priorities(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """log pi [...] = logsumexp_i(log u[..., i] / w) - log n, float64.
+
+    weights: [...] >= 0 (a weight of 0 gives -inf: such a candidate is ranked last).
+    uniforms: [..., n] in (0, 1), e.g. from `draw_uniforms`.
+    """
+    w = weights.to(torch.float64).unsqueeze(-1)
+    z = uniforms.to(torch.float64).log() / w  # log u < 0, so w = 0 gives -inf, never nan
+    return torch.logsumexp(z, dim=-1) - math.log(uniforms.shape[-1])
+
+
+def direct_priorities(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """pi [...] = mean_i u[..., i] ** (1 / w) in the dtype of `uniforms` (the naive formula; it underflows).
+
+    Kept only to show (and test) what the log-space form protects against; selection never uses it.
+    """
+    return (uniforms ** (1.0 / weights.to(uniforms.dtype).unsqueeze(-1))).mean(dim=-1)
+
+
+def select_top(log_priorities: torch.Tensor, candidates: torch.Tensor, k: int | torch.Tensor) -> torch.Tensor:
+    """[..., N] bool: the k candidates with the highest priority (fewer if there are fewer candidates).
+
+    k: an int or a LongTensor of the leading shape `...` (a different k per row, e.g. per KV head).
+    A candidate whose priority is -inf (weight 0) still ranks above every non-candidate; exact ties go to
+    the lower index (stable sort).
+    """
+    lowest = torch.finfo(log_priorities.dtype).min
+    key = torch.where(candidates, log_priorities.clamp_min(lowest), NEG_INF)
+    order = key.argsort(dim=-1, descending=True, stable=True)
+    ranks = torch.empty_like(order).scatter_(-1, order, torch.arange(key.shape[-1], device=key.device).expand_as(order))
+    k = torch.as_tensor(k, device=key.device)
+    limit = k.unsqueeze(-1) if k.dim() else k
+    return candidates & (ranks < limit)

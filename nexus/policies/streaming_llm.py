@@ -1,0 +1,69 @@
+"""StreamingLLM: attention sinks plus a recency window (Xiao et al., "Efficient Streaming Language Models
+with Attention Sinks").
+
+Per KV head the policy keeps the `n_sink` valid slots with the lowest logical positions (the attention
+sinks; positions 0..n_sink-1 once the stream is that long) and the `budget - n_sink` valid slots with the
+highest logical positions. Nothing is scored from attention, so the cache need not keep queries
+(`needs_queries = False`); every head keeps the same logical positions.
+
+Scopes: under `prefill_only` it is the one-shot prefill compression of kvpress / KVCache-Factory / AdaKV;
+under `prefill_decode` it is the rolling StreamingLLM with a fixed-size cache (evicted back to the budget
+whenever a layer reaches budget + slack).
+
+Deliberate difference from the paper: the paper re-assigns positions *inside the cache* (the kept keys are
+re-rotated to contiguous positions 0..C-1, "position rolling"). We keep every token's original RoPE
+position, as the cached keys are stored post-RoPE and the other methods here do the same; this matches
+the prefill-only reference implementations (kvpress `StreamingLLMPress` without `KeyRerotationPress`,
+KVCache-Factory, AdaKV) but not the paper's streaming demo.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from nexus.policies import register
+from nexus.policies.base import LayerView, Policy, keep_top
+
+
+def oldest_slots(positions: torch.Tensor, n: int) -> torch.Tensor:
+    """[B, Hkv, P] bool marking the n valid slots with the lowest logical positions in each head."""
+    if n <= 0:
+        return torch.zeros_like(positions, dtype=torch.bool)
+    n = min(n, positions.shape[-1])
+    big = torch.iinfo(positions.dtype).max
+    low = positions.masked_fill(positions < 0, big).topk(n, dim=-1, largest=False).indices
+    mask = torch.zeros_like(positions, dtype=torch.bool).scatter_(-1, low, True)
+    return mask & (positions >= 0)
+
+
+@register("streaming_llm")
+@dataclass(frozen=True)
+class StreamingLLM(Policy):
+    """Keep `n_sink` sinks + the most recent `budget - n_sink` tokens per KV head.
+
+    n_sink: number of attention-sink tokens (the paper's and every reference's default: 4).
+    The window W of `EvictionConfig` is not used: the recency part is the whole rest of the budget.
+    """
+
+    name: ClassVar[str] = "streaming_llm"
+    needs_queries: ClassVar[bool] = False
+
+    n_sink: int = 4
+
+    def __post_init__(self) -> None:
+        if isinstance(self.n_sink, bool) or not isinstance(self.n_sink, int) or self.n_sink < 0:
+            raise ValueError(f"streaming_llm: n_sink must be an integer >= 0, got {self.n_sink!r}")
+
+    def min_budget(self, window: int, block_size: int) -> int:
+        return self.n_sink + 1
+
+    def select(self, view: LayerView) -> torch.Tensor:
+        """[B, Hkv, min(budget, P)] ascending slot indices, -1 padded where a head has fewer valid slots."""
+        sinks = oldest_slots(view.positions, min(self.n_sink, view.budget))
+        # Recency as the score: the top (budget - n_sink) non-sink slots by logical position are the newest.
+        # float32 represents positions exactly up to 2**24 (16M tokens), far beyond any context here.
+        recency = view.positions.float()
+        return keep_top(recency, sinks, view.valid, view.budget)

@@ -1,0 +1,57 @@
+"""Shared pieces for the agent tests: an in-process Environment test double and a tiny task."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from env.tools import ToolCall, ToolResult
+
+
+@dataclass
+class TinyTask:
+    """Just the fields the agent loop reads from env.tasks.Task."""
+
+    instance_id: str = "demo__tiny-1"
+    problem_statement: str = "Calling add(2, 2) returns 5."
+
+
+class RecordingEnvironment:
+    """Test double for a task sandbox: records every call and answers with canned observations.
+
+    ``finish``/``submit`` submit; ``fail_on`` names a tool whose call raises ``error`` (to exercise the
+    infra path); everything else echoes the call. ``diff_text`` is what ``diff()`` returns.
+    """
+
+    def __init__(self, *, fail_on: str | None = None, error: Exception | None = None, diff_text: str = "",
+                 seconds: float = 0.01) -> None:
+        self.calls: list[ToolCall] = []
+        self.fail_on, self.error, self.diff_text, self.seconds = fail_on, error, diff_text, seconds
+        self.closed = False
+
+    def step(self, call: ToolCall) -> ToolResult:
+        self.calls.append(call)
+        if call.name == self.fail_on:
+            raise self.error or RuntimeError("container died")
+        if call.name in {"finish", "submit"}:
+            return ToolResult(observation="<<< Finished >>>", submitted=True, seconds=self.seconds)
+        args = " ".join(f"{k}={v}" for k, v in call.arguments.items())
+        return ToolResult(observation=f"Execution output of [{call.name}]:\n{args}", submitted=False,
+                          seconds=self.seconds)
+
+    def diff(self) -> str:
+        return self.diff_text
+
+    def close(self) -> None:
+        self.closed = True
+
+
+@pytest.fixture
+def task() -> TinyTask:
+    return TinyTask()
+
+
+@pytest.fixture
+def environment() -> RecordingEnvironment:
+    return RecordingEnvironment()

@@ -1,0 +1,107 @@
+"""Schema and migrations: alembic head creates exactly the models' schema on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from sqlalchemy import inspect, select
+from sqlalchemy.exc import IntegrityError
+
+from db import Episode, Job, Turn, connect, default_url, sqlite_url
+from db.connection import current_revision, head_revision, make_engine, migrate
+from db.models import Base
+from tests.service.db_fixtures import any_db, sqlite_db  # noqa: F401  (fixtures)
+
+
+def _job(**kw) -> Job:
+    return Job(config={"name": "x"}, config_hash="0" * 64, package_versions={}, **kw)
+
+
+def test_migrate_to_head_matches_models(any_db):
+    assert current_revision(any_db.url) == head_revision()
+    with any_db.engine.connect() as conn:
+        diff = compare_metadata(MigrationContext.configure(conn, opts={"compare_type": True}), Base.metadata)
+    assert diff == []
+    assert {"jobs", "episodes", "turns", "alembic_version"} <= set(inspect(any_db.engine).get_table_names())
+
+
+def test_migrate_is_idempotent(tmp_path):
+    url = sqlite_url(tmp_path / "sub" / "dir" / "x.db")  # parent folders are created
+    migrate(url)
+    migrate(url)
+    assert current_revision(url) == head_revision()
+
+
+def test_default_url_from_env(monkeypatch, tmp_path):
+    monkeypatch.delenv("NEXUS_EVAL_DB", raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert default_url() == f"sqlite:///{tmp_path.resolve()}/runs/nexus-eval.db"
+    monkeypatch.setenv("NEXUS_EVAL_DB", str(tmp_path / "other.db"))
+    assert default_url() == f"sqlite:///{tmp_path.resolve()}/other.db"
+    monkeypatch.setenv("NEXUS_EVAL_DB", "postgresql+psycopg://u:p@127.0.0.1/x")
+    assert default_url() == "postgresql+psycopg://u:p@127.0.0.1/x"
+
+
+def test_rejects_other_postgres_driver():
+    with pytest.raises(ValueError, match="psycopg"):
+        make_engine("postgresql+psycopg2://u:p@127.0.0.1/x")
+
+
+def test_round_trip_json_and_aware_datetimes(any_db):
+    when = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+    with any_db.session() as s:
+        job = _job(name="rt", created_at=when)
+        s.add(job)
+        s.flush()
+        ep = Episode(
+            job_id=job.id, task_id="t1", method="nexus", scope="prefill_only", protocol="true_eviction",
+            seed=0, episode_key="k", config={"density": 0.2, "nested": {"a": [1, 2]}},
+        )  # fmt: skip
+        s.add(ep)
+        s.flush()
+        s.add(Turn(episode_id=ep.id, index=0, physical_before={"min": 1.0, "mean": 2.5, "max": 4.0}))
+        job_id, ep_id = job.id, ep.id
+    with any_db.session() as s:
+        job = s.get(Job, job_id)
+        assert job.created_at == when and job.created_at.tzinfo is not None
+        assert job.status == "pending" and len(job.id) == 8
+        ep = s.get(Episode, ep_id)
+        assert ep.config == {"density": 0.2, "nested": {"a": [1, 2]}}
+        assert ep.status == "queued" and ep.attempt == 1 and ep.n_claims == 0
+        assert [t.physical_before for t in ep.turns] == [{"min": 1.0, "mean": 2.5, "max": 4.0}]
+
+
+def test_naive_datetime_is_refused(sqlite_db):
+    with pytest.raises(Exception, match="naive datetime"), sqlite_db.session() as s:
+        s.add(_job(created_at=datetime(2026, 1, 1)))
+        s.flush()
+
+
+def test_constraints(any_db):
+    with any_db.session() as s:
+        job = _job()
+        s.add(job)
+        s.flush()
+        job_id = job.id
+    key = dict(task_id="t", method="dense", scope="prefill_only", protocol="full_context", seed=1, episode_key="k")
+    with any_db.session() as s:
+        s.add(Episode(job_id=job_id, attempt=1, **key))
+    with pytest.raises(IntegrityError), any_db.session() as s:  # same key, same attempt
+        s.add(Episode(job_id=job_id, attempt=1, **key))
+    with pytest.raises(IntegrityError), any_db.session() as s:  # unknown status word
+        s.add(Episode(job_id=job_id, attempt=2, status="finished", **key))
+    with pytest.raises(IntegrityError), any_db.session() as s:  # episode of a job that does not exist
+        s.add(Episode(job_id="nosuchjob", attempt=1, **key))
+    with any_db.session() as s:
+        s.add(Episode(job_id=job_id, attempt=2, **key))
+    with any_db.session() as s:
+        assert sorted(s.execute(select(Episode.attempt)).scalars()) == [1, 2]
+
+
+def test_connect_without_upgrade_on_empty_db(tmp_path):
+    db = connect(sqlite_url(tmp_path / "empty.db"), upgrade=False)
+    assert current_revision(db.url) is None
+    db.dispose()
