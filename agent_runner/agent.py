@@ -21,6 +21,7 @@ from agent_runner.backends import Model, ModelError
 from agent_runner.environment import Environment
 from agent_runner.parsing import ParsedAction, parse_response, resynthesize
 from agent_runner.records import Completion, EpisodeResult, EpisodeTotals, Message, TurnRecord
+from env.sandbox import InfraError as SandboxInfraError
 from env.tools import ToolCall, ToolResult
 
 
@@ -154,7 +155,7 @@ class Agent:
             return ToolResult(observation=prompts.NO_FUNCTION_CALL_REMINDER, submitted=False, seconds=0.0)
         try:
             return self.env.step(call)
-        except Exception as exc:  # env.sandbox.InfraError and anything else the sandbox raises
+        except Exception as exc:  # SandboxInfraError (container died) and anything else the sandbox raises
             raise InfraError(f"environment: {call.name} failed: {type(exc).__name__}: {exc}") from exc
 
     def _exit_after(self, turn: TurnRecord, elapsed_s: float, format_errors: int) -> AgentExit | None:
@@ -177,7 +178,7 @@ def _describe(exc: AgentExit) -> str | None:
     if isinstance(exc, Submitted):
         return None
     cause = exc.__cause__
-    if cause is None or isinstance(cause, ModelError) or type(cause).__name__ == "InfraError":
+    if cause is None or isinstance(cause, ModelError | SandboxInfraError):
         return str(exc)
     return f"{exc}\n" + "".join(traceback.format_exception(cause)).strip()
 

@@ -9,7 +9,8 @@ Order of events:
 2. ``Agent.run``: the loop; its exit status is kept whatever happens next.
 3. ``environment.diff()`` -> ``patch`` (None if the container died: then nothing is graded).
 4. The sandbox is closed, then ``env.grading.grade(task, patch)`` runs in a fresh container when
-   ``grade=True``. R2E grades every trajectory whatever its exit reason; so do we, unless there is no patch.
+   ``grade=True``. R2E grades every trajectory whatever the agent's exit reason; so do we, except after an
+   ``infra_failure`` (the run is broken, not the agent's answer: rerun it) or when there is no patch.
 """
 
 from __future__ import annotations
@@ -84,13 +85,12 @@ def run_episode(task: Task, model: Model, *, agent_config: AgentConfig | None = 
     if close_error:
         _note(result, close_error)
     timings["agent_s"] = result.timings.get("agent_s", 0.0)
-    if grade and result.patch is not None:
+    if grade and result.patch is not None and result.exit_status != "infra_failure":
         t0 = time.monotonic()
         try:
             from env.grading import grade as grade_patch
 
-            graded = grade_patch(task, result.patch, config=grade_config)
-            result.grade = graded.model_dump(mode="json")
+            result.grade = grade_patch(task, result.patch, config=grade_config)
         except Exception as exc:
             result.grade_error = _failure(exc)
         timings["grade_s"] = time.monotonic() - t0
@@ -98,3 +98,10 @@ def run_episode(task: Task, model: Model, *, agent_config: AgentConfig | None = 
     result.timings = timings
     result.config = {**result.config, **config}
     return result
+
+
+def run_oracle_episode(task: Task, **kwargs: Any) -> EpisodeResult:
+    """The pipeline check: the gold patch applied through the agent's own tools, then graded (-> resolved)."""
+    from agent_runner.backends.oracle import OracleModel
+
+    return run_episode(task, OracleModel(task), **kwargs)

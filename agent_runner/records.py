@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from env.grading import GradeResult
 from env.tools import ToolCall
 
 Role = Literal["system", "user", "assistant"]
@@ -133,8 +134,8 @@ class EpisodeTotals(BaseModel):
 class EpisodeResult(BaseModel):
     """The outcome of one episode.
 
-    ``exit_status`` is how the agent loop ended; ``grade`` is env.grading's ``GradeResult`` dumped to a dict
-    (kept as a dict so this module does not import the Docker side), ``None`` when not graded.
+    ``exit_status`` is how the agent loop ended; ``grade`` is env.grading's ``GradeResult`` (its ``log`` is what
+    ``env.grading.regrade`` needs), ``None`` when not graded.
     ``status`` is the one word the service reports: the grade's status when graded, else the exit status.
     ``error`` says why, for every exit but ``submitted``; ``grade_error`` is set when grading itself raised.
     """
@@ -143,7 +144,7 @@ class EpisodeResult(BaseModel):
     exit_status: ExitStatus
     error: str | None = None
     patch: str | None = None  # None when the diff could not be taken (e.g. the container died)
-    grade: dict[str, Any] | None = None
+    grade: GradeResult | None = None
     grade_error: str | None = None
     turns: list[TurnRecord] = Field(default_factory=list)
     messages: list[Message] = Field(default_factory=list)
@@ -153,8 +154,4 @@ class EpisodeResult(BaseModel):
 
     @property
     def status(self) -> str:
-        if self.exit_status == "infra_failure" and self.grade is None:
-            return "infra_failure"
-        if self.grade is not None:
-            return str(self.grade.get("status"))
-        return self.exit_status
+        return self.grade.status if self.grade is not None else self.exit_status

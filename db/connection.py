@@ -22,13 +22,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
 DEFAULT_DB_PATH = Path("runs") / "nexus-eval.db"
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 MIGRATIONS_DIR = Path(__file__).with_name("migrations")
+MIGRATION_LOCK_KEY = 0x6E657875  # "nexu": the PostgreSQL advisory lock held while migrating
 
 
 def default_url() -> str:
@@ -114,7 +115,11 @@ def migrate(url: str | None = None, revision: str = "head") -> None:
     engine = make_engine(url)
     try:
         config = _alembic_config(url)
-        with engine.begin() as connection:
+        # Several workers may start at once against a fresh database: serialize their upgrades so the
+        # second one finds the schema at head instead of racing to create the same tables.
+        with engine.connect().execution_options(sqlite_begin="IMMEDIATE") as connection, connection.begin():
+            if connection.dialect.name == "postgresql":
+                connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
             config.attributes["connection"] = connection
             command.upgrade(config, revision)
     finally:

@@ -28,7 +28,8 @@ from pydantic import BaseModel, ConfigDict, Field
 # Repo interpreters first, as in R2E-Gym's DOCKER_PATH: R2E images keep a uv venv at /testbed/.venv
 # (linked to /root/.venv), SWE-bench images a conda env `testbed`; directories that do not exist are skipped.
 SANDBOX_PATH = ":".join([
-    "/testbed/.venv/bin", "/root/.venv/bin", "/opt/miniconda3/envs/testbed/bin", "/root/.local/bin",
+    "/testbed/.venv/bin", "/root/.venv/bin", "/opt/miniconda3/envs/testbed/bin", "/opt/miniconda3/bin",
+    "/root/.local/bin",
     "/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin",
 ])  # fmt: skip
 LABEL_PREFIX = "nexus-eval"
@@ -138,11 +139,17 @@ class Sandbox:
         all_labels = episode_labels(job, episode or uuid.uuid4().hex[:12], config.ttl_s)
         all_labels.update(labels or {})
         try:
-            container = client.containers.run(
+            client.images.get(image)  # containers.run would try to pull a missing image: never pull
+        except docker.errors.ImageNotFound as exc:
+            raise InfraError(f"image {image} is not present locally (images are never pulled): {exc}") from exc
+        except docker.errors.DockerException as exc:
+            raise InfraError(f"cannot inspect image {image}: {exc}") from exc
+        container = None
+        try:
+            container = client.containers.create(
                 image,
                 entrypoint=["sleep", str(config.ttl_s)],
                 command=[],
-                detach=True,
                 init=True,
                 network_mode="none",
                 mem_limit=config.memory,
@@ -157,9 +164,11 @@ class Sandbox:
                 working_dir="/",
                 environment={"PATH": SANDBOX_PATH},
             )
-        except docker.errors.ImageNotFound as exc:
-            raise InfraError(f"image {image} is not present locally: {exc}") from exc
+            container.start()
         except docker.errors.DockerException as exc:
+            if container is not None:
+                with contextlib.suppress(docker.errors.DockerException):
+                    container.remove(force=True)
             raise InfraError(f"container from {image} failed to start: {exc}") from exc
         box = cls(client, container, config)
         try:
@@ -272,13 +281,19 @@ class Sandbox:
         raw = data.encode() if isinstance(data, str) else data
         target = PurePosixPath(path)
         self.check(f"mkdir -p {shlex.quote(str(target.parent))}", workdir="/")
+        self.write_files(str(target.parent), {target.name: raw}, mode=mode)
+
+    def write_files(self, directory: str, files: dict[str, bytes | str], *, mode: int = 0o644) -> None:
+        """Write several files into one existing directory with a single archive (no extra exec)."""
         buf = io.BytesIO()
         with tarfile.open(fileobj=buf, mode="w") as tar:
-            info = tarfile.TarInfo(target.name)
-            info.size, info.mode, info.mtime = len(raw), mode, int(time.time())
-            tar.addfile(info, io.BytesIO(raw))
-        if not self.container.put_archive(str(target.parent), buf.getvalue()):
-            raise InfraError(f"writing {path} into the container failed")
+            for name, data in files.items():
+                raw = data.encode() if isinstance(data, str) else data
+                info = tarfile.TarInfo(name)
+                info.size, info.mode, info.mtime = len(raw), mode, int(time.time())
+                tar.addfile(info, io.BytesIO(raw))
+        if not self.container.put_archive(directory, buf.getvalue()):
+            raise InfraError(f"writing {sorted(files)} into {directory} failed")
 
     def read_file(self, path: str) -> bytes:
         """Read one regular file through `get_archive`; FileNotFoundError if it does not exist."""

@@ -251,7 +251,9 @@ def load_local_task(task_dir: str | Path) -> Task:
     repo = task_dir / REPO_DIR
     if not repo.is_dir() or not any(repo.iterdir()):
         raise TaskError(
-            task_dir, f"missing or empty {REPO_DIR}/ (the source tree at the base state)", field=REPO_DIR
+            task_dir,
+            f"missing or empty {REPO_DIR}/ (the source tree at the base state)",
+            field=f"{REPO_DIR}/",
         )
     fields = {key: data[key] for key in LOCAL_REQUIRED + ("version", "test_cmd", "setup") if key in data}
     return _validate(str(task_file), {**fields, "kind": "local", "local_dir": task_dir})

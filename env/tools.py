@@ -181,19 +181,18 @@ class ToolBox:
 
     def install(self, *, hide_grading_files: bool = True) -> ToolBox:
         """Copy the tool scripts in (shebang = the chosen interpreter); remove grading files if asked."""
-        self.interpreter = self._pick_interpreter()
-        for name in TOOL_NAMES:
-            source = (SCRIPTS_DIR / f"{name}.py").read_text()
-            self.sandbox.write_file(f"{INSTALL_DIR}/{name}", f"#!{self.interpreter}\n{source}", mode=0o755)
-        if hide_grading_files:
-            self.sandbox.check("rm -rf " + " ".join(GRADING_PATHS), workdir="/")
+        self.interpreter = self._pick_interpreter(hide_grading_files)
+        scripts = {name: f"#!{self.interpreter}\n{(SCRIPTS_DIR / f'{name}.py').read_text()}" for name in TOOL_NAMES}
+        self.sandbox.write_files(INSTALL_DIR, scripts, mode=0o755)
         return self
 
-    def _pick_interpreter(self) -> str:
+    def _pick_interpreter(self, hide_grading_files: bool) -> str:
+        """One exec: (optionally) remove grading files, make INSTALL_DIR, print the interpreter to use."""
         probe = "import sys; sys.exit(0 if sys.version_info >= (3, 6) else 1)"
         candidates = " ".join(INTERPRETER_CANDIDATES)
+        hide = f"rm -rf {' '.join(GRADING_PATHS)} || exit 2; " if hide_grading_files else ""
         script = (
-            f"for p in {candidates} $(command -v python3); do "
+            f"{hide}mkdir -p {INSTALL_DIR} || exit 2; for p in {candidates} $(command -v python3); do "
             f'[ -x "$p" ] && "$p" -c {shlex.quote(probe)} 2>/dev/null && {{ echo "$p"; exit 0; }}; done; exit 1'
         )
         result = self.sandbox.run(script, timeout=60, workdir="/")

@@ -76,10 +76,9 @@ def masked_reference_logits(model: torch.nn.Module, rec: StreamRecorder) -> torc
             # what the cache retained before this forward (per head; -1 = empty slot)
             pos = seen[layer].cpu()
             if pos.numel():
-                for bi in range(b):
-                    for h in range(hkv):
-                        kept = pos[bi, h][pos[bi, h] >= 0]
-                        allowed[bi, h, rows, kept] = True
+                held = torch.zeros(b, hkv, t + 1, dtype=torch.bool)  # column t collects the -1 empties
+                held.scatter_(-1, pos.masked_fill(pos < 0, t), True)
+                allowed[:, :, rows, :t] |= held[:, :, None, :t]
             start += q
         masks.append(allowed.repeat_interleave(hq // hkv, dim=1).to(ids.device))
     old = model.config._attn_implementation

@@ -13,7 +13,11 @@ A backend is anything with these two methods (structural typing; no base class n
         alternating assistant/user), always ending with a user message. Return the next assistant turn's
         raw text (including any ``<think>`` block) and its telemetry. ``max_new_tokens`` caps this turn's
         generation (None: the backend's own cap); a backend must also keep prompt + generation within its
-        own context window and report ``finish_reason="length"`` when it stopped early.
+        own context window (configure it with the same value as ``AgentConfig.max_context_tokens``) and
+        report ``finish_reason="length"`` when it stopped early. When the prompt alone already fills the
+        window, return at once (``text=""``, ``prompt_tokens`` = its length, ``tokens_generated=0``): the loop
+        then ends the episode as ``context_limit`` without acting, like R2E's pre-call token check.
+        Telemetry fields a backend cannot measure keep their defaults (see records.Completion).
 
 Guarantees the agent loop (agent_runner.agent) gives a backend, so a stateful backend can work out which
 messages are new since its last call without re-tokenising history:
@@ -58,6 +62,7 @@ BACKENDS: dict[str, str] = {
     "openai": "agent_runner.backends.openai:OpenAIBackend",
     "oracle": "agent_runner.backends.oracle:OracleModel",
     "scripted": "agent_runner.backends.scripted:ScriptedModel",
+    "replay": "agent_runner.backends.replay:ReplayModel",
 }
 
 

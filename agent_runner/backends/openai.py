@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import time
 import urllib.error
 import urllib.request
@@ -108,7 +107,7 @@ class OpenAIBackend:
                 if exc.code not in RETRYABLE_STATUS:
                     break
                 continue
-            except (urllib.error.URLError, TimeoutError, socket.timeout, ConnectionError) as exc:
+            except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
                 problems.append(f"{type(exc).__name__}: {getattr(exc, 'reason', exc)}")
                 continue
             try:

@@ -31,8 +31,10 @@ Ada-Nexus (the paper only says Ada-KV's allocation is applied on top; this const
 average, our GQA convention), its keys are its own; steps 2-5 run per head, and `score` spreads each
 block's weight w_j evenly over the block's tokens (w_j / tokens in block), so a head's token scores sum to
 about 1 + lam and are comparable across heads. `forced` marks each head's forced blocks, and
-`select_counts(view, counts)` keeps per head its forced blocks plus floor((counts - forced) / b) blocks by a
-per-head reservoir (one draw of shape [B, Hkv, N, n]).
+`select_counts(view, counts)` keeps per head its forced blocks plus about (counts - forced) / b blocks by a
+per-head reservoir (one draw of shape [B, Hkv, N, n]): floor per head, and the row's pooled leftover slots
+(< Hkv blocks) go one block each to the heads with the largest remainders (`share_blocks`), so a head may
+keep up to b - 1 slots more than its count but a row never exceeds sum(counts) and wastes < one block.
 
 Compute dtype: float32, or float64 when the inputs are float64 (so tests can compare exactly).
 """
@@ -47,8 +49,15 @@ from typing import ClassVar
 import torch
 
 from nexus.policies import register
-from nexus.policies.base import NEG_INF, LayerView, ScorePolicy, group_queries, recent_slots, sort_with_padding
-from nexus.policies.reservoir import draw_uniforms, reservoir_log_priorities, select_top
+from nexus.policies.base import (
+    NEG_INF,
+    LayerView,
+    ScorePolicy,
+    group_queries,
+    recent_slots,
+    sort_with_padding,
+)
+from nexus.policies.reservoir import descending_ranks, draw_uniforms, reservoir_log_priorities, select_top
 
 WALK_ROWS = ("recent", "spread")
 
@@ -153,6 +162,18 @@ def forced_blocks(positions: torch.Tensor, window: int, block_size: int) -> torc
     return forced
 
 
+def share_blocks(free: torch.Tensor, block_size: int) -> torch.Tensor:
+    """[B, H] whole blocks per head from `free` [B, H] selectable slots, pooling the leftovers of a row.
+
+    Each head gets floor(free / b) blocks; the row's pooled leftover, floor(sum(free) / b) - sum of those,
+    (< H blocks) goes one block each to the heads with the largest remainders (ties: lower head index).
+    So a row never takes more than sum(free) slots, and never wastes a whole block to rounding.
+    """
+    base = free // block_size
+    extra = free.sum(-1, keepdim=True) // block_size - base.sum(-1, keepdim=True)
+    return base + (descending_ranks(free % block_size) < extra).long()
+
+
 def mask_to_indices(mask: torch.Tensor) -> torch.Tensor:
     """[..., P] bool -> ascending slot indices [..., max kept], -1 padded (one host sync for the width)."""
     idx = torch.arange(mask.shape[-1], device=mask.device).expand_as(mask).masked_fill(~mask, -1)
@@ -188,9 +209,15 @@ class Nexus(ScorePolicy):
             raise ValueError(f"nexus: walk_rows must be one of {', '.join(WALK_ROWS)}, got {self.walk_rows!r}")
 
     def min_budget(self, window: int, block_size: int) -> int:
-        """Most the forced set can take (sink + the <= 1 + ceil((W-1)/b) recency blocks) plus one block."""
-        recency_blocks = 1 + math.ceil((window - 1) / block_size)
-        return block_size * (1 + recency_blocks) + block_size
+        """Most the forced set can take, plus one block (so the reservoir always gets at least one).
+
+        The forced set is the sink block (b) plus the recency blocks; with r tokens in the newest block
+        (1 <= r <= b) the last W slots reach back over ceil((W - r) / b) whole blocks, so the recency part
+        takes at most max_r r + b * ceil((W - r) / b) slots (47 for W=16, b=32: min_budget 111).
+        """
+        b = block_size
+        recency = max(r + b * math.ceil(max(window - r, 0) / b) for r in range(1, b + 1))
+        return b + recency + b
 
     # -- the math, shared by the uniform and the per-head paths --------------------------------------------
 
@@ -200,18 +227,21 @@ class Nexus(ScorePolicy):
         order = walk_row_indices(rows.shape[-2], self.walk_steps, self.walk_rows)
         return nexus_weights(direct_score(rows), walk_score(rows, order), self.lam, self.eps_tie)
 
-    def keep_slots(self, weights, positions, window: int, block_size: int, budgets, generator) -> torch.Tensor:
+    def keep_slots(
+        self, weights, positions, window: int, block_size: int, budgets, generator, pool_heads: bool = False
+    ) -> torch.Tensor:
         """[..., P] bool kept slots: forced blocks + the top-K blocks by reservoir priority (steps 6-7).
 
         weights [..., N], positions [..., P], budgets: int or LongTensor [...] (tokens allowed per row).
+        pool_heads: share the leftover slots of the heads of a batch row (`share_blocks`), for ragged counts.
         """
         valid = positions >= 0
         sizes = block_sizes(valid, block_size)
         exists = sizes > 0
         forced = forced_blocks(positions, window, block_size) & exists
         forced_tokens = (sizes * forced).sum(-1)
-        budgets = torch.as_tensor(budgets, device=weights.device)
-        k = (budgets - forced_tokens).clamp_min(0) // block_size
+        free = (torch.as_tensor(budgets, device=weights.device) - forced_tokens).clamp_min(0)
+        k = share_blocks(free, block_size) if pool_heads else free // block_size
         uniforms = draw_uniforms(tuple(weights.shape), self.reservoir_n, generator, weights.device)
         chosen = select_top(reservoir_log_priorities(weights, uniforms), exists & ~forced, k)
         keep = chosen | forced
@@ -265,7 +295,9 @@ class Nexus(ScorePolicy):
         return blocks.gather(-1, block_index(valid, view.block_size).clamp_min(0)) & valid
 
     def select_counts(self, view: LayerView, counts: torch.Tensor) -> torch.Tensor:
-        """Per head: forced blocks + floor((counts - forced) / b) reservoir blocks. [B, Hkv, max kept]."""
+        """Per head: forced blocks + ~(counts - forced) / b reservoir blocks (`share_blocks`). [B, Hkv, max]."""
         weights = self.head_weights(view)
-        keep = self.keep_slots(weights, view.positions, view.window, view.block_size, counts, view.generator)
+        keep = self.keep_slots(
+            weights, view.positions, view.window, view.block_size, counts, view.generator, pool_heads=True
+        )
         return mask_to_indices(keep)

@@ -13,7 +13,8 @@ layer's physical length T, `beta`:
     step = (max - min) // (L - 1)
     layer l keeps  max - l * step + W
 An arithmetic sequence from max + W (layer 0) down to about min + W (layer L-1) whose mean is about C,
-so the total matches SnapKV's uniform budget (less by at most (L-1)/2 tokens from the floored step).
+so the total matches SnapKV's uniform budget: the mean is C + ((max - min) mod (L - 1)) / 2, i.e. above C
+by less than (L - 1) / 2 tokens because the step is floored.
 
 Degenerate cases fall back to the uniform budget C: a single layer (L == 1), no selected part (c <= 0),
 a negative minimum (min < 0), or max < min (only when T < C, where nothing needs evicting anyway).

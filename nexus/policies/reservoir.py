@@ -57,6 +57,13 @@ def direct_priorities(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Te
     return (uniforms ** (1.0 / weights.to(uniforms.dtype).unsqueeze(-1))).mean(dim=-1)
 
 
+def descending_ranks(key: torch.Tensor) -> torch.Tensor:
+    """[..., N] long: 0 for the largest entry of each row, 1 for the next, ...; ties go to the lower index."""
+    order = key.argsort(dim=-1, descending=True, stable=True)
+    ranks = torch.arange(key.shape[-1], device=key.device).expand_as(order)
+    return torch.empty_like(order).scatter_(-1, order, ranks)
+
+
 def select_top(log_priorities: torch.Tensor, candidates: torch.Tensor, k: int | torch.Tensor) -> torch.Tensor:
     """[..., N] bool: the k candidates with the highest priority (fewer if there are fewer candidates).
 
@@ -66,8 +73,7 @@ def select_top(log_priorities: torch.Tensor, candidates: torch.Tensor, k: int | 
     """
     lowest = torch.finfo(log_priorities.dtype).min
     key = torch.where(candidates, log_priorities.clamp_min(lowest), NEG_INF)
-    order = key.argsort(dim=-1, descending=True, stable=True)
-    ranks = torch.empty_like(order).scatter_(-1, order, torch.arange(key.shape[-1], device=key.device).expand_as(order))
+    ranks = descending_ranks(key)
     k = torch.as_tensor(k, device=key.device)
     limit = k.unsqueeze(-1) if k.dim() else k
     return candidates & (ranks < limit)

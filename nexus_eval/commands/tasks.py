@@ -1,9 +1,74 @@
-"""CLI verbs for the tasks area (filled in by its issue)."""
+"""CLI verbs for tasks: `tasks validate` (gold patch resolves, base state fails F2P and passes P2P)."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import typer
+
+tasks_app = typer.Typer(help="Task suites and task folders.", no_args_is_help=True)
+
+
+@tasks_app.command("validate")
+def validate(
+    suite: str = typer.Option(None, "--suite", help="a bundled suite name, e.g. mini"),
+    path: Path = typer.Option(None, "--path", help="a folder of local tasks (or one task folder)"),
+    task_id: list[str] = typer.Option(None, "--task", help="only these instance ids (repeatable)"),
+    as_json: bool = typer.Option(False, "--json", help="print one JSON list instead of a table"),
+) -> None:
+    """Grade every task's gold patch and its base state in fresh containers; exit 1 if any is invalid."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.table import Table
+
+    from env.tasks import TaskError, load_local_task, load_suite
+    from env.validate import validate_task
+
+    console = Console(stderr=True)
+    if (suite is None) == (path is None):
+        console.print("[red]error:[/red] give exactly one of --suite NAME or --path DIR")
+        raise typer.Exit(2)
+    try:
+        if suite is not None:
+            tasks = load_suite(suite)
+        elif (path / "task.json").is_file():
+            tasks = [load_local_task(path)]
+        else:
+            tasks = load_suite(path)
+    except TaskError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+    if task_id:
+        unknown = sorted(set(task_id) - {t.instance_id for t in tasks})
+        if unknown:
+            console.print(f"[red]error:[/red] --task: no such task(s) {unknown}")
+            raise typer.Exit(2)
+        tasks = [t for t in tasks if t.instance_id in set(task_id)]
+
+    results = []
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=as_json) as progress:
+        bar = progress.add_task("validating", total=len(tasks))
+        for task in tasks:
+            progress.update(bar, description=f"validating {task.instance_id}")
+            results.append(validate_task(task))
+            progress.advance(bar)
+
+    if as_json:
+        typer.echo(json.dumps([r.model_dump() for r in results], indent=2))
+    else:
+        table = Table(title=f"task validation ({sum(r.valid for r in results)}/{len(results)} valid)")
+        for column in ("task", "valid", "gold patch", "base state", "seconds", "problems"):
+            table.add_column(column, overflow="fold", no_wrap=column == "task")
+        for r in results:
+            table.add_row(r.instance_id, "[green]yes[/green]" if r.valid else "[red]NO[/red]", r.gold_status,
+                          r.base_status, f"{r.seconds:.1f}", "\n".join(r.problems))  # fmt: skip
+        Console().print(table)
+    if not all(r.valid for r in results):
+        raise typer.Exit(1)
 
 
 def register(app: typer.Typer) -> None:
     """Attach this area's verbs to the root app."""
+    app.add_typer(tasks_app, name="tasks")

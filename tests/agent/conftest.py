@@ -15,6 +15,9 @@ class TinyTask:
 
     instance_id: str = "demo__tiny-1"
     problem_statement: str = "Calling add(2, 2) returns 5."
+    kind: str = "local"
+    patch: str = ""
+    test_patch: str = ""
 
 
 class RecordingEnvironment:

@@ -140,3 +140,19 @@ def test_registry_builds_by_name_and_explains_missing_entries(monkeypatch):
     monkeypatch.setitem(BACKENDS, "ghost", "agent_runner.backends.ghost:Ghost")
     with pytest.raises(ValueError, match="does not exist"):
         make_backend("ghost")
+
+
+def test_episode_result_round_trips_through_json(task, environment):
+    result = run_agent(ScriptedModel([LS, FINISH]), environment, task)
+    again = type(result).model_validate_json(result.model_dump_json())
+    assert again == result and again.turns[0].action == ToolCall(name="execute_bash", arguments={"cmd": "ls"})
+
+
+def test_replay_then_live_backend_continues_the_stored_conversation(task, environment):
+    from agent_runner.backends.replay import ReplayModel
+
+    live = ScriptedModel([FINISH])
+    result = run_agent(ReplayModel([LS, LS], then=live), environment, task, AgentConfig(seed=3))
+    assert result.exit_status == "submitted" and len(result.turns) == 3
+    assert [t.completion.extra.get("replayed", False) for t in result.turns] == [True, True, False]
+    assert live.seed == 3 and len(live.calls[0]) == 6  # system, user, then two replayed turns

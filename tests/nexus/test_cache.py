@@ -15,6 +15,7 @@ from transformers import DynamicCache
 
 import nexus
 from nexus import policies
+from nexus.attention import cache_kwarg
 from nexus.policies.base import ScorePolicy
 from nexus.testing import StreamRecorder, masked_reference_logits
 from tests.nexus.conftest import tiny_qwen3
@@ -68,8 +69,8 @@ def test_dense_three_turns_equal_plain_transformers(model32):
     ours, plain = nexus.EvictableCache(model32.config, nexus.EvictionConfig(method="dense")), DynamicCache()
     with torch.no_grad():
         for chunk in turns:
-            a = model32(chunk, cache=ours).logits
-            b = model32(chunk, cache=plain).logits
+            a = model32(chunk, **{cache_kwarg(model32): ours}).logits
+            b = model32(chunk, **{cache_kwarg(model32): plain}).logits
             torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
         full = model32(ids).logits
     torch.testing.assert_close(a, full[:, 71:], atol=1e-4, rtol=0)
@@ -79,9 +80,9 @@ def test_dense_three_turns_equal_plain_transformers(model32):
 def test_dense_generate_multi_turn_equals_fresh_generate(model32):
     prompt = torch.randint(0, 1000, (1, 12), generator=torch.Generator().manual_seed(3))
     cache = nexus.EvictableCache(model32.config, nexus.EvictionConfig(method="dense"))
-    out1 = model32.generate(prompt, cache=cache, max_new_tokens=6, do_sample=False)
+    out1 = model32.generate(prompt, **{cache_kwarg(model32): cache}, max_new_tokens=6, do_sample=False)
     user2 = torch.randint(0, 1000, (1, 7), generator=torch.Generator().manual_seed(4))
-    out2 = model32.generate(torch.cat([out1, user2], 1), cache=cache, max_new_tokens=6, do_sample=False)
+    out2 = model32.generate(torch.cat([out1, user2], 1), **{cache_kwarg(model32): cache}, max_new_tokens=6, do_sample=False)
     fresh = model32.generate(torch.cat([out1, user2], 1), max_new_tokens=6, do_sample=False)
     assert out2.tolist() == fresh.tolist()
     # the last sampled token of each turn is fed by the next call, so the cache is one behind the text
@@ -115,10 +116,10 @@ def test_budget_slack_and_bytes(model32):
     cache = nexus.EvictableCache(model32.config, cfg)
     ids = torch.randint(0, 1000, (1, 200), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        model32(ids[:, :100], cache=cache)
+        model32(ids[:, :100], **{cache_kwarg(model32): cache})
         assert cache.budget(0) == 25 and cache.physical_length(0) == 25
         for i in range(100, 200):
-            model32(ids[:, i : i + 1], cache=cache)
+            model32(ids[:, i : i + 1], **{cache_kwarg(model32): cache})
             for layer in range(cache.num_layers):
                 assert cache.physical_length(layer) < cache.budget(layer) + cfg.slack
     assert cache.logical_length == 200
@@ -137,7 +138,7 @@ def test_retained_positions_are_logical_and_ragged_marked(model32):
     cache = nexus.EvictableCache(model32.config, cfg)
     ids = torch.randint(0, 1000, (1, 80), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        model32(ids, cache=cache)
+        model32(ids, **{cache_kwarg(model32): cache})
     pos = cache.retained_positions(0)
     assert pos.shape[:2] == (1, 2) and pos.dtype == torch.long
     counts = (pos >= 0).sum(-1)[0].tolist()
@@ -153,11 +154,11 @@ def test_padding_is_refused(model32):
     mask = torch.ones(2, 10, dtype=torch.long)
     mask[1, :3] = 0
     with pytest.raises(ValueError, match="padded"):
-        model32(ids, attention_mask=mask, cache=cache)
+        model32(ids, attention_mask=mask, **{cache_kwarg(model32): cache})
 
 
 def test_prepare_is_idempotent_and_keeps_kernel(model32):
     assert nexus.prepare(model32) is model32
     assert model32.config._attn_implementation == "nexus_sdpa"
-    plain = model32(torch.arange(10).view(1, -1), cache=DynamicCache()).logits  # pass-through for other caches
+    plain = model32(torch.arange(10).view(1, -1), **{cache_kwarg(model32): DynamicCache()}).logits  # pass-through for other caches
     assert torch.isfinite(plain).all()

@@ -1,13 +1,15 @@
 """Database fixtures for the service tests: a fresh SQLite file, or a throw-away PostgreSQL database.
 
-Import the fixtures into a test module (``from tests.service.db_fixtures import pg_db, sqlite_db``) or
-from the area's conftest. PostgreSQL comes from ``$NEXUS_TEST_PG_URL`` (default
-``postgresql+psycopg://nexus:nexus@127.0.0.1:5432/nexus_test``, started by .ci/parts/30-services.sh); each
-test gets its own database ``<name>_<random>``, migrated to head, dropped afterwards.
+Import the fixtures into a test module (``from tests.service.db_fixtures import any_db_fixture``; the
+fixture is then requested as ``any_db``) or from the area's conftest. PostgreSQL comes from ``$NEXUS_TEST_PG_URL`` (default
+``postgresql+psycopg://nexus:nexus@127.0.0.1:5432/nexus_test``, started by .ci/parts/30-services.sh); the
+session gets its own database ``<name>_<random>``, migrated to head once and dropped at the end; each
+test starts from empty tables.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 import uuid
 from collections.abc import Callable, Iterator
@@ -50,36 +52,53 @@ def make_pg_database() -> tuple[str, Callable[[], None]]:
     return base.set(database=name).render_as_string(hide_password=False), drop
 
 
-@pytest.fixture
-def sqlite_db(tmp_path) -> Iterator[Database]:
+_shared_pg: Database | None = None
+
+
+def shared_pg_database() -> Database:
+    """One migrated throw-away database per test session (dropped at exit); tests empty it, not recreate it.
+
+    A module-level cache rather than a session fixture, so modules can import the fixtures below without a
+    conftest."""
+    global _shared_pg
+    if _shared_pg is None:
+        url, drop = make_pg_database()
+        db = connect(url)
+
+        def close() -> None:
+            db.dispose()
+            drop()
+
+        atexit.register(close)
+        _shared_pg = db
+    return _shared_pg
+
+
+def _emptied(db: Database) -> Database:
+    with db.session() as s:
+        s.execute(text("TRUNCATE turns, episodes, jobs RESTART IDENTITY CASCADE"))
+    return db
+
+
+@pytest.fixture(name="sqlite_db")
+def sqlite_db_fixture(tmp_path) -> Iterator[Database]:
     db = connect(sqlite_url(tmp_path / "nexus-eval.db"))
     yield db
     db.dispose()
 
 
-@pytest.fixture
-def pg_db() -> Iterator[Database]:
-    url, drop = make_pg_database()
-    db = connect(url)
-    try:
-        yield db
-    finally:
-        db.dispose()
-        drop()
+@pytest.fixture(name="pg_db")
+def pg_db_fixture() -> Database:
+    """The session's PostgreSQL database, emptied."""
+    return _emptied(shared_pg_database())
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.services)])
-def any_db(request, tmp_path) -> Iterator[Database]:
-    """Both backends: SQLite always, PostgreSQL under the ``services`` marker."""
+@pytest.fixture(name="any_db", params=["sqlite", pytest.param("postgresql", marks=pytest.mark.services)])
+def any_db_fixture(request, tmp_path) -> Iterator[Database]:
+    """Both backends: a fresh SQLite file always, the emptied PostgreSQL database under ``services``."""
     if request.param == "sqlite":
         db = connect(sqlite_url(tmp_path / "nexus-eval.db"))
         yield db
         db.dispose()
         return
-    url, drop = make_pg_database()
-    db = connect(url)
-    try:
-        yield db
-    finally:
-        db.dispose()
-        drop()
+    yield _emptied(shared_pg_database())

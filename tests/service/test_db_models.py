@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from datetime import UTC, datetime
 
 import pytest
@@ -13,7 +14,7 @@ from sqlalchemy.exc import IntegrityError
 from db import Episode, Job, Turn, connect, default_url, sqlite_url
 from db.connection import current_revision, head_revision, make_engine, migrate
 from db.models import Base
-from tests.service.db_fixtures import any_db, sqlite_db  # noqa: F401  (fixtures)
+from tests.service.db_fixtures import any_db_fixture, make_pg_database, sqlite_db_fixture  # noqa: F401  (fixtures)
 
 
 def _job(**kw) -> Job:
@@ -105,3 +106,36 @@ def test_connect_without_upgrade_on_empty_db(tmp_path):
     db = connect(sqlite_url(tmp_path / "empty.db"), upgrade=False)
     assert current_revision(db.url) is None
     db.dispose()
+
+
+def _migrate_concurrently(url: str, n: int = 4) -> None:
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(n)
+
+    def run() -> None:
+        try:
+            barrier.wait(timeout=30)
+            migrate(url)
+        except BaseException as exc:  # re-raised below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors
+    assert current_revision(url) == head_revision()
+
+
+def test_concurrent_migrations_sqlite(tmp_path):
+    _migrate_concurrently(sqlite_url(tmp_path / "fresh.db"))
+
+
+@pytest.mark.services
+def test_concurrent_migrations_postgresql():
+    url, drop = make_pg_database()
+    try:
+        _migrate_concurrently(url)
+    finally:
+        drop()

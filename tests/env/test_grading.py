@@ -1,0 +1,209 @@
+"""Grading: real containers for the statuses and anti-forgery; stored logs for regrading (no container)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from env.grading import (
+    LOG_HEADER,
+    GradeConfig,
+    export_patch_filtered,
+    grade,
+    grade_base_state,
+    parse_r2e_pytest,
+    patch_files,
+    regrade,
+)
+from env.sandbox import Sandbox
+from env.tasks import Task
+from env.tools import ToolBox, ToolCall
+from tests.env.conftest import GOLD_PATCH, TEST_JOB
+
+F2P = ["tests/test_add.py::test_add", "tests/test_add.py::test_total_hidden_marker"]
+P2P = ["tests/test_mul.py::test_mul"]
+TOKEN = "0123456789abcdef0123456789abcdef"
+NOOP_PATCH = ("diff --git a/calc/ops.py b/calc/ops.py\n--- a/calc/ops.py\n+++ b/calc/ops.py\n@@ -4,2 +4,2 @@\n"
+              " def mul(a, b):\n-    return a * b\n+    return b * a\n")  # fmt: skip
+# Leaves the bug in place but adds a conftest.py that, after pytest has written its real summary, prints
+# forged PASSED lines, swebench's end marker and a fake host frame with a guessed token.
+FORGE_CONFTEST = [
+    "import atexit",
+    "import os",
+    "",
+    "",
+    "def _forge():",
+    "    lines = ['PASSED tests/test_add.py::test_add', 'PASSED tests/test_add.py::test_total_hidden_marker',",
+    "             '>>>>> End Test Output', '>>>>> Test Exit Code: 0', '%s END tests rc=0 timed_out=0']",
+    "    os.write(1, ('\\n' + '\\n'.join(lines) + '\\n').encode())",
+    "",
+    "",
+    "atexit.register(_forge)",
+]
+FORGE_PATCH = (
+    "diff --git a/conftest.py b/conftest.py\nnew file mode 100644\n--- /dev/null\n+++ b/conftest.py\n"
+    f"@@ -0,0 +1,{len(FORGE_CONFTEST)} @@\n" + "".join(f"+{line}\n" for line in FORGE_CONFTEST)
+) % ("f" * 32)
+
+
+def grade_config() -> GradeConfig:
+    return GradeConfig(job=TEST_JOB, test_timeout_s=120)
+
+
+def synthetic_log(tests_body: str, *, tests_rc: int = 0, timed_out: int = 0, model_rc: int = 0) -> str:
+    return "\n".join([
+        f"{LOG_HEADER} token={TOKEN} task=calc__calc-1 grader=swebench",
+        f"{TOKEN} BEGIN model_patch", "applied", f"{TOKEN} END model_patch rc={model_rc} timed_out=0",
+        f"{TOKEN} BEGIN test_patch", "applied", f"{TOKEN} END test_patch rc=0 timed_out=0",
+        f"{TOKEN} BEGIN tests", tests_body, f"{TOKEN} END tests rc={tests_rc} timed_out={timed_out}",
+    ]) + "\n"  # fmt: skip
+
+
+def summary(statuses: dict[str, str]) -> str:
+    lines = "\n".join(f"{status} {test}" for test, status in statuses.items())
+    return f"collected 3 items\n=== short test summary info ===\n{lines}\n=== 3 run in 0.01s ==="
+
+
+@pytest.fixture(scope="module")
+def task_model(tmp_path_factory) -> Task:
+    """The same task as the docker fixture, loaded without Docker (regrading needs no engine)."""
+    from env.tasks import load_local_task
+    from tests.env.conftest import write_local_task
+
+    return load_local_task(write_local_task(tmp_path_factory.mktemp("regrade")))
+
+
+# ---------------------------------------------------------------------------------- with containers
+
+
+@pytest.mark.docker
+def test_gold_patch_resolves(local_task, local_task_image):
+    result = grade(local_task, GOLD_PATCH, config=grade_config())
+    assert result.status == "resolved", result.log
+    assert result.grader == "swebench" and result.grader_version == "swebench==5.0.2"
+    assert sorted(result.fail_to_pass["success"]) == sorted(F2P)
+    assert result.pass_to_pass["success"] == P2P
+    assert result.tests["tests/test_add.py::test_add"] == "PASSED"
+    assert regrade(local_task, result.log, GOLD_PATCH).status == "resolved"
+
+
+@pytest.mark.docker
+def test_unfixed_patch_is_unresolved_with_failures_listed(local_task, local_task_image):
+    result = grade(local_task, NOOP_PATCH, config=grade_config())
+    assert result.status == "unresolved"
+    assert sorted(result.fail_to_pass["failure"]) == sorted(F2P)
+    assert result.pass_to_pass["success"] == P2P
+
+
+@pytest.mark.docker
+def test_forged_passed_lines_do_not_pass(local_task, local_task_image):
+    result = grade(local_task, FORGE_PATCH, config=grade_config())
+    assert "PASSED tests/test_add.py::test_add" in result.log  # the forgery really ran ...
+    assert result.status == "unresolved"  # ... and did not count
+    assert result.error and "no trustworthy test results" in result.error
+
+
+@pytest.mark.docker
+def test_base_state_fails_f2p_and_passes_p2p(local_task, local_task_image):
+    result = grade_base_state(local_task, config=grade_config())
+    assert result.status == "unresolved"
+    assert sorted(result.fail_to_pass["failure"]) == sorted(F2P)
+    assert result.pass_to_pass["success"] == P2P
+
+
+@pytest.mark.docker
+def test_patch_that_does_not_apply(local_task, local_task_image):
+    bad = "diff --git a/calc/ops.py b/calc/ops.py\n--- a/calc/ops.py\n+++ b/calc/ops.py\n@@ -1,1 +1,1 @@\n-nothing\n+x\n"
+    result = grade(local_task, bad, config=grade_config())
+    assert result.status == "patch_failed"
+    assert "did not apply" in result.error
+
+
+@pytest.mark.docker
+def test_test_command_timeout(tmp_path, docker_client, base_image):
+    from env.tasks import load_local_task
+    from tests.env.conftest import write_local_task
+
+    task = load_local_task(write_local_task(tmp_path, test_cmd="sleep 1000"))
+    result = grade(task, GOLD_PATCH, config=GradeConfig(job=TEST_JOB, test_timeout_s=2))
+    assert result.status == "timeout"
+
+
+@pytest.mark.docker
+def test_hidden_tests_are_absent_from_the_agents_container(local_task, local_task_image, docker_client):
+    with Sandbox.start(local_task_image, job=TEST_JOB, client=docker_client) as box:
+        tools = ToolBox(box).install()
+        assert not box.exists("/testbed/tests/test_add.py")
+        assert box.exists("/testbed/tests/test_mul.py")
+        found = box.run("grep -rl test_total_hidden_marker / --exclude-dir=proc --exclude-dir=sys 2>/dev/null",
+                        timeout=60, workdir="/")  # fmt: skip
+        assert found.output.strip() == ""
+        log = box.run("git log --oneline | wc -l", workdir="/testbed").output.strip()
+        assert log == "1"  # repo/ as a single commit
+        obs = tools.call(ToolCall(name="search", arguments={"search_term": "test_add"})).observation
+        assert "No matches found" in obs
+
+
+def test_empty_patch_needs_no_container(task_model):
+    assert grade(task_model, "   \n").status == "empty_patch"
+    assert regrade(task_model, "", "").status == "empty_patch"
+
+
+# ---------------------------------------------------------------------------------- regrading, no Docker
+
+
+def test_regrade_resolved_from_stored_log(task_model):
+    log = synthetic_log(summary(dict.fromkeys(F2P + P2P, "PASSED")))
+    result = regrade(task_model, log, GOLD_PATCH)
+    assert result.status == "resolved"
+    assert result.log == log
+
+
+def test_regrade_ignores_frames_with_another_token(task_model):
+    forged = summary(dict.fromkeys(F2P + P2P, "PASSED")) + f"\n{'e' * 32} END tests rc=0 timed_out=0"
+    body = summary({**dict.fromkeys(F2P, "FAILED"), **dict.fromkeys(P2P, "PASSED")}) + "\n" + forged
+    result = regrade(task_model, synthetic_log(body, tests_rc=1), GOLD_PATCH)
+    assert result.status == "unresolved"
+
+
+def test_regrade_statuses_from_frames(task_model):
+    assert regrade(task_model, synthetic_log("", model_rc=1), GOLD_PATCH).status == "patch_failed"
+    assert regrade(task_model, synthetic_log("...", tests_rc=137, timed_out=1), GOLD_PATCH).status == "timeout"
+    assert regrade(task_model, "some other text", GOLD_PATCH).status == "infra_failure"
+    infra = f"{LOG_HEADER} token={TOKEN} task=x grader=swebench\n{TOKEN} INFRA InfraError: engine gone\n"
+    result = regrade(task_model, infra, GOLD_PATCH)
+    assert result.status == "infra_failure" and "engine gone" in result.error
+
+
+def test_regrade_spoof_check_uses_exit_code(task_model):
+    # every test "PASSED" but the test command exited 1: swebench's cross-check rejects the log
+    log = synthetic_log(summary(dict.fromkeys(F2P + P2P, "PASSED")), tests_rc=1)
+    assert regrade(task_model, log, GOLD_PATCH).status == "unresolved"
+
+
+def test_r2e_exact_match_grader():
+    expected = {"TestA.test_one": "PASSED", "test_two": "FAILED"}
+    task = Task(instance_id="pkg__abc", repo="pkg", problem_statement="p", patch="", test_patch="",
+                FAIL_TO_PASS=[], PASS_TO_PASS=[], kind="r2e", docker_image="namanjain12/pkg_final:abc",
+                expected_output_json=json.dumps(expected))  # fmt: skip
+    good = ("=== short test summary info ===\nPASSED r2e_tests/test_a.py::TestA::test_one\n"
+            "FAILED r2e_tests/test_a.py::test_two - assert 0\nSKIPPED [1] r2e_tests/test_a.py:9: skip\n")  # fmt: skip
+    assert parse_r2e_pytest(good) == expected
+    lines = [f"{TOKEN} BEGIN model_patch", "ok", f"{TOKEN} END model_patch rc=0 timed_out=0",
+             f"{TOKEN} BEGIN tests", good, f"{TOKEN} END tests rc=1 timed_out=0"]  # fmt: skip
+    log = f"{LOG_HEADER} token={TOKEN} task=pkg__abc grader=r2e\n" + "\n".join(lines) + "\n"
+    result = regrade(task, log, "diff --git a/x b/x\n")
+    assert result.status == "resolved" and result.grader == "r2e-exact-match"
+    worse = regrade(task, log.replace("FAILED r2e_tests", "PASSED r2e_tests"), "diff --git a/x b/x\n")
+    assert worse.status == "unresolved" and "differ" in worse.error
+
+
+def test_export_patch_filtered_keeps_str_replaced_python_files():
+    patch = ("diff --git a/pkg/a.py b/pkg/a.py\n+a\ndiff --git a/reproduce_issue.py b/reproduce_issue.py\n+r\n"
+             "diff --git a/README.md b/README.md\n+m\n")  # fmt: skip
+    assert export_patch_filtered(patch, ["/testbed/pkg/a.py"]) == "diff --git a/pkg/a.py b/pkg/a.py\n+a\n"
+    everything_py = export_patch_filtered(patch, [])
+    assert "pkg/a.py" in everything_py and "reproduce_issue.py" in everything_py
+    assert "README.md" not in everything_py
+    assert patch_files(patch) == ["pkg/a.py", "reproduce_issue.py", "README.md"]

@@ -1,0 +1,172 @@
+"""JobSpec: validation with clear errors, YAML errors naming the file, hashing, fan-out counts."""
+
+from __future__ import annotations
+
+import pytest
+
+from workers.spec import METHODS, AgentLimits, JobSpec, JobSpecError
+
+BASE = {"backend": "oracle", "methods": ["dense", "nexus"], "tasks": {"suite": "mini"}}
+
+
+def spec(**changes) -> JobSpec:
+    return JobSpec.from_dict({**BASE, **changes})
+
+
+def errors_of(data, source="<spec>") -> list[tuple[str, str]]:
+    with pytest.raises(JobSpecError) as info:
+        JobSpec.from_dict(data, source=source)
+    return info.value.errors
+
+
+def test_defaults_and_frozen():
+    s = spec()
+    assert (s.scopes, s.protocols, s.seeds, s.density) == (["prefill_decode"], ["true_eviction"], [0], 0.2)
+    assert s.limits == AgentLimits() and s.limits.max_steps == 100 and s.limits.soft_step_limit == 40
+    with pytest.raises(Exception, match="frozen"):
+        s.density = 0.5
+
+
+@pytest.mark.parametrize(
+    ("change", "field", "needle"),
+    [
+        ({"methods": ["dense", "snap_kv"]}, "methods.1", "unknown method 'snap_kv'; known: dense, snapkv"),
+        ({"scopes": ["decode_only"]}, "scopes.0", "unknown scope 'decode_only'"),
+        (
+            {"protocols": ["full"]},
+            "protocols.0",
+            "unknown protocol 'full'; known: true_eviction, full_context",
+        ),
+        ({"density": 0}, "density", "density must be in (0, 1], got 0"),
+        ({"density": 1.5}, "density", "density must be in (0, 1], got 1.5"),
+        ({"seeds": []}, "seeds", "at least 1 item"),
+        ({"seeds": [1, 1]}, "seeds", "lists [1] more than once"),
+        ({"methods": []}, "methods", "at least 1 item"),
+        (
+            {"method_params": {"snapkv": {"window": 8}}},
+            "",
+            "method_params has ['snapkv'], which are not in methods",
+        ),
+        ({"method_params": {"snapkvv": {}}}, "method_params.snapkvv", "unknown method 'snapkvv'"),
+        ({"backend": "hf"}, "", "backend 'hf' needs a 'model'"),
+        ({"backend": "vllm"}, "backend", "'hf', 'openai' or 'oracle'"),
+        ({"tasks": {"suite": "mini", "file": "x.jsonl"}}, "tasks", "exactly one of 'suite' or 'file'"),
+        ({"tasks": {"suite": "mini", "ids": []}}, "tasks", "'ids' is empty"),
+        ({"limits": {"max_step": 5}}, "limits.max_step", "unknown field 'max_step'"),
+        ({"limits": {"max_steps": 0}}, "limits.max_steps", "greater than or equal to 1"),
+        ({"sampling": {"top_p": 1.5}}, "sampling.top_p", "less than or equal to 1"),
+    ],
+)
+def test_validation_errors_name_the_field(change, field, needle):
+    errors = errors_of({**BASE, **change}, source="jobs/bad.yaml")
+    assert any(loc == field and needle in msg for loc, msg in errors), errors
+
+
+def test_error_text_names_file_and_field():
+    with pytest.raises(JobSpecError) as info:
+        JobSpec.from_dict({**BASE, "methods": ["densе"]}, source="jobs/x.yaml")  # a Cyrillic 'е'
+    assert str(info.value).startswith("jobs/x.yaml: field 'methods.0': unknown method 'densе'")
+
+
+def test_from_yaml_ok_and_round_trip(tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_text(
+        "name: demo\nmodel: {name: Qwen/Qwen3-0.6B, revision: abc123}\nbackend: hf\nmethods: [dense, snapkv]\n"
+        "scopes: [prefill_only, prefill_decode]\nprotocols: [true_eviction, full_context]\ndensity: 0.3\n"
+        "method_params: {snapkv: {kernel_size: 7}}\nseeds: [0, 1]\nlimits: {max_steps: 20}\n"
+        "sampling: {temperature: 0.6, top_p: 0.95, top_k: 20}\ntasks: {suite: mini, ids: ['mini__*']}\n"
+    )
+    s = JobSpec.from_yaml(path)
+    assert (s.name, s.model.revision, s.density, s.limits.max_steps, s.sampling.top_k) == (
+        "demo",
+        "abc123",
+        0.3,
+        20,
+        20,
+    )
+    again = tmp_path / "again.yaml"
+    again.write_text(s.to_yaml())
+    assert JobSpec.from_yaml(again) == s
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("methods: [dense\n", "invalid YAML: line 2"),
+        ("", "the file is empty"),
+        ("- dense\n- nexus\n", "a job spec must be a mapping, got list"),
+        (
+            "backend: oracle\nmethods: [dense, nexuss]\ntasks: {suite: mini}\n",
+            "field 'methods.1': unknown method 'nexuss'",
+        ),
+    ],
+)
+def test_yaml_errors_name_the_file(tmp_path, text, needle):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(JobSpecError) as info:
+        JobSpec.from_yaml(path)
+    assert str(info.value).startswith(str(path)) and needle in str(info.value)
+
+
+def test_missing_file():
+    with pytest.raises(JobSpecError, match="nope.yaml: cannot read"):
+        JobSpec.from_yaml("nope.yaml")
+
+
+def test_config_hash_is_stable_and_ignores_name_and_order():
+    a = spec(name="a", methods=["dense", "nexus"], seeds=[0, 1])
+    b = spec(name="b", methods=["nexus", "dense"], seeds=[1, 0])
+    assert a.config_hash() == b.config_hash() and len(a.config_hash()) == 64
+    assert a.config_hash() != spec(methods=["dense", "nexus"], seeds=[0, 1], density=0.3).config_hash()
+    assert '"density":0.2' in a.canonical_json() and '"name"' not in a.canonical_json()
+
+
+def test_fan_out_counts_with_dense_once_per_task_and_seed():
+    s = spec(
+        methods=["dense", "snapkv", "nexus"], scopes=["prefill_only", "prefill_decode"],
+        protocols=["true_eviction", "full_context"], seeds=[0, 1, 2],
+    )  # fmt: skip
+    eps = s.episodes(["t1", "t2"])
+    # per task: dense 1 cell x 3 seeds + 2 evicting methods x 4 cells x 3 seeds = 3 + 24
+    assert len(eps) == 2 * (3 + 24) == len(set(eps))
+    dense = [e for e in eps if e.method == "dense"]
+    assert {(e.scope, e.protocol) for e in dense} == {("prefill_only", "true_eviction")}
+    per_cell = spec(
+        methods=["dense"], scopes=["prefill_only", "prefill_decode"], dense_per_cell=True
+    ).episodes(["t"])
+    assert [(e.scope, e.seed) for e in per_cell] == [("prefill_only", 0), ("prefill_decode", 0)]
+
+
+def test_episode_config_is_the_merged_config():
+    s = spec(methods=["nexus"], method_params={"nexus": {"walk_steps": 3}}, seeds=[7])
+    (ep,) = s.episodes(["t1"])
+    assert (ep.task_id, ep.method, ep.scope, ep.protocol, ep.seed) == (
+        "t1",
+        "nexus",
+        "prefill_decode",
+        "true_eviction",
+        7,
+    )
+    assert ep.config["method_params"] == {"walk_steps": 3} and ep.config["density"] == 0.2
+    assert ep.config["limits"]["max_steps"] == 100 and ep.config["backend"] == "oracle"
+
+
+def test_task_selection_exact_and_glob():
+    s = spec(tasks={"suite": "mini", "ids": ["b", "mini__a*"]})
+    assert s.tasks.select(["mini__a1", "b", "c", "mini__a2"]) == ["mini__a1", "b", "mini__a2"]
+    with pytest.raises(JobSpecError) as info:
+        spec(tasks={"suite": "mini", "ids": ["zzz", "q*"]}).episodes(["a", "b"])
+    assert [m for _, m in info.value.errors] == [
+        "no task 'zzz' in mini",
+        "pattern 'q*' matches no task in mini",
+    ]
+
+
+@pytest.mark.slow  # imports torch through nexus and agent_runner
+def test_vocabulary_matches_the_libraries():
+    from agent_runner.agent import AgentConfig
+    from nexus.policies import METHODS as LIBRARY_METHODS
+
+    assert set(METHODS) == set(LIBRARY_METHODS)
+    assert set(AgentLimits.model_fields) <= set(AgentConfig.model_fields)

@@ -1,0 +1,287 @@
+"""``compare``: the paper's Table 3 from the latest attempts of one or more jobs.
+
+Layout: one row per (scope, protocol) cell, one column per method. A cell reports
+
+- one seed: resolved / n, the rate, and a Wilson 95% interval;
+- several seeds: Pass@1 = the mean over tasks of (resolved seeds / finished seeds), a seeded bootstrap 95%
+  interval over tasks, and pass@k (Chen et al.) with k = the fewest finished seeds of any task;
+- the two-sided McNemar test against dense on the same (task, seed) pairs (exact below 25 discordant
+  pairs, chi-square with continuity correction above); ``b`` = pairs only the method resolved, ``c`` =
+  pairs only dense resolved.
+
+What counts: verdicts (resolved, unresolved, empty_patch, patch_failed) and the service failures timeout and
+infra_failure are in ``n`` (a failure is "not resolved", as in SWE-bench, and is also counted in
+``failures``); queued/running episodes and agent exits still waiting for their grade are ``pending`` and
+cancelled ones ``cancelled``, both outside ``n``.
+
+Dense evicts nothing, so a job runs it in one cell only (see ``workers.spec``): a row without its own
+dense episodes reuses the dense episodes of another cell, and the cell says ``reused_dense``.
+
+Everything here is a pure function over :class:`Outcome` rows (testable without a database), except
+:func:`compare_jobs`, the database entry point. Render with :func:`render` (``table``, ``json``, ``csv``,
+``markdown``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from db.models import ACTIVE_STATUSES, AGENT_EXIT_STATUSES, GRADE_STATUSES
+from workers.spec import DENSE, METHODS, PROTOCOLS, SCOPES
+from workers.stats import bootstrap_mean_ci, mcnemar_paired, pass_at_k, wilson_interval
+
+COUNTED = GRADE_STATUSES | {"timeout", "infra_failure"}
+PENDING = ACTIVE_STATUSES | AGENT_EXIT_STATUSES
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """The newest attempt of one episode key, as far as compare is concerned."""
+
+    task_id: str
+    method: str
+    scope: str
+    protocol: str
+    seed: int
+    status: str
+    job_id: str = ""
+    attempt: int = 1
+
+    @property
+    def counted(self) -> bool:
+        return self.status in COUNTED
+
+    @property
+    def resolved(self) -> bool:
+        return self.status == "resolved"
+
+
+@dataclass
+class Cell:
+    """One method in one scope x protocol row. ``rate``/``ci_*`` are fractions in [0, 1] (``None`` if n=0)."""
+
+    method: str
+    n: int = 0
+    resolved: int = 0
+    n_tasks: int = 0
+    n_seeds: int = 0  # the most finished seeds of any task
+    rate: float | None = None  # resolved / n (one seed) or Pass@1 (several)
+    ci_low: float | None = None
+    ci_high: float | None = None
+    ci_method: str | None = None  # "wilson" | "bootstrap"
+    pass_at_k: dict[int, float] = field(default_factory=dict)
+    p_value: float | None = None  # McNemar vs dense; None for dense itself or without pairs
+    mcnemar_method: str | None = None
+    b: int = 0  # pairs only this method resolved
+    c: int = 0  # pairs only dense resolved
+    n_pairs: int = 0
+    pending: int = 0
+    cancelled: int = 0
+    failures: int = 0  # timeout + infra_failure (inside n)
+    reused_dense: bool = False
+
+
+@dataclass
+class Row:
+    scope: str
+    protocol: str
+    cells: dict[str, Cell]
+
+
+@dataclass
+class CompareTable:
+    """The whole comparison. ``grid[(scope, protocol, method)][task_id]`` = statuses ordered by seed."""
+
+    job_ids: list[str]
+    methods: list[str]
+    rows: list[Row]
+    tasks: list[str]
+    grid: dict[tuple[str, str, str], dict[str, list[str]]]
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "job_ids": self.job_ids,
+            "methods": self.methods,
+            "rows": [
+                {
+                    "scope": r.scope,
+                    "protocol": r.protocol,
+                    "cells": {m: asdict(c) for m, c in r.cells.items()},
+                }
+                for r in self.rows
+            ],
+            "grid": [
+                {
+                    "task_id": t,
+                    "cells": [
+                        {"scope": s, "protocol": p, "method": m, "statuses": by_task.get(t, [])}
+                        for (s, p, m), by_task in self.grid.items()
+                    ],
+                }
+                for t in self.tasks
+            ],
+            "notes": self.notes,
+        }
+
+
+def natural_key(text: str) -> list[Any]:
+    """Sort key that puts ``t2`` before ``t10``."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text)]
+
+
+def _order(values: Iterable[str], canonical: Sequence[str]) -> list[str]:
+    present = set(values)
+    return [v for v in canonical if v in present] + sorted(present - set(canonical))
+
+
+def merge_jobs(outcomes_per_job: Sequence[Sequence[Outcome]]) -> tuple[list[Outcome], list[str]]:
+    """Union of several jobs' outcomes; when two jobs ran the same (task, method, scope, protocol, seed),
+    the later job in the list wins (and a note says how often)."""
+    merged: dict[tuple[str, str, str, str, int], Outcome] = {}
+    replaced = 0
+    for outcomes in outcomes_per_job:
+        for o in outcomes:
+            key = (o.task_id, o.method, o.scope, o.protocol, o.seed)
+            replaced += key in merged
+            merged[key] = o
+    notes = (
+        [f"{replaced} episode(s) ran in more than one job; the later job's result is used"]
+        if replaced
+        else []
+    )
+    return list(merged.values()), notes
+
+
+def _dense_for(outcomes: list[Outcome], scope: str, protocol: str) -> tuple[list[Outcome], bool]:
+    """Dense outcomes for a row: its own, else those of another cell (one per task and seed)."""
+    dense = [o for o in outcomes if o.method == DENSE]
+    own = [o for o in dense if (o.scope, o.protocol) == (scope, protocol)]
+    if own or not dense:
+        return own, False
+    chosen: dict[tuple[str, int], Outcome] = {}
+    cell_rank = {c: i for i, c in enumerate((s, p) for s in SCOPES for p in PROTOCOLS)}
+    for o in sorted(dense, key=lambda o: cell_rank.get((o.scope, o.protocol), len(cell_rank))):
+        chosen.setdefault((o.task_id, o.seed), o)
+    return list(chosen.values()), True
+
+
+def summarize_cell(
+    method: str,
+    outcomes: list[Outcome],
+    dense: list[Outcome] | None,
+    *,
+    confidence: float = 0.95,
+    seed: int = 0,
+) -> Cell:
+    """Statistics for one method's outcomes in one row; ``dense`` (the row's dense outcomes) for McNemar."""
+    cell = Cell(method=method)
+    counted = [o for o in outcomes if o.counted]
+    cell.pending = sum(o.status in PENDING for o in outcomes)
+    cell.cancelled = sum(o.status == "cancelled" for o in outcomes)
+    cell.failures = sum(o.status in ("timeout", "infra_failure") for o in counted)
+    cell.n, cell.resolved = len(counted), sum(o.resolved for o in counted)
+    per_task: dict[str, list[bool]] = defaultdict(list)
+    for o in counted:
+        per_task[o.task_id].append(o.resolved)
+    cell.n_tasks = len(per_task)
+    cell.n_seeds = max((len(v) for v in per_task.values()), default=0)
+    if cell.n == 0:
+        return cell
+    if cell.n_seeds <= 1:
+        cell.rate = cell.resolved / cell.n
+        cell.ci_low, cell.ci_high = wilson_interval(cell.resolved, cell.n, confidence)
+        cell.ci_method = "wilson"
+    else:
+        task_rates = [sum(v) / len(v) for v in per_task.values()]
+        cell.rate = sum(task_rates) / len(task_rates)
+        cell.ci_low, cell.ci_high = bootstrap_mean_ci(task_rates, confidence=confidence, seed=seed)
+        cell.ci_method = "bootstrap"
+        k = min(len(v) for v in per_task.values())
+        if k >= 2:
+            cell.pass_at_k[k] = sum(pass_at_k(len(v), sum(v), k) for v in per_task.values()) / len(per_task)
+    if dense is not None and method != DENSE:
+        dense_by_pair = {(o.task_id, o.seed): o.resolved for o in dense if o.counted}
+        pairs = [
+            (o.resolved, dense_by_pair[(o.task_id, o.seed)])
+            for o in counted
+            if (o.task_id, o.seed) in dense_by_pair
+        ]
+        cell.n_pairs = len(pairs)
+        if pairs:
+            test = mcnemar_paired(pairs)
+            cell.p_value, cell.mcnemar_method, cell.b, cell.c = test.p_value, test.method, test.b, test.c
+    return cell
+
+
+def build_table(
+    outcomes: Iterable[Outcome], *, job_ids: Sequence[str] = (), confidence: float = 0.95, seed: int = 0,
+    notes: Sequence[str] = (),
+) -> CompareTable:  # fmt: skip
+    """The comparison of ``outcomes`` (one per episode key; use :func:`merge_jobs` for several jobs)."""
+    rows_in = list(outcomes)
+    methods = _order((o.method for o in rows_in), METHODS)
+    cells_with_evicting = {(o.scope, o.protocol) for o in rows_in if o.method != DENSE}
+    cells_present = cells_with_evicting or {(o.scope, o.protocol) for o in rows_in}
+    rows: list[Row] = []
+    grid: dict[tuple[str, str, str], dict[str, list[str]]] = {}
+    for scope in _order((s for s, _ in cells_present), SCOPES):
+        for protocol in _order((p for s, p in cells_present if s == scope), PROTOCOLS):
+            dense, reused = _dense_for(rows_in, scope, protocol)
+            cells = {}
+            for method in methods:
+                mine = dense if method == DENSE else [
+                    o for o in rows_in if (o.method, o.scope, o.protocol) == (method, scope, protocol)
+                ]  # fmt: skip
+                cell = summarize_cell(
+                    method, mine, dense if dense else None, confidence=confidence, seed=seed
+                )
+                cell.reused_dense = method == DENSE and reused
+                cells[method] = cell
+                by_task: dict[str, list[str]] = defaultdict(list)
+                for o in sorted(mine, key=lambda o: o.seed):
+                    by_task[o.task_id].append(o.status)
+                grid[(scope, protocol, method)] = dict(by_task)
+            rows.append(Row(scope, protocol, cells))
+    notes = list(notes)
+    if any(c.reused_dense for r in rows for c in r.cells.values()):
+        notes.append(
+            "dense ran in one scope/protocol cell and is reused for the other rows (it evicts nothing)"
+        )
+    return CompareTable(
+        job_ids=list(job_ids), methods=methods, rows=rows, tasks=sorted({o.task_id for o in rows_in}, key=natural_key), grid=grid,
+        notes=notes,
+    )  # fmt: skip
+
+
+def outcomes_from_episodes(episodes: Iterable[Any]) -> list[Outcome]:
+    """``db.models.Episode`` rows (or anything with the same attributes) -> outcomes."""
+    return [
+        Outcome(
+            e.task_id, e.method, e.scope, e.protocol, e.seed, e.status, job_id=e.job_id, attempt=e.attempt
+        )
+        for e in episodes
+    ]
+
+
+def compare_jobs(
+    session: Any, job_ids: Sequence[str], *, confidence: float = 0.95, seed: int = 0
+) -> CompareTable:
+    """The database entry point: the table over the latest attempts of ``job_ids`` (ids or unique prefixes)."""
+    from db.store import get_job, latest_attempts
+
+    ids = [get_job(session, j).id for j in job_ids]
+    per_job = [outcomes_from_episodes(latest_attempts(session, [j])) for j in ids]
+    outcomes, notes = merge_jobs(per_job)
+    return build_table(outcomes, job_ids=ids, confidence=confidence, seed=seed, notes=notes)
+
+
+def render(table: CompareTable, fmt: str = "table", *, width: int = 140) -> str:
+    """The table as text in ``fmt`` (``table``, ``json``, ``csv`` or ``markdown``); see :mod:`workers.compare_render`."""
+    from workers.compare_render import render as _render
+
+    return _render(table, fmt, width=width)

@@ -1,0 +1,155 @@
+"""Text forms of a :class:`workers.compare.CompareTable`: rich ``table``, ``json``, ``csv``, ``markdown``.
+
+- ``json``: ``CompareTable.to_dict()``: ``rows[].cells[method]`` with every Cell field (fractions in [0, 1]),
+  ``grid[]`` per task with the statuses of each scope/protocol/method cell, ordered by seed.
+- ``csv``: long format, one line per (scope, protocol, method) with :data:`SUMMARY_COLUMNS`; ``to_csv(...,
+  grid=True)`` gives one line per task x cell x seed instead.
+- ``markdown``: the summary table, then the per-task grid (one symbol per seed, see :data:`LEGEND`).
+- ``table``: the same as rich tables (``rich_tables`` for printing to a live console).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from typing import Any
+
+from workers.compare import Cell, CompareTable
+
+FORMATS = ("table", "json", "csv", "markdown")
+SYMBOLS = {
+    "resolved": "✓", "unresolved": "✗", "empty_patch": "∅", "patch_failed": "P", "timeout": "T",
+    "infra_failure": "!", "cancelled": "-",
+}  # fmt: skip
+LEGEND = "✓ resolved  ✗ unresolved  ∅ empty patch  P patch failed  T timeout  ! infra failure  … pending  - cancelled"
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def cell_text(cell: Cell, *, multiline: bool = False) -> str:
+    """Human text of a cell: ``7/10 70.0% [39.7–89.2]`` or ``Pass@1 63.3% [..] pass@3 90.0%``, then p."""
+    if cell.n == 0:
+        return "pending" if cell.pending else "-"
+    ci = f"[{100 * cell.ci_low:.1f}–{100 * cell.ci_high:.1f}]"
+    if cell.ci_method == "wilson":
+        parts = [f"{cell.resolved}/{cell.n} {_pct(cell.rate)}", ci]
+    else:
+        parts = [f"Pass@1 {_pct(cell.rate)}", ci] + [f"pass@{k} {_pct(v)}" for k, v in cell.pass_at_k.items()]
+    if cell.p_value is not None:
+        parts.append(f"p={cell.p_value:.3g} ({cell.b}:{cell.c})")
+    if cell.reused_dense:
+        parts.append("(reused)")
+    if cell.pending:
+        parts.append(f"+{cell.pending} pending")
+    return ("\n" if multiline else " ").join(parts)
+
+
+def _grid_symbol(statuses: list[str]) -> str:
+    return "".join(SYMBOLS.get(s, "…") for s in statuses) or " "
+
+
+SUMMARY_COLUMNS = [
+    "scope", "protocol", "method", "n", "resolved", "rate", "ci_low", "ci_high", "ci_method", "pass_at_k",
+    "p_value_vs_dense", "mcnemar_method", "b", "c", "n_pairs", "n_tasks", "n_seeds", "pending", "cancelled",
+    "failures", "reused_dense",
+]  # fmt: skip
+
+
+def to_csv(table: CompareTable, *, grid: bool = False) -> str:
+    """Long-format CSV: one line per cell (default) or, with ``grid=True``, one per task x cell x seed."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    if grid:
+        writer.writerow(["task_id", "scope", "protocol", "method", "seed_index", "status"])
+        for (scope, protocol, method), by_task in table.grid.items():
+            for task in table.tasks:
+                for i, status in enumerate(by_task.get(task, [])):
+                    writer.writerow([task, scope, protocol, method, i, status])
+        return out.getvalue()
+    writer.writerow(SUMMARY_COLUMNS)
+    for row in table.rows:
+        for method, c in row.cells.items():
+            writer.writerow([
+                row.scope, row.protocol, method, c.n, c.resolved, _num(c.rate), _num(c.ci_low), _num(c.ci_high),
+                c.ci_method or "", ";".join(f"{k}={v:.6g}" for k, v in c.pass_at_k.items()), _num(c.p_value),
+                c.mcnemar_method or "", c.b, c.c, c.n_pairs, c.n_tasks, c.n_seeds, c.pending, c.cancelled,
+                c.failures, str(c.reused_dense).lower(),
+            ])  # fmt: skip
+    return out.getvalue()
+
+
+def _num(x: float | None) -> str:
+    return "" if x is None else f"{x:.6g}"
+
+
+def to_markdown(table: CompareTable) -> str:
+    lines = ["| scope | protocol | " + " | ".join(table.methods) + " |"]
+    lines.append("|---|---|" + "---|" * len(table.methods))
+    for row in table.rows:
+        cells = [cell_text(row.cells[m]) for m in table.methods]
+        lines.append(f"| {row.scope} | {row.protocol} | " + " | ".join(cells) + " |")
+    lines += ["", "Per task (one symbol per seed): " + LEGEND, ""]
+    keys = list(table.grid)
+    lines.append("| task | " + " | ".join(f"{s}/{p}/{m}" for s, p, m in keys) + " |")
+    lines.append("|---|" + "---|" * len(keys))
+    for task in table.tasks:
+        lines.append(
+            f"| {task} | " + " | ".join(_grid_symbol(table.grid[k].get(task, [])) for k in keys) + " |"
+        )
+    lines += [""] + [f"Note: {n}" for n in table.notes]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def rich_tables(table: CompareTable) -> list[Any]:
+    """rich renderables: the summary table, then one per-task grid per scope x protocol row."""
+    from rich.table import Table
+    from rich.text import Text
+
+    title = "compare " + " ".join(table.job_ids) if table.job_ids else "compare"
+    summary = Table(title=title, show_lines=True, caption="\n".join(table.notes) or None)
+    summary.add_column("scope / protocol", style="bold")
+    for method in table.methods:
+        summary.add_column(method, justify="center")
+    for row in table.rows:
+        summary.add_row(
+            f"{row.scope}\n{row.protocol}", *(cell_text(row.cells[m], multiline=True) for m in table.methods)
+        )
+    renderables: list[Any] = [summary]
+    for row in table.rows:
+        title = f"per task: {row.scope} / {row.protocol}"
+        grid = Table(title=title, min_width=len(title) + 4)
+        grid.add_column("task")
+        for method in table.methods:
+            grid.add_column(method, justify="center")
+        for task in table.tasks:
+            grid.add_row(
+                task,
+                *(
+                    _grid_symbol(table.grid[(row.scope, row.protocol, m)].get(task, []))
+                    for m in table.methods
+                ),
+            )
+        renderables.append(grid)
+    renderables.append(Text(LEGEND, style="dim"))
+    return renderables
+
+
+def render(table: CompareTable, fmt: str = "table", *, width: int = 140) -> str:
+    """The table as text in ``fmt`` (one of :data:`FORMATS`)."""
+    if fmt == "json":
+        return json.dumps(table.to_dict(), indent=2, sort_keys=False) + "\n"
+    if fmt == "csv":
+        return to_csv(table)
+    if fmt == "markdown":
+        return to_markdown(table)
+    if fmt == "table":
+        from rich.console import Console
+
+        console = Console(file=io.StringIO(), width=width, force_terminal=False, color_system=None)
+        for renderable in rich_tables(table):
+            console.print(renderable)
+        return console.file.getvalue()  # type: ignore[attr-defined]
+    raise ValueError(f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")

@@ -1,0 +1,330 @@
+"""``JobSpec``: what a user submits, frozen, validated and hashed, and its fan-out into episodes.
+
+A job file (YAML) looks like::
+
+    name: mini-dense-vs-nexus
+    model: {name: Qwen/Qwen3-0.6B, revision: main}
+    backend: hf                      # hf | openai | oracle (oracle needs no model)
+    methods: [dense, snapkv, nexus]
+    scopes: [prefill_only, prefill_decode]
+    protocols: [true_eviction, full_context]
+    density: 0.2
+    method_params: {nexus: {walk_steps: 3}}
+    seeds: [0, 1, 2]
+    limits: {max_steps: 100, soft_step_limit: 40, max_context_tokens: 65536}
+    sampling: {temperature: 1.0}
+    tasks: {suite: mini, ids: ["mini__*"]}
+
+**Dense runs once per (task, seed), not once per cell.** Dense evicts nothing, so its result cannot depend
+on the scope or the protocol; its single episode is stored under the first listed scope and protocol, and
+``workers.compare`` reuses it for the dense column of every scope x protocol row (marked as reused). Set
+``dense_per_cell: true`` to run it in every cell anyway (e.g. to measure run-to-run noise).
+
+``config_hash()`` is the sha256 of the canonical JSON of the spec without ``name`` and with set-like lists
+(methods, scopes, protocols, seeds, task ids) sorted: two submissions that would run the same episodes with
+the same settings hash the same.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+Method = Literal[
+    "dense", "snapkv", "pyramidkv", "ada_snapkv", "ada_pyramidkv", "h2o", "morphkv", "streaming_llm", "nexus",
+    "ada_nexus",
+]  # fmt: skip
+Scope = Literal["prefill_only", "prefill_decode"]
+Protocol = Literal["true_eviction", "full_context"]
+Backend = Literal["hf", "openai", "oracle"]
+METHODS: tuple[str, ...] = Method.__args__  # type: ignore[attr-defined]
+SCOPES: tuple[str, ...] = Scope.__args__  # type: ignore[attr-defined]
+PROTOCOLS: tuple[str, ...] = Protocol.__args__  # type: ignore[attr-defined]
+DENSE = "dense"
+_GLOB_CHARS = set("*?[")
+
+
+class JobSpecError(ValueError):
+    """A bad job file or spec. ``source`` is the file (or ``<spec>``); ``errors`` are (field, message) pairs."""
+
+    def __init__(self, source: str, errors: list[tuple[str, str]]) -> None:
+        self.source = source
+        self.errors = errors
+        lines = [f"{source}: field '{loc}': {msg}" if loc else f"{source}: {msg}" for loc, msg in errors]
+        super().__init__("\n".join(lines))
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelRef(_Frozen):
+    name: str = Field(min_length=1, description="Hugging Face id, local path, or served model name")
+    revision: str | None = Field(None, description="commit/tag of the weights; recorded with the results")
+
+
+class AgentLimits(_Frozen):
+    """The agent loop's limits; field names match ``agent_runner.agent.AgentConfig``."""
+
+    max_steps: int = Field(100, ge=1, description="absolute turn limit")
+    soft_step_limit: int = Field(40, ge=1, description="the budget shown to the model as 'Steps Remaining'")
+    max_context_tokens: int = Field(65536, ge=1, description="logical tokens (prompt + generated)")
+    wall_time_s: float = Field(50_000.0, gt=0, description="model + env time for one episode")
+    max_format_errors: int | None = Field(10, ge=1, description="consecutive turns without a tool call")
+    max_new_tokens: int | None = Field(None, ge=1, description="per-turn generation cap")
+
+
+class Sampling(_Frozen):
+    temperature: float = Field(1.0, ge=0)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=1)
+
+
+class EvictionSettings(_Frozen):
+    """Settings shared by every method (``nexus.config.EvictionConfig`` names)."""
+
+    block_size: int = Field(32, ge=1)
+    window: int = Field(16, ge=1)
+    slack_blocks: int = Field(1, ge=0)
+    budget_tokens: int | None = Field(None, ge=1, description="absolute per-head budget; overrides density")
+
+
+class TaskSelection(_Frozen):
+    """Where the tasks come from (exactly one of ``suite``/``file``) and which of them to run.
+
+    ``ids``: exact task ids and/or glob patterns (``*``, ``?``, ``[...]``); ``None`` runs every task.
+    """
+
+    suite: str | None = Field(None, description="a bundled suite name (env/suites/<name>) or a task folder")
+    file: str | None = Field(
+        None, description="a JSON/JSONL/parquet task file or a Hugging Face dataset name"
+    )
+    split: str = "test"
+    ids: list[str] | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> TaskSelection:
+        if (self.suite is None) == (self.file is None):
+            raise ValueError("give exactly one of 'suite' or 'file'")
+        if self.ids is not None:
+            if not self.ids:
+                raise ValueError("'ids' is empty; omit it to run every task")
+            _no_duplicates("ids", self.ids)
+        return self
+
+    @property
+    def source(self) -> str:
+        return self.suite if self.suite is not None else str(self.file)
+
+    def select(self, available: Sequence[str]) -> list[str]:
+        """The selected ids, in ``available``'s order. Raises ``JobSpecError`` for an exact id that does not
+        exist or a pattern that matches nothing (so a typo never silently shrinks a job)."""
+        if self.ids is None:
+            return list(available)
+        present = set(available)
+        missing = [p for p in self.ids if not _is_glob(p) and p not in present]
+        empty = [p for p in self.ids if _is_glob(p) and not fnmatch.filter(available, p)]
+        if missing or empty:
+            errors = [("tasks.ids", f"no task {p!r} in {self.source}") for p in missing]
+            errors += [("tasks.ids", f"pattern {p!r} matches no task in {self.source}") for p in empty]
+            raise JobSpecError("<task selection>", errors)
+        return [
+            t
+            for t in available
+            if any(t == p or (_is_glob(p) and fnmatch.fnmatchcase(t, p)) for p in self.ids)
+        ]
+
+    def load(self) -> list[Any]:
+        """Load the source's tasks (``env.tasks.Task`` objects) and apply the selection."""
+        from env.tasks import load_suite, load_tasks
+
+        tasks = (
+            load_suite(self.suite) if self.suite is not None else load_tasks(str(self.file), split=self.split)
+        )
+        chosen = set(self.select([t.instance_id for t in tasks]))
+        return [t for t in tasks if t.instance_id in chosen]
+
+
+def _is_glob(pattern: str) -> bool:
+    return bool(_GLOB_CHARS & set(pattern))
+
+
+def _no_duplicates(name: str, values: Sequence[Any]) -> None:
+    seen, dupes = set(), []
+    for v in values:
+        if v in seen:
+            dupes.append(v)
+        seen.add(v)
+    if dupes:
+        raise ValueError(f"'{name}' lists {dupes} more than once")
+
+
+@dataclass(frozen=True)
+class EpisodeKey:
+    """One fanned-out episode (attempt 1). ``config`` is the merged episode config stored with it."""
+
+    task_id: str
+    method: str
+    scope: str
+    protocol: str
+    seed: int
+    config: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+
+class JobSpec(_Frozen):
+    """A whole job. Immutable; ``model_dump(mode="json")`` is what the ``jobs.config`` column stores."""
+
+    name: str | None = Field(None, max_length=200)
+    model: ModelRef | None = None
+    backend: Backend = "hf"
+    methods: list[Method] = Field(min_length=1)
+    scopes: list[Scope] = Field(default_factory=lambda: ["prefill_decode"], min_length=1)
+    protocols: list[Protocol] = Field(default_factory=lambda: ["true_eviction"], min_length=1)
+    density: float = Field(0.2, gt=0, le=1, description="kept fraction of the logical tokens")
+    method_params: dict[Method, dict[str, Any]] = Field(default_factory=dict)
+    eviction: EvictionSettings = EvictionSettings()
+    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
+    limits: AgentLimits = AgentLimits()
+    sampling: Sampling = Sampling()
+    tasks: TaskSelection
+    dense_per_cell: bool = False
+
+    @field_validator("methods", "scopes", "protocols", "seeds")
+    @classmethod
+    def _unique(cls, values: list[Any], info: Any) -> list[Any]:
+        _no_duplicates(info.field_name, values)
+        return values
+
+    @model_validator(mode="after")
+    def _consistent(self) -> JobSpec:
+        stray = [m for m in self.method_params if m not in self.methods]
+        if stray:
+            raise ValueError(f"method_params has {stray}, which are not in methods {self.methods}")
+        if self.model is None and self.backend != "oracle":
+            raise ValueError(f"backend {self.backend!r} needs a 'model' (name and revision)")
+        return self
+
+    # --- construction -------------------------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, data: Any, *, source: str = "<spec>") -> JobSpec:
+        """Validate ``data``; errors become one ``JobSpecError`` naming ``source`` and each bad field."""
+        if not isinstance(data, dict):
+            raise JobSpecError(source, [("", f"a job spec must be a mapping, got {type(data).__name__}")])
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            raise JobSpecError(source, [(_loc(e["loc"]), _message(e)) for e in exc.errors()]) from None
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> JobSpec:
+        """Load a YAML job file. Errors name the file and the field (or the YAML line)."""
+        path = Path(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise JobSpecError(str(path), [("", f"cannot read: {exc.strerror or exc}")]) from None
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+            problem = getattr(exc, "problem", None) or str(exc)
+            raise JobSpecError(str(path), [("", f"invalid YAML: {where}{problem}")]) from None
+        if data is None:
+            raise JobSpecError(str(path), [("", "the file is empty")])
+        return cls.from_dict(data, source=str(path))
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json", exclude_none=True), sort_keys=False)
+
+    # --- identity -----------------------------------------------------------------------------------
+    def canonical_json(self) -> str:
+        """Sorted-key, whitespace-free JSON of the spec as hashed (see the module docstring)."""
+        data = self.model_dump(mode="json", exclude={"name"})
+        for key in ("methods", "scopes", "protocols", "seeds"):
+            data[key] = sorted(data[key])
+        if data["tasks"]["ids"] is not None:
+            data["tasks"]["ids"] = sorted(data["tasks"]["ids"])
+        return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+    def config_hash(self) -> str:
+        return hashlib.sha256(self.canonical_json().encode("utf-8")).hexdigest()
+
+    # --- fan-out ------------------------------------------------------------------------------------
+    def cells(self, method: str) -> list[tuple[str, str]]:
+        """The (scope, protocol) cells ``method`` runs in: all of them, or one for dense (see docstring)."""
+        every = [(s, p) for s in self.scopes for p in self.protocols]
+        return every if method != DENSE or self.dense_per_cell else every[:1]
+
+    def episodes(self, available_task_ids: Iterable[str]) -> list[EpisodeKey]:
+        """Fan out task x method x (scope, protocol) x seed over the selected tasks, in that nesting order.
+
+        ``available_task_ids``: the ids the task source holds (the selection is applied here)."""
+        tasks = self.tasks.select(list(available_task_ids))
+        return [
+            EpisodeKey(
+                task,
+                method,
+                scope,
+                protocol,
+                seed,
+                config=self.episode_config(task, method, scope, protocol, seed),
+            )
+            for task in tasks
+            for method in self.methods
+            for scope, protocol in self.cells(method)
+            for seed in self.seeds
+        ]
+
+    def episode_config(
+        self, task_id: str, method: str, scope: str, protocol: str, seed: int
+    ) -> dict[str, Any]:
+        """The merged config one episode runs with (stored whole in ``episodes.config``)."""
+        return {
+            "task_id": task_id,
+            "method": method,
+            "scope": scope,
+            "protocol": protocol,
+            "seed": seed,
+            "density": self.density,
+            "eviction": self.eviction.model_dump(mode="json"),
+            "method_params": dict(self.method_params.get(method, {})),  # type: ignore[call-overload]
+            "model": self.model.model_dump(mode="json") if self.model else None,
+            "backend": self.backend,
+            "limits": self.limits.model_dump(mode="json"),
+            "sampling": self.sampling.model_dump(mode="json"),
+            "tasks": {"suite": self.tasks.suite, "file": self.tasks.file, "split": self.tasks.split},
+        }
+
+
+def _loc(loc: tuple[Any, ...]) -> str:
+    return ".".join(str(part) for part in loc if part != "[key]")
+
+
+def _message(error: dict[str, Any]) -> str:
+    """pydantic's message, made specific for the vocabulary fields (unknown method and so on)."""
+    loc, kind, value = error["loc"], error["type"], error.get("input")
+    vocab = {"methods": METHODS, "scopes": SCOPES, "protocols": PROTOCOLS, "method_params": METHODS}
+    if kind == "literal_error" and loc and loc[0] in vocab:
+        noun = {"methods": "method", "scopes": "scope", "protocols": "protocol", "method_params": "method"}[
+            loc[0]
+        ]
+        return f"unknown {noun} {value!r}; known: {', '.join(vocab[loc[0]])}"
+    if loc == ("density",) and kind in ("greater_than", "less_than_equal"):
+        return f"density must be in (0, 1], got {value!r}"
+    if kind == "extra_forbidden":
+        return f"unknown field {loc[-1]!r}"
+    message = error["msg"].removeprefix("Value error, ")
+    return (
+        f"{message} (got {value!r})"
+        if kind not in ("missing", "value_error") and value is not None
+        else message
+    )
