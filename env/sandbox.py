@@ -340,12 +340,19 @@ class Sandbox:
 
     # ------------------------------------------------------------------------------------ git
     def diff(self, repo: str = "/testbed") -> str:
-        """The episode's patch: `git add -A && git diff --cached` of `repo` (binary-safe, no colour)."""
-        result = self.run("git add -A && git -c core.quotepath=off diff --cached --binary --no-color",
-                          timeout=120, workdir=repo)  # fmt: skip
-        if result.exit_code != 0 or result.timed_out or result.truncated:
+        """The episode's patch: `git add -A && git diff --cached` of `repo` (binary-safe, no colour).
+
+        The diff goes to a file and comes back as an archive, so the output cap never truncates it.
+        """
+        out = "/tmp/.nexus-episode.diff"
+        cmd = f"git add -A && git -c core.quotepath=off diff --cached --binary --no-color > {out}"
+        result = self.run(cmd, timeout=120, workdir=repo)
+        if result.exit_code != 0 or result.timed_out:
             raise InfraError(f"git diff in {repo} failed (exit {result.exit_code}): {result.output[-800:]}")
-        return result.output
+        try:
+            return self.read_file(out).decode("utf-8", errors="replace")
+        finally:
+            self.run(f"rm -f {out}", timeout=30, workdir="/")
 
 
 def reap(older_than_s: float | None = None, label_filter: dict[str, str] | None = None, *, client=None) -> int:

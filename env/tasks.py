@@ -121,14 +121,22 @@ def _validate(source: str, fields: dict[str, Any]) -> Task:
     try:
         return Task(**fields)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        field = ".".join(str(p) for p in first["loc"]) or None
-        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
-        raise TaskError(source, problems, field=field) from None
+        errors = exc.errors()
+        locs = [".".join(str(p) for p in e["loc"]) for e in errors]
+        messages = [e["msg"].removeprefix("Value error, ") + f" (got {e['input']!r:.80})" for e in errors]
+        also = "".join(
+            f"; also field '{loc}': {msg}" for loc, msg in zip(locs[1:], messages[1:], strict=True)
+        )
+        raise TaskError(source, messages[0] + also, field=locs[0] or None) from None
 
 
 def _row_kind(row: dict[str, Any]) -> TaskKind:
-    if not row.get("instance_id") and row.get("repo_name"):
+    # R2E-native rows: `repo_name` and the exact-match oracle, no SWE-bench base commit (and usually no id).
+    if (
+        row.get("repo_name")
+        and not row.get("base_commit")
+        and (not row.get("instance_id") or "expected_output_json" in row)
+    ):
         return "r2e"
     image = row.get("docker_image") or ""
     if "parsed_commit" in row or R2E_SWEBENCH_IMAGE.match(image):
@@ -145,8 +153,9 @@ def r2e_instance_id(row: dict[str, Any]) -> str:
     repo_name = str(row.get("repo_name") or "").strip()
     commit = str(row.get("commit_hash") or "").strip()
     image = str(row.get("docker_image") or "")
-    if not commit and ":" in image:
-        commit = image.rsplit(":", 1)[1]
+    tag = image.rsplit(":", 1)[1] if ":" in image else ""
+    if not commit and tag and "/" not in tag:  # "registry:5000/name" has a port, not a tag
+        commit = tag
     if not commit:
         seed = f"{image}\n{row.get('problem_statement') or ''}".encode()
         commit = hashlib.sha256(seed).hexdigest()
@@ -176,7 +185,7 @@ def task_from_row(row: dict[str, Any], *, source: str = "<row>") -> Task:
         if not isinstance(expected, str):
             expected = json.dumps(expected)
         fields = {
-            "instance_id": r2e_instance_id(row),
+            "instance_id": row.get("instance_id") or r2e_instance_id(row),
             "repo": row["repo_name"],
             "base_commit": _r2e_base_commit(row),
             "problem_statement": row["problem_statement"],
@@ -326,9 +335,8 @@ def _load_hf(name: str, split: str) -> list[Task]:
 
 
 def load_tasks(source: str | Path, *, split: str = "test") -> list[Task]:
-    """Load tasks from a JSON/JSONL/parquet file, a local task folder or suite, or a Hugging Face dataset name.
-
-    `split` applies only to Hugging Face datasets.
+    """Load tasks from a JSON/JSONL/parquet file, a local task folder or suite, a bundled suite's name, or a
+    Hugging Face dataset name. `split` applies only to Hugging Face datasets.
     """
     path = Path(source).expanduser()
     if path.is_dir():
@@ -341,6 +349,8 @@ def load_tasks(source: str | Path, *, split: str = "test") -> list[Task]:
             raise TaskError(path, "holds no task rows")
         return _unique(path, tasks)
     text = str(source)
+    if isinstance(source, str) and source in known_suites():
+        return load_task_folder(SUITES_DIR / source)
     looks_like_path = (
         isinstance(source, Path) or text.startswith((".", "/", "~")) or text.endswith(FILE_SUFFIXES)
     )

@@ -11,8 +11,13 @@ from __future__ import annotations
 import os
 
 import pytest
+import torch
 
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
+
+# One intra-op thread: the tiny models gain nothing from more, and on a 2-core machine shared with Docker
+# containers and services, OpenMP threads spinning against each other made single decode steps 100x slower.
+torch.set_num_threads(1)
 
 
 def require(condition: bool, reason: str) -> None:
@@ -25,8 +30,6 @@ def require(condition: bool, reason: str) -> None:
 
 
 def pytest_collection_modifyitems(config, items):
-    import torch
-
     has_gpu = torch.cuda.is_available()
     for item in items:
         if "gpu" in item.keywords and not has_gpu:

@@ -8,11 +8,13 @@ could see each slot.
 
 `observe` after every forward's attention, with the new queries [B, Hq, q, D] at logical positions [q]:
 1. extend acc (and seen) with zeros for the slots appended since the last call (new slots are last);
-2. for each chunk of `chunk_rows` query rows: softmax(q k^T * scaling) over the visible slots in fp32
-   (causal by logical position, empty slots hidden), summed over the rows and over the G query heads of
-   the KV group -> [B, Hkv, P], added to acc.
-Chunking bounds the transient to [B, Hkv, G, chunk_rows, P] so a 64K prefill never materialises q x P
-probabilities. No host syncs (decode runs this every step).
+2. for each chunk of query rows: softmax(q k^T * scaling) over the visible slots in fp32 (causal by
+   logical position, empty slots hidden), summed over the rows and over the G query heads of the KV
+   group -> [B, Hkv, P], added to acc.
+A chunk has at most `chunk_rows` rows and at most `chunk_elements` probabilities (B * Hq * rows * P), so
+a 64K prefill never materialises q x P probabilities (at Qwen3-32B's 64 query heads and P = 64K a chunk
+is 32 rows, 512 MiB). The chunk size comes from shapes only: no host syncs (decode runs this every step).
+Every chunk scores all P slots; the causal mask zeroes the future ones (skipping them would need a sync).
 
 `select`: the most recent `round(recent_ratio * budget)` tokens (round half up) are forced, the rest of
 the budget goes to the top remaining slots by acc (or acc / seen with `normalize`).
@@ -66,7 +68,8 @@ class H2O(ScorePolicy):
                   0.1 / 0.1 heavy / recent split); the rest goes to the heaviest hitters.
     normalize:    divide the accumulated attention by how many queries could see each slot (kvpress
                   ObservedAttention); False = the original's raw sum.
-    chunk_rows:   query rows processed at once in `observe` (memory bound only; the result is the same).
+    chunk_rows:   most query rows processed at once in `observe` (memory only; the result is the same).
+    chunk_elements: most probabilities [B, Hq, rows, P] materialised at once in `observe` (fp32 elements).
     """
 
     name: ClassVar[str] = "h2o"
@@ -76,6 +79,7 @@ class H2O(ScorePolicy):
     recent_ratio: float = 0.5
     normalize: bool = False
     chunk_rows: int = 512
+    chunk_elements: int = 2**27
 
     def __post_init__(self) -> None:
         r = self.recent_ratio
@@ -83,8 +87,10 @@ class H2O(ScorePolicy):
             raise ValueError(f"h2o: recent_ratio must be a number in [0, 1), got {r!r}")
         if not isinstance(self.normalize, bool):
             raise ValueError(f"h2o: normalize must be a bool, got {self.normalize!r}")
-        if isinstance(self.chunk_rows, bool) or not isinstance(self.chunk_rows, int) or self.chunk_rows < 1:
-            raise ValueError(f"h2o: chunk_rows must be an integer >= 1, got {self.chunk_rows!r}")
+        for field_name in ("chunk_rows", "chunk_elements"):
+            value = getattr(self, field_name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"h2o: {field_name} must be an integer >= 1, got {value!r}")
 
     def recent_count(self, budget: int) -> int:
         """Slots of `budget` forced to the most recent tokens: round half up of recent_ratio * budget."""
@@ -103,12 +109,14 @@ class H2O(ScorePolicy):
         seen = _extended(slots, "seen", view.positions) if self.normalize else None
         q = group_queries(new_queries, view.num_kv_heads).float()  # [B, Hkv, G, q, D]
         keys = view.keys.float()
-        for start in range(0, q.shape[3], self.chunk_rows):
-            rows = slice(start, start + self.chunk_rows)
+        per_row = new_queries.shape[0] * new_queries.shape[1] * max(view.physical_length, 1)
+        chunk = max(1, min(self.chunk_rows, self.chunk_elements // per_row))
+        for start in range(0, q.shape[3], chunk):
+            rows = slice(start, start + chunk)
             vis = visibility(new_positions[rows], view.positions)  # [B, Hkv, r, P]
-            logits = torch.einsum("bhgrd,bhpd->bhgrp", q[:, :, :, rows], keys) * view.scaling
-            probs = torch.softmax(logits.masked_fill(~vis.unsqueeze(2), float("-inf")), dim=-1)
-            acc = acc + probs.nan_to_num(0.0).sum(dim=(2, 3))
+            logits = torch.einsum("bhgrd,bhpd->bhgrp", q[:, :, :, rows], keys).mul_(view.scaling)
+            probs = logits.masked_fill_(~vis.unsqueeze(2), float("-inf")).softmax(dim=-1)
+            acc = acc + probs.nan_to_num_(0.0).sum(dim=(2, 3))  # a row that sees nothing adds 0
             if seen is not None:
                 seen = seen + vis.sum(dim=2, dtype=torch.float32)
         slots["acc"] = acc

@@ -18,7 +18,8 @@ One eviction event, per layer (paper section 2; `shared/reference/nexus-sampling
    the still-filling last block is always among them). K = floor((budget - forced tokens) / b) whole
    blocks are then chosen. Choice: the leftover (< b) slots of the budget stay UNUSED, so the kept set is
    always whole blocks + the partial newest block; compacting it keeps every block aligned to b, and the
-   kept set never exceeds the budget.
+   kept set never exceeds the budget. `min_budget` = the largest forced set + one block (111 for W=16,
+   b=32); `select` refuses a smaller budget with a ValueError.
 7. Reservoir: n = `reservoir_n` uniforms per non-forced block from `view.generator` (one draw of shape
    [B, N, n] float64), log pi_j = logsumexp_i(log u_j^(i) / w_j) - log n, keep the top K (see reservoir.py).
 
@@ -35,6 +36,8 @@ about 1 + lam and are comparable across heads. `forced` marks each head's forced
 per-head reservoir (one draw of shape [B, Hkv, N, n]): floor per head, and the row's pooled leftover slots
 (< Hkv blocks) go one block each to the heads with the largest remainders (`share_blocks`), so a head may
 keep up to b - 1 slots more than its count but a row never exceeds sum(counts) and wastes < one block.
+Blocks are counted over each head's own valid slots; the tie-break ramp runs over N = ceil(P / b), so in a
+head with empty slots it is not exactly j / (N_k - 1) of that head's blocks (it only orders near-ties).
 
 Compute dtype: float32, or float64 when the inputs are float64 (so tests can compare exactly).
 """
@@ -162,6 +165,17 @@ def forced_blocks(positions: torch.Tensor, window: int, block_size: int) -> torc
     return forced
 
 
+def select_blocks(
+    weights: torch.Tensor, candidates: torch.Tensor, k, n: int, generator: torch.Generator | None
+) -> torch.Tensor:
+    """Step 7: [..., N] bool, the top-k candidates by n-averaged reservoir priority (log space).
+
+    weights [..., N] >= 0; k an int or LongTensor [...]; one draw of [..., N, n] float64 uniforms.
+    """
+    uniforms = draw_uniforms(tuple(weights.shape), n, generator, weights.device)
+    return select_top(reservoir_log_priorities(weights, uniforms), candidates, k)
+
+
 def share_blocks(free: torch.Tensor, block_size: int) -> torch.Tensor:
     """[B, H] whole blocks per head from `free` [B, H] selectable slots, pooling the leftovers of a row.
 
@@ -242,8 +256,7 @@ class Nexus(ScorePolicy):
         forced_tokens = (sizes * forced).sum(-1)
         free = (torch.as_tensor(budgets, device=weights.device) - forced_tokens).clamp_min(0)
         k = share_blocks(free, block_size) if pool_heads else free // block_size
-        uniforms = draw_uniforms(tuple(weights.shape), self.reservoir_n, generator, weights.device)
-        chosen = select_top(reservoir_log_priorities(weights, uniforms), exists & ~forced, k)
+        chosen = select_blocks(weights, exists & ~forced, k, self.reservoir_n, generator)
         keep = chosen | forced
         return keep.gather(-1, block_index(valid, block_size).clamp_min(0)) & valid
 

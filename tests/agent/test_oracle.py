@@ -166,3 +166,15 @@ def test_grading_runs_through_env_grading_and_is_skipped_after_an_infra_failure(
     broken = run_episode(TinyTask(), ScriptedModel([ls]), open_environment=lambda task, **kw: env)
     assert broken.exit_status == "infra_failure" and broken.patch == PATCH
     assert broken.grade is None and broken.status == "infra_failure"
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_oracle_resolves_the_first_mini_suite_task():
+    ready, reason = _docker_ready()
+    require(ready, reason)
+    from env.tasks import load_suite
+
+    task = load_suite("mini")[0]
+    result = run_oracle_episode(task)
+    assert (result.exit_status, result.status) == ("submitted", "resolved"), (result.error, result.grade)

@@ -68,6 +68,24 @@ def test_fork_bomb_stays_bounded(docker_client, base_image):
         assert box.run("echo ok", timeout=30, workdir="/").output == "ok\n"
 
 
+def test_memory_hog_is_killed_and_container_survives(docker_client, base_image):
+    config = SandboxConfig(memory="256m")
+    with Sandbox.start(base_image, config=config, job=TEST_JOB, client=docker_client) as box:
+        result = box.run("python3 -c \"x = bytearray(1024 * 1024 * 1024); print('allocated')\"", timeout=60,
+                         workdir="/")  # fmt: skip
+        assert result.exit_code != 0
+        assert "allocated" not in result.output
+        assert box.run("echo ok", workdir="/").output == "ok\n"
+
+
+def test_large_diff_is_not_truncated(sandbox):
+    sandbox.check("cd /testbed && git init -q && git commit -q --allow-empty -m base", workdir="/")
+    sandbox.check("seq 1 200000 > /testbed/big.txt", workdir="/")
+    patch = sandbox.diff()
+    assert len(patch) > sandbox.config.max_output_bytes
+    assert patch.rstrip().endswith("+200000")
+
+
 @pytest.mark.slow
 def test_one_gigabyte_print_is_capped(sandbox):
     result = sandbox.run("head -c 1000000000 /dev/zero | tr '\\0' a", timeout=120, workdir="/")

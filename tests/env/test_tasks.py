@@ -104,6 +104,11 @@ def test_r2e_native_row():
     assert task.docker_image.startswith("namanjain12/pandas_final:")
 
 
+def test_r2e_row_with_its_own_id_keeps_it():
+    task = task_from_row(r2e_row(instance_id="pandas__custom-7"))
+    assert (task.kind, task.instance_id) == ("r2e", "pandas__custom-7")
+
+
 def test_r2e_expected_output_as_dict_is_stored_as_json_text():
     task = task_from_row(r2e_row(expected_output_json={"t::a": "FAILED"}))
     assert json.loads(task.expected_output_json) == {"t::a": "FAILED"}

@@ -81,6 +81,7 @@ def test_bundled_suite_by_name():
     assert {t.kind for t in tasks} == {"local"}
     assert len({t.repo for t in tasks}) >= 4
     assert all(t.repo_dir.is_dir() for t in tasks)
+    assert [t.instance_id for t in load_tasks("mini")] == [t.instance_id for t in tasks]
 
 
 def test_unknown_suite_lists_the_known_ones():

@@ -129,9 +129,9 @@ STREAM = [("feed", 30), ("evict", 12), ("feed", 1), ("feed", 1), ("feed", 1), ("
           ("feed", 1), ("feed", 1), ("evict", 10)]
 
 
-@pytest.mark.parametrize("chunk_rows", [512, 8, 1])
-def test_accumulation_and_evictions_match_numpy(chunk_rows):
-    run_stream(make_policy("h2o", chunk_rows=chunk_rows), STREAM, seed=chunk_rows)
+@pytest.mark.parametrize("chunking", [{}, {"chunk_rows": 8}, {"chunk_rows": 1}, {"chunk_elements": 700}])
+def test_accumulation_and_evictions_match_numpy(chunking):
+    run_stream(make_policy("h2o", **chunking), STREAM, seed=len(str(chunking)))
 
 
 def test_normalized_variant_matches_numpy():
@@ -168,7 +168,8 @@ def test_mismatched_state_is_a_clear_error():
 @pytest.mark.parametrize(
     "params,field",
     [({"recent_ratio": 1.0}, "recent_ratio"), ({"recent_ratio": -0.1}, "recent_ratio"),
-     ({"recent_ratio": "0.5"}, "recent_ratio"), ({"normalize": 1}, "normalize"), ({"chunk_rows": 0}, "chunk_rows")],
+     ({"recent_ratio": "0.5"}, "recent_ratio"), ({"normalize": 1}, "normalize"), ({"chunk_rows": 0}, "chunk_rows"),
+     ({"chunk_elements": 0}, "chunk_elements")],
 )
 def test_bad_hyperparameters_raise(params, field):
     with pytest.raises(ValueError, match=field):

