@@ -16,6 +16,7 @@ from agent_runner.backends import make_backend
 from agent_runner.backends.oracle import APPLIED_MARKER, OracleModel, oracle_script
 from agent_runner.episode_core import run_episode, run_oracle_episode
 from agent_runner.parsing import parse_response
+from tests.agent.conftest import docker_status as _docker_ready
 from tests.conftest import require
 
 from .conftest import RecordingEnvironment, TinyTask
@@ -71,19 +72,6 @@ def test_run_episode_records_open_and_diff_failures_instead_of_raising():
     broken = run_episode(task, OracleModel(task), open_environment=lambda task, **kw: env)
     assert broken.exit_status == "infra_failure" and "container gone" in broken.error
     assert broken.patch is None and broken.grade is None and env.closed and len(broken.turns) == 3
-
-
-def _docker_ready() -> tuple[bool, str]:
-    try:
-        from env.images import BASE_IMAGE_TAG, docker_client, image_exists
-
-        client = docker_client()
-        client.ping()
-    except Exception as exc:
-        return False, f"no Docker engine: {exc}"
-    if not image_exists(client, BASE_IMAGE_TAG):
-        return False, f"base image {BASE_IMAGE_TAG} missing (nexus-eval images build-base)"
-    return True, ""
 
 
 def _make_local_task(root: Path) -> Path:
