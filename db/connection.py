@@ -176,6 +176,12 @@ def connect(url: str | None = None, *, upgrade: bool = True, echo: bool = False)
     """Open the database at ``url`` (default: :func:`default_url`), migrating it to head first unless
     ``upgrade=False``."""
     url = url or default_url()
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite" and parsed.database in (None, "", ":memory:"):
+        # Every pooled connection would get its own empty in-memory database: nothing would persist.
+        raise ValueError(
+            f"in-memory SQLite ({url!r}) is not supported; give a file, e.g. {sqlite_url('nexus-eval.db')}"
+        )
     if upgrade:
         migrate(url)
     engine = make_engine(url, echo=echo)

@@ -49,7 +49,7 @@ __all__ = [
     "Claim", "ClaimLost", "EpisodeKeyLike", "JobSummary", "add_episodes", "assign_celery_task", "cancel_job",
     "claim_episode", "create_job", "episode_key", "episodes_for_job", "fail_job", "fail_running_episode",
     "finish_episode", "get_episode", "get_job", "heartbeat", "job_summary", "latest_attempts",
-    "local_worker_is_dead", "new_attempt", "record_grade", "record_turn", "refresh_job_status", "rerun_job",
+    "list_jobs", "local_worker_is_dead", "new_attempt", "record_grade", "record_turn", "refresh_job_status", "rerun_job",
     "worker_identity",
 ]  # fmt: skip
 
@@ -154,6 +154,11 @@ def _by_id_or_prefix(session: Session, model: type[Job] | type[Episode], ident: 
 def get_job(session: Session, job_id: str) -> Job:
     """The job with this id or unique id prefix; ``LookupError`` (saying which) otherwise."""
     return _by_id_or_prefix(session, Job, job_id)
+
+
+def list_jobs(session: Session, *, limit: int = 20) -> list[Job]:
+    """The newest ``limit`` jobs, newest first."""
+    return list(session.execute(select(Job).order_by(Job.created_at.desc()).limit(limit)).scalars())
 
 
 def get_episode(session: Session, episode_id: str) -> Episode:

@@ -207,3 +207,37 @@ def test_many_workers_never_run_an_episode_twice(any_db):
         rows = [s.get(Episode, ep) for ep in episodes]
         assert all(r.status == "submitted" and r.n_claims == 1 and len(r.turns) == 1 for r in rows)
         assert s.query(Turn).count() == 6
+
+
+def _process_worker(url: str, episodes: list[str], name: str) -> list[str]:
+    """One worker process of test_processes_share_a_sqlite_file: claim and finish whatever it can."""
+    from db import connect
+
+    db = connect(url, upgrade=False)
+    ran = []
+    for ep in episodes:
+        with db.session() as s:
+            claim = st.claim_episode(s, ep, worker=f"{name}/1")
+        if claim is None:
+            continue
+        with db.session() as s:
+            st.record_turn(s, claim, 0, completion=name)
+        with db.session() as s:
+            if st.finish_episode(s, claim, "submitted", patch=name):
+                ran.append(ep)
+    db.dispose()
+    return ran
+
+
+@pytest.mark.slow
+def test_processes_share_a_sqlite_file(sqlite_db):
+    """The embedded default: separate processes on one SQLite file still run each episode exactly once."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    episodes = _episodes(sqlite_db, 12)
+    with ProcessPoolExecutor(3, mp_context=multiprocessing.get_context("spawn")) as pool:
+        results = list(pool.map(_process_worker, [sqlite_db.url] * 3, [episodes] * 3, ["p0", "p1", "p2"]))
+    assert sorted(ep for ran in results for ep in ran) == sorted(episodes)
+    with sqlite_db.session() as s:
+        assert all(s.get(Episode, ep).n_claims == 1 for ep in episodes)

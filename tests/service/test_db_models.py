@@ -102,6 +102,11 @@ def test_constraints(any_db):
         assert sorted(s.execute(select(Episode.attempt)).scalars()) == [1, 2]
 
 
+def test_in_memory_sqlite_is_refused():
+    with pytest.raises(ValueError, match="in-memory SQLite"):
+        connect("sqlite://")
+
+
 def test_connect_without_upgrade_on_empty_db(tmp_path):
     db = connect(sqlite_url(tmp_path / "empty.db"), upgrade=False)
     assert current_revision(db.url) is None

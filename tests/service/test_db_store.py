@@ -55,6 +55,7 @@ def test_fan_out_and_keys(any_db):
         assert len(rows) == 4 == len(set(ids))
         assert {r.episode_key for r in rows} == {f"{t}|{m}|prefill_only|true_eviction|0" for t in "ab" for m in ("dense", "nexus")}
         assert all(r.status == "queued" and r.attempt == 1 and r.config == {"density": 0.2} for r in rows)
+        assert [j.id for j in st.list_jobs(s)] == [job_id]
         summary = st.job_summary(s, job_id[:5])  # a unique prefix works
         assert (summary.status, summary.total, summary.active, summary.counts) == ("pending", 4, 4, {"queued": 4})
 

@@ -1,0 +1,160 @@
+"""The Celery app: queues, the settings long GPU episodes need, and where the broker and results live.
+
+Queues (``task_routes``): ``gpu`` runs episodes (the model lives in the worker process, loaded lazily on the
+first task; one process per GPU: ``--pool prefork --concurrency 1`` or ``--pool solo``), ``grade`` grades
+patches in fresh containers (CPU nodes), ``default`` takes the small bookkeeping tasks.
+
+Where things live, from the environment (see :class:`ServiceSettings`):
+
+- ``NEXUS_EVAL_BROKER``: ``redis://host:6379/0`` for a real deployment. Unset: the *embedded* broker, a
+  SQLite file through kombu's SQLAlchemy transport (``sqla+sqlite:////abs/runs/celery-broker.db``) beside
+  the results database, so ``nexus-eval run`` needs no service at all.
+- ``NEXUS_EVAL_DB``: the results database (``db.connection.default_url``); SQLite file or PostgreSQL URL.
+  It is the source of truth; the Celery result backend only carries the live PROGRESS state.
+- ``NEXUS_EVAL_RESULT_BACKEND``: defaults to the Redis broker's URL, or ``db+sqlite:///.../celery-results.db``
+  for the embedded broker.
+
+Reliability settings (the reasons are in docs/service.md): late acks, prefetch 1, reject on worker loss, a
+broker visibility timeout above the hard time limit (otherwise Redis redelivers a long episode while it is
+still running), soft and hard time limits, ``task_track_started`` and ``result_extended``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from celery import Celery
+from kombu import Queue
+from pydantic import BaseModel, Field, model_validator
+
+from db.connection import default_url
+
+QUEUES = ("gpu", "grade", "default")
+TASK_ROUTES = {
+    "nexus.run_episode": {"queue": "gpu"},
+    "nexus.grade_episode": {"queue": "grade"},
+    "nexus.resume_job": {"queue": "default"},
+    "nexus.ping": {"queue": "default"},
+}
+
+
+def _runs_dir(db_url: str) -> Path:
+    """The folder of the SQLite results file (embedded broker files go beside it), else ./runs."""
+    if db_url.startswith("sqlite:///"):
+        return Path(db_url.removeprefix("sqlite:///")).parent
+    return Path("runs").resolve()
+
+
+class ServiceSettings(BaseModel):
+    """The service's deployment settings; :meth:`from_env` reads ``NEXUS_EVAL_*`` variables."""
+
+    broker_url: str | None = Field(None, description="redis://... ; None: the embedded SQLite broker")
+    db_url: str = Field(default_factory=default_url, description="the results database URL")
+    result_backend: str | None = Field(None, description="Celery's PROGRESS store; None: derived")
+    soft_time_limit_s: float = Field(4 * 3600.0, gt=0, description="episode: save partial, mark timeout")
+    hard_time_limit_s: float = Field(4 * 3600.0 + 600.0, gt=0, description="episode: the process is killed")
+    visibility_timeout_s: float | None = Field(
+        None, gt=0, description="Redis redelivery window; None: hard limit + 1 h"
+    )
+    stale_after_s: float = Field(
+        3 * 3600.0, gt=0, description="a running episode whose heartbeat is older is taken over"
+    )
+
+    @model_validator(mode="after")
+    def _ordered(self) -> ServiceSettings:
+        if self.hard_time_limit_s <= self.soft_time_limit_s:
+            raise ValueError(
+                f"hard_time_limit_s ({self.hard_time_limit_s}) must exceed soft_time_limit_s "
+                f"({self.soft_time_limit_s}) so the soft limit can save the partial trajectory"
+            )
+        if self.visibility_timeout_s is not None and self.visibility_timeout_s <= self.hard_time_limit_s:
+            raise ValueError(
+                f"visibility_timeout_s ({self.visibility_timeout_s}) must exceed hard_time_limit_s "
+                f"({self.hard_time_limit_s}), or Redis redelivers episodes that are still running"
+            )
+        return self
+
+    @classmethod
+    def from_env(cls) -> ServiceSettings:
+        env = os.environ
+        values: dict[str, object] = {
+            "broker_url": env.get("NEXUS_EVAL_BROKER") or None,
+            "result_backend": env.get("NEXUS_EVAL_RESULT_BACKEND") or None,
+        }
+        for field, var in (
+            ("soft_time_limit_s", "NEXUS_EVAL_SOFT_TIME_LIMIT"),
+            ("hard_time_limit_s", "NEXUS_EVAL_HARD_TIME_LIMIT"),
+            ("visibility_timeout_s", "NEXUS_EVAL_VISIBILITY_TIMEOUT"),
+            ("stale_after_s", "NEXUS_EVAL_STALE_AFTER"),
+        ):
+            if env.get(var):
+                try:
+                    values[field] = float(env[var])
+                except ValueError:
+                    raise ValueError(f"${var}={env[var]!r} is not a number of seconds") from None
+        return cls(**values)
+
+    @property
+    def embedded(self) -> bool:
+        return self.broker_url is None
+
+    @property
+    def effective_broker(self) -> str:
+        if self.broker_url:
+            return self.broker_url
+        return f"sqla+sqlite:///{_runs_dir(self.db_url) / 'celery-broker.db'}"
+
+    @property
+    def effective_result_backend(self) -> str:
+        if self.result_backend:
+            return self.result_backend
+        if self.broker_url and self.broker_url.startswith(("redis://", "rediss://")):
+            return self.broker_url
+        return f"db+sqlite:///{_runs_dir(self.db_url) / 'celery-results.db'}"
+
+    @property
+    def effective_visibility_timeout(self) -> float:
+        return self.visibility_timeout_s or self.hard_time_limit_s + 3600.0
+
+
+def make_app(settings: ServiceSettings | None = None) -> Celery:
+    """A configured Celery app. Creating it loads nothing heavy (no model, no Docker)."""
+    settings = settings or ServiceSettings.from_env()
+    if settings.embedded:
+        _runs_dir(settings.db_url).mkdir(parents=True, exist_ok=True)
+    app = Celery("nexus_eval", broker=settings.effective_broker, backend=settings.effective_result_backend,
+                 include=["workers.tasks"])  # fmt: skip
+    transport = {"visibility_timeout": settings.effective_visibility_timeout}
+    if settings.embedded:
+        transport["polling_interval"] = 0.5  # the SQL transport polls; the default 1 s doubles latency
+    app.conf.update(
+        task_queues=[Queue(name) for name in QUEUES],
+        task_default_queue="default",
+        task_routes=TASK_ROUTES,
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        task_track_started=True,
+        result_extended=True,
+        task_soft_time_limit=settings.soft_time_limit_s,
+        task_time_limit=settings.hard_time_limit_s,
+        broker_transport_options=transport,
+        result_backend_transport_options={"visibility_timeout": settings.effective_visibility_timeout},
+        broker_connection_retry_on_startup=True,
+        broker_connection_max_retries=None,  # a Redis restart must not end the worker
+        # publishing (submit, the grade hand-off) rides out a short broker outage instead of failing
+        task_publish_retry_policy={"max_retries": 60, "interval_start": 0.5, "interval_step": 0.5,
+                                   "interval_max": 2.0},  # fmt: skip
+        task_serializer="json",
+        result_serializer="json",
+        accept_content=["json"],
+        worker_hijack_root_logger=False,
+        worker_send_task_events=True,  # Flower's live view
+        task_send_sent_event=True,
+    )
+    app.conf.nexus_settings = settings
+    return app
+
+
+app = make_app()

@@ -1,0 +1,287 @@
+"""Running and grading one stored episode: the code every path shares (Celery task, embedded, interactive).
+
+:func:`execute_episode` is idempotent through ``db.claims``: it claims the row (a duplicate or redelivered
+message gets no claim and does nothing), writes each turn as it happens, and finishes the row once.
+:func:`grade_stored_episode` grades the stored patch in a fresh container (the ``grade`` queue).
+
+Nothing here imports Celery; the tasks in :mod:`workers.tasks` wrap these functions.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from db import Database
+from db import store as db_store
+from db.models import AGENT_EXIT_STATUSES
+
+Progress = Callable[[dict[str, Any]], None]
+
+
+class SoftTimeout(Exception):
+    """Raised into the agent loop (from ``on_turn``) when the episode's own soft deadline has passed."""
+
+
+@dataclass
+class ExecutionOutcome:
+    """What :func:`execute_episode` did. ``ran`` is False when it had no claim (``reason`` says why)."""
+
+    episode_id: str
+    ran: bool
+    status: str | None = None
+    reason: str | None = None
+    written: bool = False  # the result row was written (False: cancelled or taken over meanwhile)
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def needs_grade(self) -> bool:
+        return self.written and self.status in AGENT_EXIT_STATUSES
+
+
+def episode_spec_from_config(config: dict[str, Any]):  # -> agent_runner.episode.EpisodeSpec
+    """Adapter: the merged per-episode config ``workers.spec.JobSpec.episode_config`` stores -> EpisodeSpec.
+
+    The model's device comes from ``$NEXUS_EVAL_DEVICE`` (default ``auto``): it belongs to the worker, not
+    to the job."""
+    from agent_runner.agent import AgentConfig
+    from agent_runner.episode import EpisodeSpec
+    from agent_runner.model_host import ModelSpec
+    from agent_runner.sampling import SamplingConfig
+
+    limits = dict(config.get("limits") or {})
+    sampling = dict(config.get("sampling") or {})
+    eviction = dict(config.get("eviction") or {})
+    tasks = dict(config.get("tasks") or {})
+    model = config.get("model") or {}
+    max_new = limits.get("max_new_tokens")
+    sampling_cfg = SamplingConfig(
+        temperature=sampling.get("temperature", 1.0),
+        top_p=sampling.get("top_p") or 1.0,
+        top_k=sampling.get("top_k") or 0,
+        **({"max_new_tokens": max_new} if max_new else {}),
+    )
+    agent_cfg = AgentConfig(**{k: v for k, v in limits.items() if k in AgentConfig.model_fields},
+                            seed=config["seed"])  # fmt: skip
+    method_params = dict(config.get("method_params") or {})
+    if "slack_blocks" in eviction:
+        method_params.setdefault("slack_blocks", eviction["slack_blocks"])
+    return EpisodeSpec(
+        suite=tasks.get("suite"),
+        tasks_file=tasks.get("file"),
+        task_id=config["task_id"],
+        backend=config.get("backend", "hf"),
+        model=ModelSpec(name=model.get("name", "tiny"), revision=model.get("revision"),
+                        device=os.environ.get("NEXUS_EVAL_DEVICE", "auto")),  # fmt: skip
+        method=config["method"],
+        scope=config["scope"],
+        protocol=config["protocol"],
+        density=config.get("density", 0.2),
+        budget_tokens=eviction.get("budget_tokens"),
+        block_size=eviction.get("block_size", 32),
+        window=eviction.get("window", 16),
+        method_params=method_params,
+        seed=config["seed"],
+        sampling=sampling_cfg,
+        agent=agent_cfg,
+        grade=False,  # grading is its own task on the grade queue
+    )
+
+
+def turn_fields(turn: Any) -> dict[str, Any]:
+    """``agent_runner.records.TurnRecord`` -> the ``db.models.Turn`` columns ``record_turn`` takes."""
+    c = turn.completion
+    return {
+        "tokens_appended": c.tokens_appended,
+        "tokens_generated": c.tokens_generated,
+        "prompt_tokens": c.prompt_tokens,
+        "logical_length": c.logical_length,
+        "physical_before": c.physical_before.model_dump() if c.physical_before else None,
+        "physical_after": c.physical_after.model_dump() if c.physical_after else None,
+        "eviction_events": c.eviction_events,
+        "cache_bytes": c.cache_bytes,
+        "prefill_s": c.prefill_s,
+        "decode_s": c.decode_s,
+        "tokens_per_s": c.tokens_per_s,
+        "env_s": turn.env_s,
+        "completion": c.text,
+        "thought": turn.thought,
+        "action": turn.action.model_dump() if turn.action else None,
+        "observation": turn.observation,
+        "extra": {
+            "format_error": turn.format_error, "parse_error": turn.parse_error, "intervened": turn.intervened,
+            "submitted": turn.submitted, "model_s": turn.model_s, "finish_reason": c.finish_reason,
+            "steps_remaining": turn.steps_remaining, **({"replayed": True} if c.extra.get("replayed") else {}),
+        },
+    }  # fmt: skip
+
+
+def _reap_episode_containers(job_id: str, episode_id: str) -> int:
+    """Remove the containers a dead run of this episode left behind (its labels name the episode)."""
+    try:
+        from env.sandbox import reap
+
+        return reap(older_than_s=0, label_filter={"nexus-eval.job": job_id, "nexus-eval.episode": episode_id})
+    except Exception:  # no Docker here: the new run will fail to open its sandbox and say so
+        return 0
+
+
+def execute_episode(
+    db: Database,
+    episode_id: str,
+    *,
+    celery_task_id: str | None = None,
+    progress: Progress | None = None,
+    soft_deadline_s: float | None = None,
+    stale_after_s: float | None = None,
+    model_wrapper: Callable[[Any, Any], Any] | None = None,
+    on_turn: Callable[[Any], Any] | None = None,
+    intervene: Any = None,
+    open_environment: Callable[..., Any] | None = None,
+) -> ExecutionOutcome:
+    """Claim, run and finish ``episode_id``. Never raises for episode failures (they become statuses).
+
+    ``soft_deadline_s``: seconds from now after which the run stops at its next turn and is stored as
+    ``timeout`` with its partial trajectory (Celery's SoftTimeLimitExceeded gets the same treatment).
+    ``model_wrapper(model, spec)`` may wrap the backend (``--from-turn`` replay); ``on_turn``/``intervene``
+    are extra hooks for the interactive rerun. ``progress`` receives ``{"turn", "max_steps", ...}``.
+    """
+    started = time.monotonic()
+    timings: dict[str, float] = {}
+    with db.session() as s:
+        claim = db_store.claim_episode(s, episode_id, celery_task_id=celery_task_id, stale_after_s=stale_after_s)
+        row = db_store.get_episode(s, episode_id)
+        config, job_id, status_now = dict(row.config or {}), row.job_id, row.status
+    timings["claim_s"] = time.monotonic() - started
+    if claim is None:
+        return ExecutionOutcome(episode_id, ran=False, reason=f"not claimed (episode is {status_now})")
+    if claim.took_over_from:
+        _reap_episode_containers(job_id, episode_id)
+
+    state = {"db_s": 0.0, "timed_out": False, "claim_lost": None}
+    deadline = None if soft_deadline_s is None else time.monotonic() + soft_deadline_s
+
+    def persist(turn: Any) -> None:
+        t0 = time.monotonic()
+        try:
+            with db.session() as s:
+                db_store.record_turn(s, claim, turn.index, **turn_fields(turn))
+        except db_store.ClaimLost as exc:
+            state["claim_lost"] = str(exc)
+            raise
+        finally:
+            state["db_s"] += time.monotonic() - t0
+        if progress is not None:
+            progress({"turn": turn.index + 1, "max_steps": spec.agent.max_steps,
+                      "action": turn.action.name if turn.action else None})  # fmt: skip
+        if on_turn is not None:
+            on_turn(turn)
+        if deadline is not None and time.monotonic() > deadline:
+            state["timed_out"] = True
+            raise SoftTimeout(f"soft deadline of {soft_deadline_s:.0f}s passed after turn {turn.index}")
+
+    result, error = None, None
+    try:
+        from agent_runner.episode import build_model, load_task
+        from agent_runner.episode_core import run_episode
+
+        spec = episode_spec_from_config(config)
+        task = load_task(spec)
+        t0 = time.monotonic()
+        model = build_model(spec, task)  # the worker process loads its model once (host_for caches it)
+        if model_wrapper is not None:
+            model = model_wrapper(model, spec)
+        timings["model_s"] = time.monotonic() - t0
+        labels = {"nexus-eval.job": job_id, "nexus-eval.episode": episode_id}
+        result = run_episode(task, model, agent_config=spec.agent, grade=False, labels=labels, on_turn=persist,
+                             intervene=intervene, open_environment=open_environment)  # fmt: skip
+    except BaseException as exc:  # noqa: BLE001 - SoftTimeLimitExceeded, a bad config, a broken model host
+        error = f"{type(exc).__name__}: {exc}\n" + "".join(traceback.format_exception(exc)).strip()
+        if type(exc).__name__ == "SoftTimeLimitExceeded":
+            state["timed_out"] = True
+        elif not isinstance(exc, Exception):
+            raise  # KeyboardInterrupt / SystemExit (warm shutdown): the message is redelivered
+    timings["run_s"] = time.monotonic() - started - timings["claim_s"]
+    text = (result.error if result is not None else error) or ""
+    if "SoftTimeLimitExceeded" in text or "SoftTimeout" in text:
+        state["timed_out"] = True
+
+    fields: dict[str, Any] = {"wall_s": time.monotonic() - started}
+    if result is not None:
+        status = result.exit_status
+        fields.update(exit_status=result.exit_status, error=result.error, patch=result.patch,
+                      agent_s=result.timings.get("agent_s"))  # fmt: skip
+    else:
+        status, fields["error"] = "infra_failure", error
+    if state["timed_out"]:
+        status = "timeout"
+        fields["error"] = f"soft time limit reached; partial trajectory kept\n{fields.get('error') or ''}".strip()
+    timings["db_turns_s"] = state["db_s"]
+    fields["result"] = {"service_timings": dict(timings), "episode_timings": dict(result.timings) if result else {},
+                        "took_over_from": claim.took_over_from}  # fmt: skip
+    t0 = time.monotonic()
+    with db.session() as s:
+        written = db_store.finish_episode(s, claim, status, **fields)
+    timings["finish_s"] = time.monotonic() - t0
+    reason = state["claim_lost"] or (None if written else "the claim was lost before finishing")
+    return ExecutionOutcome(episode_id, ran=True, status=status, reason=reason, written=written, timings=timings)
+
+
+def _task_for(config: dict[str, Any]):
+    from agent_runner.episode import load_task
+
+    return load_task(episode_spec_from_config(config))
+
+
+def grade_stored_episode(db: Database, episode_id: str) -> str | None:
+    """Grade the stored patch of an episode awaiting its grade; returns the verdict, or None when there was
+    nothing to grade (already graded: a redelivered grade message)."""
+    with db.session() as s:
+        row = db_store.get_episode(s, episode_id)
+        status, patch, config = row.status, row.patch, dict(row.config or {})
+    if status not in AGENT_EXIT_STATUSES:
+        return None
+    try:
+        from env.grading import grade
+
+        if patch is None:
+            raise RuntimeError("the agent stage left no patch (the diff could not be taken)")
+        graded = grade(_task_for(config), patch)
+    except Exception as exc:  # grading infrastructure broke: recorded, the agent's patch stays for a regrade
+        with db.session() as s:
+            db_store.record_grade(s, episode_id, "infra_failure", error=f"grading failed: {type(exc).__name__}: "
+                                  f"{exc}")  # fmt: skip
+        return "infra_failure"
+    report = {"tests": graded.tests, "fail_to_pass": graded.fail_to_pass, "pass_to_pass": graded.pass_to_pass}
+    with db.session() as s:
+        db_store.record_grade(s, episode_id, graded.status, test_log=graded.log, grader=graded.grader,
+                              grader_version=graded.grader_version, grade_s=graded.seconds, error=graded.error,
+                              report=report)  # fmt: skip
+    return graded.status
+
+
+def regrade_job(db: Database, job_id: str) -> list[tuple[str, str | None, str]]:
+    """Re-derive every latest attempt's verdict from its stored test log and patch (no agent, no container).
+
+    Returns ``(episode_id, old_status, new_status)`` for each episode that had a log; others are skipped."""
+    from env.grading import regrade
+
+    with db.session() as s:
+        rows = [(r.id, r.status, r.patch, r.test_log, dict(r.config or {}))
+                for r in db_store.latest_attempts(s, [db_store.get_job(s, job_id).id])]  # fmt: skip
+    changes = []
+    for episode_id, old, patch, log, config in rows:
+        if not log and not (patch is not None and not patch.strip()):
+            continue
+        graded = regrade(_task_for(config), log or "", patch or "")
+        report = {"tests": graded.tests, "fail_to_pass": graded.fail_to_pass, "pass_to_pass": graded.pass_to_pass}
+        with db.session() as s:
+            db_store.record_grade(s, episode_id, graded.status, test_log=log, grader=graded.grader,
+                                  grader_version=graded.grader_version, error=graded.error, report=report,
+                                  regrade=True)  # fmt: skip
+        changes.append((episode_id, old, graded.status))
+    return changes
