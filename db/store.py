@@ -41,14 +41,14 @@ from db.claims import (
     worker_identity,
 )
 from db.connection import begin_write
-from db.models import ACTIVE_STATUSES, Episode, EpisodeStatus, Job, JobStatus
+from db.models import ACTIVE_STATUSES, AGENT_EXIT_STATUSES, Episode, EpisodeStatus, Job, JobStatus
 from db.provenance import git_revision as current_git_revision
 from db.provenance import package_versions as current_package_versions
 
 __all__ = [
     "Claim", "ClaimLost", "EpisodeKeyLike", "JobSummary", "add_episodes", "assign_celery_task", "cancel_job",
     "claim_episode", "create_job", "episode_key", "episodes_for_job", "fail_job", "fail_running_episode",
-    "finish_episode", "get_episode", "get_job", "heartbeat", "job_summary", "latest_attempts",
+    "finish_episode", "get_episode", "get_job", "heartbeat", "job_grades", "job_summary", "latest_attempts",
     "list_jobs", "local_worker_is_dead", "new_attempt", "record_grade", "record_turn", "refresh_job_status", "rerun_job",
     "worker_identity",
 ]  # fmt: skip
@@ -247,18 +247,30 @@ def rerun_job(session: Session, job_id: str, statuses: Collection[str]) -> list[
     return [new_attempt(session, r.id) for r in targets]
 
 
+def job_grades(job: Job) -> bool:
+    """Whether the job's agent exits (``submitted``, ``step_limit`` ...) still wait for a grade: its config's
+    ``grade`` flag (``JobSpec.grade``), on unless the config says otherwise."""
+    return bool((job.config or {}).get("grade", True))
+
+
 @dataclass
 class JobSummary:
-    """Counts over the newest attempt of each episode key."""
+    """Counts over the newest attempt of each episode key. ``active`` = queued + running (+ agent exits
+    waiting for their grade, when the job grades); ``finished`` = the rest."""
 
     job_id: str
     status: str
     total: int
     counts: dict[str, int] = field(default_factory=dict)  # status -> number of episode keys
+    grades: bool = True
+
+    @property
+    def awaiting_grade(self) -> int:
+        return sum(self.counts.get(s, 0) for s in AGENT_EXIT_STATUSES) if self.grades else 0
 
     @property
     def active(self) -> int:
-        return sum(self.counts.get(s, 0) for s in ACTIVE_STATUSES)
+        return sum(self.counts.get(s, 0) for s in ACTIVE_STATUSES) + self.awaiting_grade
 
     @property
     def finished(self) -> int:
@@ -268,23 +280,32 @@ class JobSummary:
 def job_summary(session: Session, job_id: str) -> JobSummary:
     job = get_job(session, job_id)
     counts = Counter(r.status for r in latest_attempts(session, [job.id]))
-    return JobSummary(job_id=job.id, status=job.status, total=sum(counts.values()), counts=dict(counts))
+    return JobSummary(
+        job_id=job.id,
+        status=job.status,
+        total=sum(counts.values()),
+        counts=dict(counts),
+        grades=job_grades(job),
+    )
 
 
 def refresh_job_status(session: Session, job_id: str) -> str:
-    """Recompute and store the job's status from its episodes (cancelled/failed jobs stay as they are)."""
+    """Recompute and store the job's status from its episodes (cancelled/failed jobs stay as they are):
+    ``done`` once nothing is queued, running or (when the job grades) waiting for a grade."""
     job = session.execute(
         select(Job).where(Job.id == job_id).execution_options(populate_existing=True)
     ).scalar_one()
     if job.status in (JobStatus.cancelled, JobStatus.failed):
         return job.status
-    counts = Counter(r.status for r in latest_attempts(session, [job_id]))
-    active = counts["queued"] + counts["running"]
-    if sum(counts.values()) > 0 and active == 0:
+    summary = JobSummary(
+        job.id, job.status, 0, dict(Counter(r.status for r in latest_attempts(session, [job_id])))
+    )
+    summary.total, summary.grades = sum(summary.counts.values()), job_grades(job)
+    if summary.total > 0 and summary.active == 0:
         new = JobStatus.done
-    elif counts["running"] or (active < sum(counts.values())):
+    elif summary.counts.get("running") or summary.active < summary.total:
         new = JobStatus.running
-    else:
+    else:  # everything still queued
         new = JobStatus.pending if job.status == JobStatus.pending else JobStatus.running
     if job.status != new:
         job.status = new.value

@@ -125,9 +125,8 @@ def make_app(settings: ServiceSettings | None = None) -> Celery:
         _runs_dir(settings.db_url).mkdir(parents=True, exist_ok=True)
     app = Celery("nexus_eval", broker=settings.effective_broker, backend=settings.effective_result_backend,
                  include=["workers.tasks"])  # fmt: skip
-    transport = {"visibility_timeout": settings.effective_visibility_timeout}
-    if settings.embedded:
-        transport["polling_interval"] = 0.5  # the SQL transport polls; the default 1 s doubles latency
+    # kombu's SQL transport hands its transport options to create_engine and has no visibility timeout
+    transport = {} if settings.embedded else {"visibility_timeout": settings.effective_visibility_timeout}
     app.conf.update(
         task_queues=[Queue(name) for name in QUEUES],
         task_default_queue="default",

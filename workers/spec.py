@@ -12,7 +12,7 @@ A job file (YAML) looks like::
     method_params: {nexus: {walk_steps: 3}}
     seeds: [0, 1, 2]
     limits: {max_steps: 100, soft_step_limit: 40, max_context_tokens: 65536}
-    sampling: {temperature: 1.0}
+    sampling: {temperature: 1.0, top_p: 1.0, top_k: 0, max_new_tokens: 4096}
     tasks: {suite: mini, ids: ["mini__*"]}
 
 **Dense runs once per (task, seed), not once per cell.** Dense evicts nothing, so its result cannot depend
@@ -67,25 +67,33 @@ class _Frozen(BaseModel):
 
 
 class ModelRef(_Frozen):
-    name: str = Field(min_length=1, description="Hugging Face id, local path, or served model name")
+    """Which weights to host; field names match ``agent_runner.model_host.ModelSpec``."""
+
+    name: str = Field(min_length=1, description="'tiny', a Hugging Face id, a local path, or a served name")
     revision: str | None = Field(None, description="commit/tag of the weights; recorded with the results")
+    dtype: str = Field("auto", description="auto | bfloat16 | float16 | float32")
+    device: str = Field("auto", description="auto | cpu | cuda | cuda:N")
+    attn: str = Field("auto", description="auto | sdpa | eager | flash_attention_2")
 
 
 class AgentLimits(_Frozen):
-    """The agent loop's limits; field names match ``agent_runner.agent.AgentConfig``."""
+    """The agent loop's limits; field names and defaults match ``agent_runner.agent.AgentConfig``."""
 
     max_steps: int = Field(100, ge=1, description="absolute turn limit")
     soft_step_limit: int = Field(40, ge=1, description="the budget shown to the model as 'Steps Remaining'")
     max_context_tokens: int = Field(65536, ge=1, description="logical tokens (prompt + generated)")
     wall_time_s: float = Field(50_000.0, gt=0, description="model + env time for one episode")
     max_format_errors: int | None = Field(10, ge=1, description="consecutive turns without a tool call")
-    max_new_tokens: int | None = Field(None, ge=1, description="per-turn generation cap")
+    max_new_tokens: int | None = Field(None, ge=1, description="per-turn cap the loop passes to the backend")
 
 
 class Sampling(_Frozen):
+    """Decoding settings; names and defaults match ``agent_runner.sampling.SamplingConfig``."""
+
     temperature: float = Field(1.0, ge=0)
-    top_p: float | None = Field(None, gt=0, le=1)
-    top_k: int | None = Field(None, ge=1)
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = Field(0, ge=0, description="0 = off")
+    max_new_tokens: int = Field(4096, ge=1, description="per-turn generation cap of the hf backend")
 
 
 class EvictionSettings(_Frozen):
@@ -93,7 +101,6 @@ class EvictionSettings(_Frozen):
 
     block_size: int = Field(32, ge=1)
     window: int = Field(16, ge=1)
-    slack_blocks: int = Field(1, ge=0)
     budget_tokens: int | None = Field(None, ge=1, description="absolute per-head budget; overrides density")
 
 
@@ -195,6 +202,8 @@ class JobSpec(_Frozen):
     limits: AgentLimits = AgentLimits()
     sampling: Sampling = Sampling()
     tasks: TaskSelection
+    openai: dict[str, Any] = Field(default_factory=dict, description="OpenAIConfig fields for backend=openai")
+    grade: bool = True
     dense_per_cell: bool = False
 
     @field_validator("methods", "scopes", "protocols", "seeds")
@@ -242,6 +251,25 @@ class JobSpec(_Frozen):
             raise JobSpecError(str(path), [("", "the file is empty")])
         return cls.from_dict(data, source=str(path))
 
+    def check_with_library(self, *, source: str = "<spec>") -> None:
+        """Build each method's ``nexus.EvictionConfig`` so a bad ``method_params`` entry (an unknown or
+        out-of-range hyperparameter) fails at submit time, before anything is enqueued. Imports torch."""
+        from nexus import EvictionConfig
+
+        errors = []
+        for method in self.methods:
+            params = self.method_params.get(method, {})  # type: ignore[call-overload]
+            try:
+                EvictionConfig(
+                    method=method, scope=self.scopes[0], density=self.density,
+                    budget_tokens=self.eviction.budget_tokens, block_size=self.eviction.block_size,
+                    window=self.eviction.window, **params,
+                )  # fmt: skip
+            except (TypeError, ValueError) as exc:
+                errors.append((f"method_params.{method}", str(exc)))
+        if errors:
+            raise JobSpecError(source, errors)
+
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json", exclude_none=True), sort_keys=False)
 
@@ -287,22 +315,28 @@ class JobSpec(_Frozen):
     def episode_config(
         self, task_id: str, method: str, scope: str, protocol: str, seed: int
     ) -> dict[str, Any]:
-        """The merged config one episode runs with (stored whole in ``episodes.config``)."""
-        return {
+        """The merged config one episode runs with, stored whole in ``episodes.config``. Its keys are
+        ``agent_runner.episode.EpisodeSpec``'s, so a worker runs it with ``EpisodeSpec.model_validate(config)``."""
+        config: dict[str, Any] = {
+            "suite": self.tasks.suite,
+            "tasks_file": self.tasks.file,
             "task_id": task_id,
+            "backend": self.backend,
             "method": method,
             "scope": scope,
             "protocol": protocol,
-            "seed": seed,
             "density": self.density,
-            "eviction": self.eviction.model_dump(mode="json"),
+            **self.eviction.model_dump(mode="json"),
             "method_params": dict(self.method_params.get(method, {})),  # type: ignore[call-overload]
-            "model": self.model.model_dump(mode="json") if self.model else None,
-            "backend": self.backend,
-            "limits": self.limits.model_dump(mode="json"),
+            "seed": seed,
             "sampling": self.sampling.model_dump(mode="json"),
-            "tasks": {"suite": self.tasks.suite, "file": self.tasks.file, "split": self.tasks.split},
+            "agent": self.limits.model_dump(mode="json"),
+            "openai": dict(self.openai),
+            "grade": self.grade,
         }
+        if self.model is not None:
+            config["model"] = self.model.model_dump(mode="json")
+        return config
 
 
 def _loc(loc: tuple[Any, ...]) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from workers.spec import METHODS, AgentLimits, JobSpec, JobSpecError
+from workers.spec import METHODS, AgentLimits, JobSpec, JobSpecError, ModelRef, Sampling
 
 BASE = {"backend": "oracle", "methods": ["dense", "nexus"], "tasks": {"suite": "mini"}}
 
@@ -55,6 +55,7 @@ def test_defaults_and_frozen():
         ({"limits": {"max_step": 5}}, "limits.max_step", "unknown field 'max_step'"),
         ({"limits": {"max_steps": 0}}, "limits.max_steps", "greater than or equal to 1"),
         ({"sampling": {"top_p": 1.5}}, "sampling.top_p", "less than or equal to 1"),
+        ({"sampling": {"top_k": -1}}, "sampling.top_k", "greater than or equal to 0"),
     ],
 )
 def test_validation_errors_name_the_field(change, field, needle):
@@ -149,7 +150,9 @@ def test_episode_config_is_the_merged_config():
         7,
     )
     assert ep.config["method_params"] == {"walk_steps": 3} and ep.config["density"] == 0.2
-    assert ep.config["limits"]["max_steps"] == 100 and ep.config["backend"] == "oracle"
+    assert ep.config["agent"]["max_steps"] == 100 and ep.config["backend"] == "oracle"
+    assert (ep.config["suite"], ep.config["tasks_file"], ep.config["block_size"]) == ("mini", None, 32)
+    assert "model" not in ep.config  # oracle: the runner's default model spec applies
 
 
 def test_task_selection_exact_and_glob():
@@ -166,7 +169,39 @@ def test_task_selection_exact_and_glob():
 @pytest.mark.slow  # imports torch through nexus and agent_runner
 def test_vocabulary_matches_the_libraries():
     from agent_runner.agent import AgentConfig
+    from agent_runner.episode import EpisodeSpec
+    from agent_runner.model_host import ModelSpec
+    from agent_runner.sampling import SamplingConfig
     from nexus.policies import METHODS as LIBRARY_METHODS
 
     assert set(METHODS) == set(LIBRARY_METHODS)
-    assert set(AgentLimits.model_fields) <= set(AgentConfig.model_fields)
+    for mine, theirs in ((AgentLimits, AgentConfig), (Sampling, SamplingConfig), (ModelRef, ModelSpec)):
+        assert set(mine.model_fields) <= set(theirs.model_fields), mine
+        for name, info in mine.model_fields.items():  # same defaults, so an omitted field means the same
+            assert info.is_required() or info.default == theirs.model_fields[name].default, (mine, name)
+    # Every fanned-out episode config is a valid EpisodeSpec, with the job's values in it.
+    job = JobSpec.from_dict({
+        "model": {"name": "tiny", "revision": "r1"}, "methods": ["dense", "nexus"], "density": 0.5,
+        "protocols": ["true_eviction", "full_context"], "seeds": [3], "method_params": {"nexus": {"walk_steps": 2}},
+        "limits": {"max_steps": 7}, "sampling": {"temperature": 0.0}, "tasks": {"suite": "mini"},
+    })  # fmt: skip
+    for ep in job.episodes(["t1"]):
+        spec = EpisodeSpec.model_validate(ep.config)
+        assert (spec.task_id, spec.method, spec.protocol, spec.seed, spec.density) == (
+            "t1",
+            ep.method,
+            ep.protocol,
+            3,
+            0.5,
+        )
+        assert (spec.agent.max_steps, spec.sampling.temperature, spec.model.revision) == (7, 0.0, "r1")
+        assert spec.method_params == ({"walk_steps": 2} if ep.method == "nexus" else {})
+
+
+@pytest.mark.slow  # imports torch through nexus
+def test_check_with_library_rejects_bad_method_params():
+    spec(methods=["dense", "nexus"]).check_with_library()
+    bad = spec(methods=["nexus"], method_params={"nexus": {"no_such_knob": 1}})
+    with pytest.raises(JobSpecError) as info:
+        bad.check_with_library(source="job.yaml")
+    assert info.value.errors[0][0] == "method_params.nexus" and "no_such_knob" in str(info.value)

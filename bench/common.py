@@ -1,0 +1,203 @@
+"""Shared plumbing for the bench scripts: model shapes by name, random-weight models, device ceilings, output.
+
+Model shapes (`SHAPES`) are written from the published architecture numbers (config.json of each release),
+so throughput and memory can be measured with random weights and no download:
+  tiny          the test suite's tiny Qwen3 (agent_runner.model_host.tiny_model, 2 layers, hidden 64)
+  llama-3.1-8b  meta-llama/Llama-3.1-8B(-Instruct): 32 layers, hidden 4096, 32 q / 8 kv heads, head_dim 128
+  qwen3-8b      Qwen/Qwen3-8B: 36 layers, hidden 4096, 32 q / 8 kv heads, head_dim 128
+  qwen3-32b     Qwen/Qwen3-32B (DeepSWE-Preview): 64 layers, hidden 5120, 64 q / 8 kv heads, head_dim 128
+This module imports only torch, transformers and rich (what the H200 machine has), never pydantic or the
+service packages, so `bench/decode.py` runs there from a bare checkout.
+
+    python bench/common.py --out bench/out/env.json     # environment + copy bandwidth + matmul rate
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+_LLAMA31_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                 "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+
+#: name -> (transformers architecture, config kwargs). Numbers from each model's published config.json.
+SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
+    "tiny": ("qwen3", dict(vocab_size=151936, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=65536,
+                           tie_word_embeddings=True)),
+    "llama-3.1-8b": ("llama", dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336,
+                                   num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+                                   max_position_embeddings=131072, rms_norm_eps=1e-5, tie_word_embeddings=False,
+                                   rope_parameters=_LLAMA31_ROPE)),
+    "qwen3-8b": ("qwen3", dict(vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+                               num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+                               max_position_embeddings=40960, rms_norm_eps=1e-6, tie_word_embeddings=False,
+                               rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})),
+    "qwen3-32b": ("qwen3", dict(vocab_size=151936, hidden_size=5120, intermediate_size=25600, num_hidden_layers=64,
+                                num_attention_heads=64, num_key_value_heads=8, head_dim=128,
+                                max_position_embeddings=40960, rms_norm_eps=1e-6, tie_word_embeddings=False,
+                                rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})),
+}
+
+
+def model_config(shape: str, layers: int | None = None, vocab: int | None = None, attn: str = "sdpa"):
+    """The transformers config of `shape`, optionally sliced to `layers` decoder layers / a smaller vocab."""
+    if shape not in SHAPES:
+        raise ValueError(f"unknown model shape {shape!r}; known: {', '.join(SHAPES)}")
+    arch, kwargs = SHAPES[shape]
+    kwargs = dict(kwargs)
+    if layers is not None:
+        if layers < 1 or layers > kwargs["num_hidden_layers"]:
+            raise ValueError(f"--layers must be in 1..{kwargs['num_hidden_layers']} for {shape}, got {layers}")
+        kwargs["num_hidden_layers"] = layers
+    if vocab is not None:
+        if vocab < 16:
+            raise ValueError(f"--vocab must be >= 16, got {vocab}")
+        kwargs["vocab_size"] = vocab
+    if arch == "llama":
+        from transformers import LlamaConfig as cls
+    else:
+        from transformers import Qwen3Config as cls
+    return cls(attn_implementation=attn, **kwargs)
+
+
+def random_model(config, dtype: torch.dtype, device: torch.device, seed: int = 0) -> torch.nn.Module:
+    """A causal LM with random weights, built directly on `device` in `dtype` (no fp32 copy on the host)."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            model = AutoModelForCausalLM.from_config(config)
+    finally:
+        torch.set_default_dtype(old)
+    return model.to(dtype).eval()
+
+
+def attn_implementation(device: torch.device, requested: str = "auto") -> str:
+    """flash_attention_2 on CUDA when flash_attn is importable, else sdpa (or what was requested)."""
+    if requested != "auto":
+        return requested
+    if device.type == "cuda" and importlib.util.find_spec("flash_attn") is not None:
+        return "flash_attention_2"
+    return "sdpa"
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(name)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {name!r} requested but CUDA is not available")
+    return dev
+
+
+def copy_bandwidth(device: torch.device, mib: int = 1024, repeats: int = 10) -> float:
+    """Median device-memory copy bandwidth in bytes/s, counting bytes read + bytes written."""
+    n = mib * 2**20 // 4
+    src = torch.rand(n, device=device)  # random data, never zeros (they can run faster than real data)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    sync(device)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        sync(device)
+        times.append(time.perf_counter() - t0)
+    return 2 * src.numel() * src.element_size() / statistics.median(times)
+
+
+def matmul_rate(device: torch.device, dtype: torch.dtype, n: int = 8192, repeats: int = 10) -> float:
+    """Median FLOP/s of an n x n x n matrix product on random data."""
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    a @ b
+    sync(device)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        a @ b
+        sync(device)
+        times.append(time.perf_counter() - t0)
+    return 2 * n**3 / statistics.median(times)
+
+
+def environment(device: torch.device) -> dict[str, Any]:
+    """Versions, threads and the device (name, memory) the numbers were taken on."""
+    import transformers
+
+    env: dict[str, Any] = dict(
+        python=platform.python_version(), torch=torch.__version__, transformers=transformers.__version__,
+        threads=torch.get_num_threads(), cpu_count=os.cpu_count(), device=str(device),
+        flash_attn=None, cuda=None,
+    )
+    if importlib.util.find_spec("flash_attn") is not None:
+        try:
+            import flash_attn
+
+            env["flash_attn"] = flash_attn.__version__
+        except Exception as exc:  # a broken build is worth recording, not fatal
+            env["flash_attn"] = f"import failed: {exc}"
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        free, total = torch.cuda.mem_get_info(device)
+        env["cuda"] = dict(name=props.name, capability=f"{props.major}.{props.minor}", runtime=torch.version.cuda,
+                           total_gib=total / 2**30, free_gib=free / 2**30)
+    return env
+
+
+def set_threads(n: int) -> int:
+    """Set torch's intra-op threads (0 = leave torch's default); returns the count in effect."""
+    if n:
+        torch.set_num_threads(n)
+    return torch.get_num_threads()
+
+
+def write_json(path: Path, payload: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload, indent=2, default=str))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description="environment, copy bandwidth and matmul rate of a device")
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--copy-mib", type=int, default=1024)
+    ap.add_argument("--matmul-n", type=int, default=8192)
+    ap.add_argument("--out", type=Path, default=Path("bench/out/env.json"))
+    args = ap.parse_args()
+    from rich.console import Console
+
+    set_threads(args.threads)
+    device = resolve_device(args.device)
+    env = environment(device)
+    env["copy_bandwidth_gbs"] = copy_bandwidth(device, args.copy_mib) / 1e9
+    dtype = torch.bfloat16
+    env["matmul_dtype"] = str(dtype).removeprefix("torch.")
+    env["matmul_n"] = args.matmul_n
+    env["matmul_tflops"] = matmul_rate(device, dtype, args.matmul_n) / 1e12
+    Console().print_json(json.dumps(env, default=str))
+    write_json(args.out, env)
+
+
+if __name__ == "__main__":
+    main()

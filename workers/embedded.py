@@ -1,0 +1,128 @@
+"""The no-service default: run a job on this machine through the same Celery tasks, with no Redis.
+
+:class:`EmbeddedWorker` starts a real ``celery worker`` in a child process on the embedded broker (a
+SQLite file through kombu's SQLAlchemy transport, see :mod:`workers.app`) and the local results database.
+The child process matters: the model then lives in the worker process exactly as on a GPU node, and the
+parent never calls ``AsyncResult.get()`` from inside a worker (Celery forbids that); it polls the database,
+which is the source of truth anyway.
+
+:func:`watch_job` is the live rich progress table shared with ``nexus-eval status --watch``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+from db import Database
+from db import store as db_store
+from db.models import ACTIVE_STATUSES
+
+WORKER_QUEUES = "gpu,grade,default"
+
+
+class EmbeddedWorker:
+    """A ``celery worker`` child process for the embedded broker; use as a context manager."""
+
+    def __init__(self, db_url: str, *, queues: str = WORKER_QUEUES, log_file: Path | None = None,
+                 extra_env: dict[str, str] | None = None) -> None:  # fmt: skip
+        self.db_url, self.queues = db_url, queues
+        self.log_file = log_file
+        self.extra_env = dict(extra_env or {})
+        self.process: subprocess.Popen | None = None
+
+    def command(self) -> list[str]:
+        # solo pool: one process, the model loaded once in it; the soft deadline is enforced by
+        # workers.execution at turn boundaries (Celery's own time limits need the prefork pool)
+        return [sys.executable, "-m", "celery", "-A", "workers.app", "worker", "-Q", self.queues, "--pool", "solo",
+                "--loglevel", "WARNING", "--without-gossip", "--without-mingle", "-n", f"embedded-{os.getpid()}@%h"]
+
+    def start(self) -> EmbeddedWorker:
+        env = {**os.environ, "NEXUS_EVAL_DB": self.db_url, **self.extra_env}
+        env.pop("NEXUS_EVAL_BROKER", None)  # embedded means the SQLite broker, whatever the shell says
+        env.pop("NEXUS_EVAL_RESULT_BACKEND", None)
+        out = open(self.log_file, "ab") if self.log_file else subprocess.DEVNULL  # noqa: SIM115
+        root = Path(__file__).resolve().parent.parent
+        self.process = subprocess.Popen(self.command(), env=env, stdout=out, stderr=subprocess.STDOUT, cwd=root)
+        return self
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Warm shutdown (SIGTERM), then SIGKILL if it does not stop in ``timeout`` seconds."""
+        if not self.alive():
+            return
+        assert self.process is not None
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(10)
+
+    def __enter__(self) -> EmbeddedWorker:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def progress_table(db: Database, job_id: str):
+    """A rich Table: one row per method x scope x protocol with counts per status (newest attempts)."""
+    from rich.table import Table
+
+    with db.session() as s:
+        job = db_store.get_job(s, job_id)
+        rows = db_store.latest_attempts(s, [job.id])
+        job_status = job.status
+    groups: dict[tuple[str, str, str], Counter] = {}
+    for r in rows:
+        groups.setdefault((r.method, r.scope, r.protocol), Counter())[r.status] += 1
+    statuses = sorted({st for c in groups.values() for st in c}, key=lambda st: (st not in ACTIVE_STATUSES, st))
+    table = Table(title=f"job {job_id}: {job_status}")
+    for col in ("method", "scope", "protocol", *statuses, "done"):
+        table.add_column(col, justify="left" if col in ("method", "scope", "protocol") else "right")
+    for (method, scope, protocol), counts in sorted(groups.items()):
+        total = sum(counts.values())
+        done = total - sum(counts[a] for a in ACTIVE_STATUSES)
+        table.add_row(method, scope, protocol, *(str(counts.get(st, 0)) for st in statuses), f"{done}/{total}")
+    return table
+
+
+def job_finished(db: Database, job_id: str) -> bool:
+    """No episode is queued/running/awaiting its grade, or the job is cancelled/failed."""
+    from db.models import AGENT_EXIT_STATUSES
+
+    with db.session() as s:
+        job = db_store.get_job(s, job_id)
+        if job.status in ("cancelled", "failed"):
+            return True
+        waiting = ACTIVE_STATUSES | AGENT_EXIT_STATUSES
+        return not any(r.status in waiting for r in db_store.latest_attempts(s, [job.id]))
+
+
+def watch_job(db: Database, job_id: str, *, worker: EmbeddedWorker | None = None, interval: float = 1.0,
+              timeout: float | None = None, console=None) -> bool:  # fmt: skip
+    """Redraw the progress table until the job is finished. Returns False on timeout or when the embedded
+    ``worker`` died first (its exit code is then in ``worker.process.returncode``)."""
+    from rich.console import Console
+    from rich.live import Live
+
+    console = console or Console(stderr=True)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    with Live(progress_table(db, job_id), console=console, refresh_per_second=2, transient=False) as live:
+        while True:
+            live.update(progress_table(db, job_id))
+            if job_finished(db, job_id):
+                return True
+            if worker is not None and not worker.alive():
+                return False
+            if deadline is not None and time.monotonic() > deadline:
+                return False
+            time.sleep(interval)

@@ -1,0 +1,56 @@
+"""Submitting a job: validate the spec and its task selection, store the job and its episodes, enqueue.
+
+Everything that can be wrong with a job (a bad field, an unknown task id, a missing suite) is found before
+the first row is written, so a rejected job leaves nothing behind: no job row, no message.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from db import Database
+from db import store as db_store
+from workers.spec import JobSpec, JobSpecError
+
+
+def load_spec(path: str | Path) -> JobSpec:
+    """A JobSpec from a YAML file; ``JobSpecError`` names the file and the field."""
+    return JobSpec.from_yaml(path)
+
+
+def plan_episodes(spec: JobSpec) -> list:
+    """The fanned-out episodes (``workers.spec.EpisodeKey``); raises ``JobSpecError`` for a bad selection."""
+    try:
+        tasks = spec.tasks.load()
+    except JobSpecError:
+        raise
+    except (ValueError, OSError, LookupError) as exc:
+        raise JobSpecError("<task selection>", [("tasks", f"cannot load {spec.tasks.source!r}: {exc}")]) from None
+    return spec.episodes([t.instance_id for t in tasks])
+
+
+def create_job_rows(db: Database, spec: JobSpec) -> tuple[str, list[str]]:
+    """Store the job and its attempt-1 episodes (status ``queued``); returns (job id, episode ids)."""
+    keys = plan_episodes(spec)
+    with db.session() as s:
+        job = db_store.create_job(s, config=spec.model_dump(mode="json"), config_hash=spec.config_hash(),
+                                  name=spec.name)  # fmt: skip
+        rows = db_store.add_episodes(s, job.id, keys)
+        return job.id, [r.id for r in rows]
+
+
+def submit(db: Database, spec: JobSpec) -> tuple[str, int]:
+    """Store the job and send its episodes to the ``gpu`` queue; returns (job id, number enqueued).
+
+    If the broker cannot be reached the job is marked ``failed`` with the reason (its rows stay, so
+    ``nexus-eval rerun``/``resume`` can send them later) and the error is raised."""
+    from workers.tasks import enqueue_pending
+
+    job_id, _ = create_job_rows(db, spec)
+    try:
+        counts = enqueue_pending(db, job_id)
+    except Exception as exc:
+        with db.session() as s:
+            db_store.fail_job(s, job_id, f"enqueueing failed: {type(exc).__name__}: {exc}")
+        raise
+    return job_id, counts["episodes"]
