@@ -100,7 +100,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    console = Console()
+    console = Console(width=160)
     rows = []
     with console.status("measuring") as status:
         for t in args.lengths:

@@ -277,6 +277,10 @@ class EvictableCache(Cache):
         )
 
     def _evict(self, layer: EvictableLayer, scaling: float, phase: str) -> None:
+        # events are rare (amortised over the slack), so a device sync on each side buys honest timings
+        cuda = layer.device.type == "cuda"
+        if cuda:
+            torch.cuda.synchronize(layer.device)
         t0 = time.perf_counter()
         before = layer.length
         idx = self.config.policy.select(self._view(layer, scaling, phase))
@@ -292,4 +296,6 @@ class EvictableCache(Cache):
         ev.tokens_before += before
         ev.tokens_after += layer.length
         ev.per_layer[layer.layer_idx] = (before, layer.length)
+        if cuda:
+            torch.cuda.synchronize(layer.device)
         ev.seconds += time.perf_counter() - t0
