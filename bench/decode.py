@@ -78,12 +78,24 @@ def _timed_evictions(cache: nexus.EvictableCache, device: torch.device) -> dict[
     return spent
 
 
-def _make_cache(model, method: str, args):
+def parse_spec(spec: str, default_scope: str) -> tuple[str, str]:
+    """'nexus' or 'snapkv@prefill_only' -> (method, scope); 'dynamic' is transformers' DynamicCache."""
+    method, _, scope = spec.partition("@")
+    scope = scope or default_scope
+    if method != "dynamic" and method not in nexus.METHODS:
+        raise ValueError(f"unknown method {method!r} in {spec!r}; known: dynamic, {', '.join(nexus.METHODS)}")
+    if scope not in nexus.SCOPES:
+        raise ValueError(f"unknown scope {scope!r} in {spec!r}; use one of {', '.join(nexus.SCOPES)}")
+    return method, scope
+
+
+def _make_cache(model, spec: str, args):
+    method, scope = parse_spec(spec, args.scope)
     if method == "dynamic":
         from transformers import DynamicCache
 
         return DynamicCache(config=model.config)
-    cfg = nexus.EvictionConfig(method=method, scope=args.scope, density=args.density, budget_tokens=args.budget,
+    cfg = nexus.EvictionConfig(method=method, scope=scope, density=args.density, budget_tokens=args.budget,
                                window=args.window, block_size=args.block_size, seed=args.seed)
     return nexus.EvictableCache(model.config, cfg)
 
@@ -166,10 +178,12 @@ def run_method(model, method: str, ids: torch.Tensor, args, device, ctx: dict[st
         checkpoints.append(_checkpoint(cache, method, steps, time.perf_counter() - t_loop, clock, kv_read, spent,
                                        batch, device, ctx))
     evicts = isinstance(cache, nexus.EvictableCache)
+    name, scope = parse_spec(method, args.scope)
     record = dict(
-        method=method, scope=args.scope if evicts else None, prefill_tokens=ids.shape[1], batch=batch,
+        label=method, method=name, scope=scope if evicts and name != "dense" else None, prefill_tokens=ids.shape[1], batch=batch,
         prefill_s=prefill_s, prefill_eviction_s=spent["prefill"] if spent else 0.0,
         budget=cache.budget(0) if evicts else None, decode_steps=steps, truncated=truncated,
+        max_seconds=args.max_seconds,
         checkpoints=checkpoints,
     )
     del cache, out
@@ -221,7 +235,7 @@ def _table(records: list[dict[str, Any]], title: str):
             d = dense.get(cp["decode_len"])
             speed = f"{cp['tokens_per_s'] / d['tokens_per_s']:.2f}" if d else ""
             mem = f"{cp['cache_bytes_per_seq'] / d['cache_bytes_per_seq']:.2f}" if d else ""
-            table.add_row(r["method"], str(cp["decode_len"]), f"{cp['tokens_per_s']:.2f}", speed,
+            table.add_row(r["label"], str(cp["decode_len"]), f"{cp['tokens_per_s']:.2f}", speed,
                           f"{cp['step_ms_median']:.2f}", f"{cp['step_ms_p95']:.2f}", f"{cp['eviction_s']:.3f}",
                           str(cp["decode_events"]), f"{cp['cache_bytes_per_seq'] / 2**20:.1f}", mem,
                           str(cp["kv_slots_layer0"]), f"{cp['floor_step_ms']:.2f}", f"{cp['floor_fraction']:.2f}",
@@ -239,7 +253,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--report-at", type=int, nargs="+", default=None, help="decode lengths to report (<= --decode)")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--methods", nargs="+", default=DEFAULT_METHODS,
-                    help=f"nexus methods, or 'dynamic' (transformers DynamicCache); known: {', '.join(nexus.METHODS)}")
+                    help="METHOD or METHOD@SCOPE (scope defaults to --scope); 'dynamic' = transformers "
+                         f"DynamicCache; known: {', '.join(nexus.METHODS)}")
     ap.add_argument("--scope", default="prefill_decode", choices=list(nexus.SCOPES))
     ap.add_argument("--density", type=float, default=0.2)
     ap.add_argument("--budget", type=int, default=None, help="absolute per-head budget instead of --density")
@@ -250,13 +265,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--attn", default="auto", help="auto (flash_attention_2 on CUDA if installed, else sdpa)")
     ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0 = torch default)")
     ap.add_argument("--max-seconds", type=float, default=1e9, help="per-method decode time guard")
+    ap.add_argument("--time-box", type=float, default=None,
+                    help="seconds for the whole run: each method's decode guard is an equal share of what is left")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--copy-mib", type=int, default=1024, help="buffer size of the bandwidth measurement")
     ap.add_argument("--out", type=Path, default=Path("bench/out/decode.json"))
     args = ap.parse_args(argv)
     for m in args.methods:
-        if m != "dynamic" and m not in nexus.METHODS:
-            ap.error(f"unknown method {m!r}; known: dynamic, {', '.join(nexus.METHODS)}")
+        try:
+            parse_spec(m, args.scope)
+        except ValueError as exc:
+            ap.error(str(exc))
     if args.report_at and max(args.report_at) > args.decode:
         ap.error(f"--report-at {max(args.report_at)} exceeds --decode {args.decode}")
     for name in ("prefill", "decode", "batch"):
@@ -268,6 +287,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> dict[str, Any]:
     from rich.console import Console
 
+    started = time.perf_counter()
     args = parse_args(argv)
     console = Console(width=200)
     threads = common.set_threads(args.threads)
@@ -291,20 +311,31 @@ def main(argv=None) -> dict[str, Any]:
     ids = torch.randint(0, config.vocab_size, (args.batch, args.prefill), generator=gen).to(device)
     # warm-up: kernels, allocator, the capture path, before anything is timed
     warm = argparse.Namespace(**{**vars(args), "decode": 4, "report_at": [4], "max_seconds": 1e9})
-    run_method(model, "nexus" if "nexus" in args.methods else args.methods[0], ids[:, : min(256, args.prefill)],
-               warm, device, ctx)
-    records = []
-    with console.status("decoding") as status:
-        for method in args.methods:
-            status.update(f"{method}: prefill {args.prefill}, decode {args.decode}")
-            records.append(run_method(model, method, ids, args, device, ctx))
+    for method in dict.fromkeys(args.methods):
+        run_method(model, method, ids[:, : min(256, args.prefill)], warm, device, ctx)
+    records: list[dict[str, Any]] = []
     meta = dict(
         schema=SCHEMA, env=common.environment(device), dtype=str(dtype).removeprefix("torch."), attn=attn,
         model=args.model, layers=config.num_hidden_layers, vocab=config.vocab_size,
         params=sum(p.numel() for p in model.parameters()), weight_bytes_read=ctx["weight_bytes"],
         copy_bandwidth_gbs=bandwidth / 1e9, threads=threads, args={k: v for k, v in vars(args).items() if k != "out"},
+        complete=False,
     )
     payload = dict(meta=meta, runs=records)
+    with console.status("decoding") as status:
+        for i, method in enumerate(args.methods):
+            status.update(f"{method}: prefill {args.prefill}, decode {args.decode}")
+            run_args = args
+            if args.time_box is not None:
+                # an equal share of what is left, less a margin for this method's prefill and bookkeeping
+                left = args.time_box - (time.perf_counter() - started)
+                share = left / (len(args.methods) - i) - 5.0
+                run_args = argparse.Namespace(**{**vars(args), "max_seconds": max(1.0, min(args.max_seconds, share))})
+            records.append(run_method(model, method, ids, run_args, device, ctx))
+            console.print(f"{method}: {records[-1]['decode_steps']} steps"
+                          + (" (truncated by the time guard)" if records[-1]["truncated"] else ""))
+            common.write_json(args.out, payload)  # after every method: a killed run still leaves its numbers
+    meta["complete"] = True
     title = (f"{args.model} ({config.num_hidden_layers} layers, {meta['dtype']}, {attn}) on {device}, "
              f"prefill {args.prefill}, batch {args.batch}, {args.scope}, density {args.density}, "
              f"{threads} threads, copy {bandwidth / 1e9:.1f} GB/s")

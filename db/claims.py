@@ -90,12 +90,20 @@ def local_worker_is_dead(worker: str) -> bool:
     return False
 
 
-def _lock_job(session: Session, job_id: str) -> Job:
+def expire_loaded(session: Session, episode_ids: set[str] | None = None) -> None:
+    """Expire loaded ``Episode`` objects (all, or those in ``episode_ids``) after a Core UPDATE changed their
+    rows, so the next attribute access in this session reads the new values instead of stale ones."""
+    for obj in list(session.identity_map.values()):
+        if isinstance(obj, Episode) and (episode_ids is None or obj.id in episode_ids):
+            session.expire(obj)
+
+
+def lock_job(session: Session, job_id: str) -> Job:
     """Lock the job row (PostgreSQL ``FOR UPDATE``; SQLite's write lock covers it): every writer takes the
     job lock before an episode lock, so concurrent claims and finishes cannot deadlock and the job-status
     refresh sees the other writers' committed rows."""
-    job = session.execute(select(Job).where(Job.id == job_id).with_for_update()).scalar_one()
-    return job
+    query = select(Job).where(Job.id == job_id).with_for_update().execution_options(populate_existing=True)
+    return session.execute(query).scalar_one()
 
 
 def claim_episode(
@@ -120,7 +128,7 @@ def claim_episode(
     job_id = session.execute(select(Episode.job_id).where(Episode.id == episode_id)).scalar_one_or_none()
     if job_id is None:
         raise LookupError(f"no episode {episode_id!r}")
-    job = _lock_job(session, job_id)
+    job = lock_job(session, job_id)
     row = session.execute(
         select(Episode).where(Episode.id == episode_id).execution_options(populate_existing=True)
     ).scalar_one()
@@ -162,6 +170,7 @@ def claim_episode(
     )
     if swapped.rowcount != 1:
         return None
+    expire_loaded(session, {episode_id})
     if took_over_from is not None:
         session.execute(delete(Turn).where(Turn.episode_id == episode_id))
     if job.status == JobStatus.pending:
@@ -187,6 +196,7 @@ def _touch(session: Session, claim: Claim, now: datetime) -> None:
         .values(heartbeat_at=now)
         .execution_options(synchronize_session=False)
     )
+    expire_loaded(session, {claim.episode_id})
     if touched.rowcount != 1:
         raise ClaimLost(
             f"episode {claim.episode_id}: claim {claim.token[:8]} by {claim.worker} no longer holds"
@@ -261,7 +271,7 @@ def finish_episode(session: Session, claim: Claim, status: str, **fields: Any) -
     if unknown:
         raise TypeError(f"finish_episode: unknown field(s) {unknown}; known: {sorted(FINISH_FIELDS)}")
     begin_write(session)
-    _lock_job(session, claim.job_id)
+    lock_job(session, claim.job_id)
     now = utcnow()
     values = {**_turn_totals(session, claim.episode_id), **fields, "status": status, "finished_at": now}
     if status in GRADE_STATUSES:
@@ -276,6 +286,7 @@ def finish_episode(session: Session, claim: Claim, status: str, **fields: Any) -
     )
     if written.rowcount != 1:
         return False
+    expire_loaded(session, {claim.episode_id})
     from db.store import refresh_job_status  # store builds on this module
 
     refresh_job_status(session, claim.job_id)
@@ -294,7 +305,7 @@ def fail_running_episode(
     job_id = session.execute(select(Episode.job_id).where(Episode.id == episode_id)).scalar_one_or_none()
     if job_id is None:
         raise LookupError(f"no episode {episode_id!r}")
-    _lock_job(session, job_id)
+    lock_job(session, job_id)
     conditions = [Episode.id == episode_id, Episode.status == "running"]
     if claim_token is not None:
         conditions.append(Episode.claim_token == claim_token)
@@ -304,6 +315,7 @@ def fail_running_episode(
     )
     if written.rowcount != 1:
         return False
+    expire_loaded(session, {episode_id})
     from db.store import refresh_job_status
 
     refresh_job_status(session, job_id)
@@ -334,7 +346,7 @@ def record_grade(
     job_id = session.execute(select(Episode.job_id).where(Episode.id == episode_id)).scalar_one_or_none()
     if job_id is None:
         raise LookupError(f"no episode {episode_id!r}")
-    _lock_job(session, job_id)
+    lock_job(session, job_id)
     gradable = set(AGENT_EXIT_STATUSES)
     if regrade:
         gradable |= GRADE_STATUSES | {"infra_failure"}
@@ -364,6 +376,7 @@ def record_grade(
     )
     if written.rowcount != 1:
         return False
+    expire_loaded(session, {episode_id})
     from db.store import refresh_job_status
 
     refresh_job_status(session, job_id)

@@ -17,6 +17,8 @@ upgrade halfway through it.
 from __future__ import annotations
 
 import os
+import sqlite3
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -46,6 +48,20 @@ def sqlite_url(path: str | os.PathLike[str]) -> str:
     return f"sqlite:///{Path(path).expanduser().resolve()}"
 
 
+def _enable_wal(cursor) -> None:  # type: ignore[no-untyped-def]
+    """Switch the file to WAL (readers never block the writer). Switching needs an exclusive lock and
+    SQLite does not busy-wait for it, so processes opening a fresh file at once retry here."""
+    for attempt in range(100):
+        try:
+            if cursor.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+                cursor.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or attempt == 99:
+                raise
+            time.sleep(0.05)
+
+
 def _install_sqlite_hooks(engine: Engine) -> None:
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection, _record):  # type: ignore[no-untyped-def]
@@ -55,7 +71,7 @@ def _install_sqlite_hooks(engine: Engine) -> None:
         cursor.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
         cursor.execute("PRAGMA foreign_keys = ON")
         if engine.url.database not in (None, "", ":memory:"):
-            cursor.execute("PRAGMA journal_mode = WAL")
+            _enable_wal(cursor)
         cursor.close()
 
     @event.listens_for(engine, "begin")

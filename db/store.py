@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any, Protocol
 
 from sqlalchemy import and_, func, select, update
@@ -32,25 +33,27 @@ from db.claims import (
     Claim,
     ClaimLost,
     claim_episode,
+    expire_loaded,
     fail_running_episode,
     finish_episode,
     heartbeat,
     local_worker_is_dead,
+    lock_job,
     record_grade,
     record_turn,
     worker_identity,
 )
 from db.connection import begin_write
-from db.models import ACTIVE_STATUSES, AGENT_EXIT_STATUSES, Episode, EpisodeStatus, Job, JobStatus
+from db.models import ACTIVE_STATUSES, AGENT_EXIT_STATUSES, Episode, EpisodeStatus, Job, JobStatus, utcnow
 from db.provenance import git_revision as current_git_revision
 from db.provenance import package_versions as current_package_versions
 
 __all__ = [
-    "Claim", "ClaimLost", "EpisodeKeyLike", "JobSummary", "add_episodes", "assign_celery_task", "cancel_job",
-    "claim_episode", "create_job", "episode_key", "episodes_for_job", "fail_job", "fail_running_episode",
-    "finish_episode", "get_episode", "get_job", "heartbeat", "job_grades", "job_summary", "latest_attempts",
-    "list_jobs", "local_worker_is_dead", "new_attempt", "record_grade", "record_turn", "refresh_job_status", "rerun_job",
-    "worker_identity",
+    "Claim", "ClaimLost", "EpisodeKeyLike", "JobSummary", "add_episodes", "assign_celery_task",
+    "cancel_job", "claim_episode", "create_job", "episode_key", "episodes_for_job", "fail_job",
+    "fail_running_episode", "finish_episode", "get_episode", "get_job", "heartbeat", "job_grades",
+    "job_summary", "latest_attempts", "list_jobs", "local_worker_is_dead", "lock_job", "new_attempt",
+    "record_grade", "record_turn", "refresh_job_status", "rerun_job", "stale_episodes", "worker_identity",
 ]  # fmt: skip
 
 
@@ -131,6 +134,7 @@ def assign_celery_task(session: Session, episode_id: str, celery_task_id: str) -
         .values(celery_task_id=celery_task_id)
         .execution_options(synchronize_session=False)
     )
+    expire_loaded(session, {episode_id})
     return done.rowcount == 1
 
 
@@ -174,7 +178,11 @@ def episodes_for_job(
     rows = (
         latest_attempts(session, [job_id])
         if latest_only
-        else list(session.execute(select(Episode).where(Episode.job_id == job_id)).scalars())
+        else list(
+            session.execute(
+                select(Episode).where(Episode.job_id == job_id).execution_options(populate_existing=True)
+            ).scalars()
+        )
     )
     if statuses is not None:
         rows = [r for r in rows if r.status in statuses]
@@ -189,15 +197,37 @@ def latest_attempts(session: Session, job_ids: Sequence[str]) -> list[Episode]:
         .group_by(Episode.job_id, Episode.episode_key)
         .subquery()
     )
-    query = select(Episode).join(
-        newest,
-        and_(
-            Episode.job_id == newest.c.job_id,
-            Episode.episode_key == newest.c.episode_key,
-            Episode.attempt == newest.c.attempt,
-        ),
+    # populate_existing: the claim/grade functions change rows with Core UPDATEs, which do not refresh
+    # objects already loaded in this session; re-read them so callers never see a stale status.
+    query = (
+        select(Episode)
+        .execution_options(populate_existing=True)
+        .join(
+            newest,
+            and_(
+                Episode.job_id == newest.c.job_id,
+                Episode.episode_key == newest.c.episode_key,
+                Episode.attempt == newest.c.attempt,
+            ),
+        )
     )
     return sorted(session.execute(query).scalars(), key=lambda r: (r.job_id, r.episode_key))
+
+
+def _latest_statuses(session: Session, job_id: str) -> list[str]:
+    """The status of the newest attempt of each of the job's episode keys, read as plain columns."""
+    newest = (
+        select(Episode.episode_key, func.max(Episode.attempt).label("attempt"))
+        .where(Episode.job_id == job_id)
+        .group_by(Episode.episode_key)
+        .subquery()
+    )
+    query = (
+        select(Episode.status)
+        .join(newest, and_(Episode.episode_key == newest.c.episode_key, Episode.attempt == newest.c.attempt))
+        .where(Episode.job_id == job_id)
+    )
+    return list(session.execute(query).scalars())
 
 
 def new_attempt(
@@ -207,6 +237,8 @@ def new_attempt(
     finished (not queued/running). ``config_overrides`` are merged over the source's config."""
     begin_write(session)
     source = get_episode(session, episode_id)
+    lock_job(session, source.job_id)  # job lock first, like every writer (see db.claims.lock_job)
+    session.refresh(source)
     if source.status in ACTIVE_STATUSES:
         raise ValueError(f"episode {source.id} is {source.status}; only a finished episode can be rerun")
     newest = session.execute(
@@ -297,9 +329,7 @@ def refresh_job_status(session: Session, job_id: str) -> str:
     ).scalar_one()
     if job.status in (JobStatus.cancelled, JobStatus.failed):
         return job.status
-    summary = JobSummary(
-        job.id, job.status, 0, dict(Counter(r.status for r in latest_attempts(session, [job_id])))
-    )
+    summary = JobSummary(job.id, job.status, 0, dict(Counter(_latest_statuses(session, job_id))))
     summary.total, summary.grades = sum(summary.counts.values()), job_grades(job)
     if summary.total > 0 and summary.active == 0:
         new = JobStatus.done
@@ -313,13 +343,23 @@ def refresh_job_status(session: Session, job_id: str) -> str:
     return job.status
 
 
+def stale_episodes(session: Session, stale_after_s: float, *, job_id: str | None = None) -> list[Episode]:
+    """Running episodes whose heartbeat is older than ``stale_after_s`` (their worker is probably gone;
+    a redelivery or ``claim_episode(..., stale_after_s=...)`` takes them over)."""
+    query = select(Episode).where(Episode.status == "running").execution_options(populate_existing=True)
+    if job_id is not None:
+        query = query.where(Episode.job_id == job_id)
+    cutoff = utcnow() - timedelta(seconds=stale_after_s)
+    return [r for r in session.execute(query).scalars() if r.heartbeat_at is None or r.heartbeat_at < cutoff]
+
+
 def cancel_job(session: Session, job_id: str, reason: str = "cancelled by user") -> list[str]:
     """Cancel the job and every queued/running episode of it. Returns the Celery task ids to revoke.
 
     A worker still running one of them finds out at its next ``record_turn`` (``ClaimLost``); its
     ``finish_episode`` returns ``False``."""
     begin_write(session)
-    job = get_job(session, job_id)
+    job = lock_job(session, get_job(session, job_id).id)
     active = [r for r in episodes_for_job(session, job.id) if r.status in ACTIVE_STATUSES]
     task_ids = sorted({r.celery_task_id for r in active if r.celery_task_id})
     session.execute(
@@ -328,6 +368,7 @@ def cancel_job(session: Session, job_id: str, reason: str = "cancelled by user")
         .values(status=EpisodeStatus.cancelled.value, error=reason)
         .execution_options(synchronize_session=False)
     )
+    expire_loaded(session, {r.id for r in active})
     job.status = JobStatus.cancelled.value
     job.error = reason
     session.flush()
@@ -337,7 +378,7 @@ def cancel_job(session: Session, job_id: str, reason: str = "cancelled by user")
 def fail_job(session: Session, job_id: str, error: str) -> None:
     """Mark the job failed with ``error`` (it could not proceed at all, e.g. its task selection failed)."""
     begin_write(session)
-    job = get_job(session, job_id)
+    job = lock_job(session, get_job(session, job_id).id)
     job.status = JobStatus.failed.value
     job.error = error
     session.flush()

@@ -25,7 +25,7 @@ import os
 from pathlib import Path
 
 from celery import Celery
-from kombu import Queue
+from kombu import Exchange, Queue
 from pydantic import BaseModel, Field, model_validator
 
 from db.connection import default_url
@@ -121,15 +121,15 @@ class ServiceSettings(BaseModel):
 def make_app(settings: ServiceSettings | None = None) -> Celery:
     """A configured Celery app. Creating it loads nothing heavy (no model, no Docker)."""
     settings = settings or ServiceSettings.from_env()
-    if settings.embedded:
-        _runs_dir(settings.db_url).mkdir(parents=True, exist_ok=True)
     app = Celery("nexus_eval", broker=settings.effective_broker, backend=settings.effective_result_backend,
                  include=["workers.tasks"])  # fmt: skip
     # kombu's SQL transport hands its transport options to create_engine and has no visibility timeout
     transport = {} if settings.embedded else {"visibility_timeout": settings.effective_visibility_timeout}
     app.conf.update(
-        task_queues=[Queue(name) for name in QUEUES],
+        task_queues=[Queue(name, Exchange(name, type="direct"), routing_key=name) for name in QUEUES],
         task_default_queue="default",
+        task_default_exchange="default",
+        task_default_routing_key="default",
         task_routes=TASK_ROUTES,
         task_acks_late=True,
         task_reject_on_worker_lost=True,

@@ -24,6 +24,7 @@ Everything here is a pure function over :class:`Outcome` rows (testable without 
 
 from __future__ import annotations
 
+import json
 import re
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
@@ -274,10 +275,28 @@ def compare_jobs(
     """The database entry point: the table over the latest attempts of ``job_ids`` (ids or unique prefixes)."""
     from db.store import get_job, latest_attempts
 
-    ids = [get_job(session, j).id for j in job_ids]
+    jobs = [get_job(session, j) for j in job_ids]
+    ids = [job.id for job in jobs]
     per_job = [outcomes_from_episodes(latest_attempts(session, [j])) for j in ids]
     outcomes, notes = merge_jobs(per_job)
-    return build_table(outcomes, job_ids=ids, confidence=confidence, seed=seed, notes=notes)
+    return build_table(
+        outcomes, job_ids=ids, confidence=confidence, seed=seed, notes=notes + setting_notes(jobs)
+    )
+
+
+#: Job settings that change what a column means; merged jobs that differ in them get a warning note.
+COMPARED_SETTINGS = ("density", "model", "backend", "limits", "sampling", "eviction")
+
+
+def setting_notes(jobs: Sequence[Any]) -> list[str]:
+    """Warnings for merged jobs whose configs differ in a setting that changes results (the columns are
+    keyed by method alone, so a density difference would otherwise be invisible)."""
+    notes = []
+    for key in COMPARED_SETTINGS:
+        values = {job.id: json.dumps((job.config or {}).get(key), sort_keys=True) for job in jobs}
+        if len(set(values.values())) > 1:
+            notes.append(f"jobs differ in {key}: " + ", ".join(f"{j}={v}" for j, v in values.items()))
+    return notes
 
 
 def render(table: CompareTable, fmt: str = "table", *, width: int = 140) -> str:

@@ -44,52 +44,19 @@ class ExecutionOutcome:
 
 
 def episode_spec_from_config(config: dict[str, Any]):  # -> agent_runner.episode.EpisodeSpec
-    """Adapter: the merged per-episode config ``workers.spec.JobSpec.episode_config`` stores -> EpisodeSpec.
+    """The stored per-episode config (``workers.spec.JobSpec.episode_config``: EpisodeSpec's keys) -> the
+    EpisodeSpec a worker runs, with grading left to the ``grade`` queue.
 
-    The model's device comes from ``$NEXUS_EVAL_DEVICE`` (default ``auto``): it belongs to the worker, not
-    to the job."""
-    from agent_runner.agent import AgentConfig
+    ``$NEXUS_EVAL_DEVICE`` (e.g. ``cuda:1``), when set, overrides the model's device: it belongs to the
+    worker host, not to the job."""
     from agent_runner.episode import EpisodeSpec
-    from agent_runner.model_host import ModelSpec
-    from agent_runner.sampling import SamplingConfig
 
-    limits = dict(config.get("limits") or {})
-    sampling = dict(config.get("sampling") or {})
-    eviction = dict(config.get("eviction") or {})
-    tasks = dict(config.get("tasks") or {})
-    model = config.get("model") or {}
-    max_new = limits.get("max_new_tokens")
-    sampling_cfg = SamplingConfig(
-        temperature=sampling.get("temperature", 1.0),
-        top_p=sampling.get("top_p") or 1.0,
-        top_k=sampling.get("top_k") or 0,
-        **({"max_new_tokens": max_new} if max_new else {}),
-    )
-    agent_cfg = AgentConfig(**{k: v for k, v in limits.items() if k in AgentConfig.model_fields},
-                            seed=config["seed"])  # fmt: skip
-    method_params = dict(config.get("method_params") or {})
-    if "slack_blocks" in eviction:
-        method_params.setdefault("slack_blocks", eviction["slack_blocks"])
-    return EpisodeSpec(
-        suite=tasks.get("suite"),
-        tasks_file=tasks.get("file"),
-        task_id=config["task_id"],
-        backend=config.get("backend", "hf"),
-        model=ModelSpec(name=model.get("name", "tiny"), revision=model.get("revision"),
-                        device=os.environ.get("NEXUS_EVAL_DEVICE", "auto")),  # fmt: skip
-        method=config["method"],
-        scope=config["scope"],
-        protocol=config["protocol"],
-        density=config.get("density", 0.2),
-        budget_tokens=eviction.get("budget_tokens"),
-        block_size=eviction.get("block_size", 32),
-        window=eviction.get("window", 16),
-        method_params=method_params,
-        seed=config["seed"],
-        sampling=sampling_cfg,
-        agent=agent_cfg,
-        grade=False,  # grading is its own task on the grade queue
-    )
+    spec = EpisodeSpec.model_validate(config)
+    device = os.environ.get("NEXUS_EVAL_DEVICE")
+    update: dict[str, Any] = {"grade": False}
+    if device:
+        update["model"] = spec.model.model_copy(update={"device": device})
+    return spec.model_copy(update=update)
 
 
 def turn_fields(turn: Any) -> dict[str, Any]:
@@ -232,9 +199,15 @@ def execute_episode(
 
 
 def _task_for(config: dict[str, Any]):
-    from agent_runner.episode import load_task
+    """The episode's task from its stored config, without importing the model stack (grading needs none)."""
+    from env.tasks import load_suite, load_tasks
 
-    return load_task(episode_spec_from_config(config))
+    source = config.get("tasks_file") or config.get("suite") or "mini"
+    tasks = load_tasks(source) if config.get("tasks_file") else load_suite(source)
+    for task in tasks:
+        if task.instance_id == config["task_id"]:
+            return task
+    raise LookupError(f"no task {config['task_id']!r} in {source}")
 
 
 def grade_stored_episode(db: Database, episode_id: str) -> str | None:

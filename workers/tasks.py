@@ -44,14 +44,32 @@ def _progress_reporter(task: Any):
     return report
 
 
-@app.task(name="nexus.run_episode", bind=True, acks_late=True, reject_on_worker_lost=True)
+class EpisodeTask(app.Task):
+    """Records what the task body could not: the hard time limit killed the process (Celery calls
+    ``on_failure`` in the worker's main process then), or the body itself raised."""
+
+    def on_failure(self, exc, task_id, args, kwargs, einfo):  # noqa: ANN001 - Celery's signature
+        if not args:
+            return
+        status = "timeout" if type(exc).__name__ == "TimeLimitExceeded" else "infra_failure"
+        try:
+            with database().session() as s:
+                db_store.fail_running_episode(s, args[0], status, f"{type(exc).__name__}: {exc} (task {task_id})")
+        except Exception as db_exc:  # the row stays running; a later claim takes it over (dead worker)
+            log.error("could not record %s for episode %s: %s", status, args[0], db_exc)
+
+
+@app.task(name="nexus.run_episode", bind=True, base=EpisodeTask, acks_late=True, reject_on_worker_lost=True)
 def run_episode_task(self: Any, episode_id: str) -> dict[str, Any]:
     settings = app.conf.nexus_settings
     db = database()
-    # our own deadline a little before Celery's soft limit, so a turn boundary usually ends the run cleanly
+    # our own deadline before Celery's soft limit (10%, at most 5 min), so that a turn boundary usually ends
+    # the run cleanly and the diff is taken; Celery's SoftTimeLimitExceeded (raised wherever the code is) is
+    # the backstop and also ends as `timeout` with the turns stored so far
     soft = self.request.timelimit[1] if self.request.timelimit and self.request.timelimit[1] else None
+    soft = soft or settings.soft_time_limit_s
     outcome = execute_episode(db, episode_id, celery_task_id=self.request.id, progress=_progress_reporter(self),
-                              soft_deadline_s=(soft or settings.soft_time_limit_s) * 0.98,
+                              soft_deadline_s=soft - min(0.1 * soft, 300.0),
                               stale_after_s=settings.stale_after_s)  # fmt: skip
     if outcome.needs_grade:
         grade_episode_task.apply_async((episode_id,), retry=True)

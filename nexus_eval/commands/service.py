@@ -53,7 +53,7 @@ def _spec_from_flags(name, model, backend, methods, scopes, protocols, density, 
         "tasks": {"suite": suite, **({"ids": _csv(task_ids)} if task_ids else {})},
         "limits": {"max_steps": max_steps, "soft_step_limit": min(max_steps, 40),
                    "max_context_tokens": max_context_tokens, "max_new_tokens": max_new_tokens},
-        "sampling": {"temperature": temperature},
+        "sampling": {"temperature": temperature, "max_new_tokens": max_new_tokens},
     }  # fmt: skip
     if backend != "oracle" or model:
         data["model"] = {"name": model or "tiny"}

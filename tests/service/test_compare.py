@@ -210,3 +210,18 @@ def test_compare_jobs_from_database_uses_latest_attempts(sqlite_db):
     cell = after.rows[0].cells["nexus"]
     assert (cell.n, cell.resolved, cell.failures, cell.b, cell.c) == (2, 1, 0, 0, 1)
     assert json.loads(render(after, "json"))["rows"][0]["cells"]["dense"]["resolved"] == 2
+
+
+def test_compare_jobs_warns_when_merged_jobs_differ_in_density(sqlite_db):
+    ids = []
+    for density, method in ((0.2, "dense"), (0.1, "nexus")):
+        spec = JobSpec.from_dict({"backend": "oracle", "methods": [method], "density": density, "tasks": {"suite": "m"}})
+        with sqlite_db.session() as s:
+            job = st.create_job(s, config=spec.model_dump(mode="json"), config_hash=spec.config_hash())
+            st.add_episodes(s, job.id, spec.episodes(["t1"]))
+            ids.append(job.id)
+    with sqlite_db.session() as s:
+        table = compare_jobs(s, ids)
+    assert table.methods == ["dense", "nexus"]
+    assert f"jobs differ in density: {ids[0]}=0.2, {ids[1]}=0.1" in table.notes
+    assert table.rows[0].cells["nexus"].pending == 1 and table.rows[0].cells["nexus"].n == 0

@@ -80,6 +80,8 @@ def test_claim_record_finish(any_db):
         assert (row.n_turns, row.generated_tokens, row.appended_tokens, row.prompt_tokens) == (3, 35, 300, 600)
         assert row.peak_cache_bytes == 3000 and row.finished_at is not None
         assert st.claim_episode(s, ep) is None  # finished: a redelivery is a no-op
+        assert s.get(type(row.job), row.job_id).status == "running"  # the grade is still to come
+        assert st.record_grade(s, ep, "resolved")
         assert s.get(type(row.job), row.job_id).status == "done"
 
 
@@ -132,6 +134,7 @@ def test_takeover_after_stale_heartbeat(sqlite_db):
     with sqlite_db.session() as s:
         st.claim_episode(s, ep, worker="far-away/1", now=utcnow() - timedelta(minutes=30))
     with sqlite_db.session() as s:
+        assert [r.id for r in st.stale_episodes(s, 600)] == [ep] and st.stale_episodes(s, 3600) == []
         assert st.claim_episode(s, ep, stale_after_s=3600) is None
         assert st.claim_episode(s, ep, stale_after_s=600) is not None
 
@@ -241,3 +244,36 @@ def test_processes_share_a_sqlite_file(sqlite_db):
     assert sorted(ep for ran in results for ep in ran) == sorted(episodes)
     with sqlite_db.session() as s:
         assert all(s.get(Episode, ep).n_claims == 1 for ep in episodes)
+
+
+def test_cancel_racing_claims_leaves_everything_cancelled(any_db):
+    """`cancel` while workers claim: no deadlock, no error, and nothing is left queued or running."""
+    episodes = _episodes(any_db, 8)
+    with any_db.session() as s:
+        job_id = s.get(Episode, episodes[0]).job_id
+
+    def work(s, i):
+        if i == 0:
+            return st.cancel_job(s, job_id)
+        return [st.claim_episode(s, ep, worker=f"w{i}/1") for ep in episodes[i - 1 :: 3]]
+
+    _race(any_db, 4, work)
+    with any_db.session() as s:
+        assert {r.status for r in st.episodes_for_job(s, job_id)} == {"cancelled"}
+        assert st.job_summary(s, job_id).status == "cancelled"
+
+
+def test_loaded_objects_see_the_new_state(sqlite_db):
+    """The claim functions write with conditional UPDATEs; objects loaded in the same session must not go stale."""
+    (ep,) = _episodes(sqlite_db)
+    with sqlite_db.session() as s:
+        row = st.get_episode(s, ep)
+        assert row.status == "queued"
+        claim = st.claim_episode(s, ep, celery_task_id="c1")
+        assert (row.status, row.worker, row.n_claims, row.celery_task_id) == ("running", claim.worker, 1, "c1")
+        st.record_turn(s, claim, 0, completion="x")
+        assert st.finish_episode(s, claim, "submitted", patch="p")
+        assert (row.status, row.patch, row.n_turns) == ("submitted", "p", 1)
+        assert st.record_grade(s, ep, "resolved")
+        assert st.get_episode(s, ep).status == "resolved" and row.status == "resolved"
+        assert st.cancel_job(s, row.job_id) == [] and row.status == "resolved"

@@ -46,9 +46,12 @@ def test_default_url_from_env(monkeypatch, tmp_path):
     assert default_url() == "postgresql+psycopg://u:p@127.0.0.1/x"
 
 
-def test_rejects_other_postgres_driver():
+def test_postgres_urls_use_psycopg3():
     with pytest.raises(ValueError, match="psycopg"):
         make_engine("postgresql+psycopg2://u:p@127.0.0.1/x")
+    engine = make_engine("postgresql://u:p@127.0.0.1/x")  # no driver named: psycopg 3, never psycopg2
+    assert engine.dialect.driver == "psycopg"
+    engine.dispose()
 
 
 def test_round_trip_json_and_aware_datetimes(any_db):
@@ -144,3 +147,18 @@ def test_concurrent_migrations_postgresql():
         _migrate_concurrently(url)
     finally:
         drop()
+
+
+def test_downgrade_to_base_and_back(tmp_path):
+    from alembic import command
+
+    from db.connection import _alembic_config
+
+    url = sqlite_url(tmp_path / "down.db")
+    migrate(url)
+    command.downgrade(_alembic_config(url), "base")
+    engine = make_engine(url)
+    assert set(inspect(engine).get_table_names()) == {"alembic_version"}
+    engine.dispose()
+    migrate(url)
+    assert current_revision(url) == head_revision()

@@ -121,3 +121,18 @@ def test_fail_job(sqlite_db):
     with sqlite_db.session() as s:
         job = s.execute(select(Job)).scalar_one()
         assert (job.status, job.error) == ("failed", "task selection matched nothing")
+
+
+def test_job_is_done_only_after_grading_unless_it_does_not_grade(sqlite_db):
+    for grades in (True, False):
+        with sqlite_db.session() as s:
+            job = st.create_job(s, config={"grade": grades}, config_hash="g" * 64, package_versions={}, git_revision="x")
+            (ep,) = st.add_episodes(s, job.id, [Key("a", "nexus")])
+        with sqlite_db.session() as s:
+            claim = st.claim_episode(s, ep.id)
+        with sqlite_db.session() as s:
+            assert st.finish_episode(s, claim, "step_limit", exit_status="step_limit", patch="p")
+            summary = st.job_summary(s, job.id)
+            assert (summary.status, summary.awaiting_grade, summary.active, summary.finished) == (
+                ("running", 1, 1, 0) if grades else ("done", 0, 0, 1)
+            )

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# One time-boxed GPU benchmark run (the paper's Table 4/5 setting), from the repository root:
+#   1. environment: torch, CUDA, flash-attn, GPU memory, copy bandwidth, bf16 matmul rate  -> env.json
+#   2. bench/decode.py: llama-3.1-8b shape (random weights), bf16, batch 1, 8K prefill, decode to 8K with
+#      reports at 1K/2K/4K/8K, dense vs snapkv (prefill_only) vs morphkv vs nexus (prefill_decode),
+#      flash_attention_2 if installed else sdpa                                               -> decode.json
+# Everything lands in one folder: $OUT if set (the device tool's), else bench/out/gpu-<UTC date>; the whole
+# log is gpu.log there. The script never runs past GPU_BENCH_BOX seconds (default 450): every step runs
+# under `timeout`, and decode.py shares what is left among the methods (a method that cannot finish its
+# 8K decode in its share stops early and is marked truncated in decode.json and the table).
+#
+#   bench/gpu.sh                       # on the GPU machine
+#   bench/gpu.sh --dry-run             # CPU, tiny shape, small sizes: checks the script end to end
+#   GPU_BENCH_METHODS="dense nexus" GPU_BENCH_BOX=420 bench/gpu.sh     # a subset, e.g. to split 2 sessions
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+DRY=0
+[ "${1:-}" = "--dry-run" ] && DRY=1
+PY=${PYTHON:-python3}
+BOX=${GPU_BENCH_BOX:-450}
+METHODS=${GPU_BENCH_METHODS:-"dense snapkv@prefill_only morphkv nexus"}
+DIR=${OUT:-bench/out/gpu-$(date -u +%Y%m%dT%H%M%SZ)}
+mkdir -p "$DIR"
+exec > >(tee -a "$DIR/gpu.log") 2>&1
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+START=$SECONDS
+left() { echo $((BOX - (SECONDS - START))); }
+
+echo "== bench/gpu.sh $(date -u +%FT%TZ) dry_run=$DRY box=${BOX}s out=$DIR methods=[$METHODS]"
+
+# Missing pure-Python packages travel as wheels in .whl/ (see docs/benchmarks.md); none are needed today:
+# decode.py imports only torch, transformers, rich and nexus/ from this checkout.
+if compgen -G ".whl/*.whl" >/dev/null; then
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+
+if [ "$DRY" = 1 ]; then
+  DEVICE=cpu; MODEL=(--model tiny); PREFILL=512; DECODE=64; REPORT=(32 64); DTYPE=float32
+  ENV_ARGS=(--device cpu --copy-mib 64 --matmul-n 512); COPY=64
+else
+  DEVICE=cuda; MODEL=(--model llama-3.1-8b); PREFILL=8192; DECODE=8192; REPORT=(1024 2048 4096 8192); DTYPE=bfloat16
+  ENV_ARGS=(--device cuda --copy-mib 2048 --matmul-n 8192); COPY=2048
+fi
+
+echo "== 1. environment"
+$PY --version
+command -v nvidia-smi >/dev/null && timeout 20 nvidia-smi | tee "$DIR/nvidia-smi.txt"
+timeout 20 $PY -c "import torch, transformers, rich; import nexus; print('torch', torch.__version__, 'cuda', \
+torch.cuda.is_available(), '| transformers', transformers.__version__, '| nexus cache kwarg ok')" \
+  || { echo "FAILED: the Python environment cannot import torch/transformers/rich/nexus"; exit 2; }
+timeout 120 $PY bench/common.py "${ENV_ARGS[@]}" --out "$DIR/env.json" || echo "WARNING: environment probe failed (rc $?)"
+
+echo "== 2. decode throughput and memory ($(left)s left)"
+BUDGET=$(( $(left) - 15 ))
+if [ "$BUDGET" -lt 60 ]; then echo "FAILED: only ${BUDGET}s left for decoding"; exit 3; fi
+# shellcheck disable=SC2086
+timeout --kill-after=10 "$BUDGET" $PY bench/decode.py "${MODEL[@]}" --prefill "$PREFILL" --decode "$DECODE" \
+  --report-at "${REPORT[@]}" --methods $METHODS --batch 1 --dtype "$DTYPE" --device "$DEVICE" --attn auto \
+  --threads 4 --copy-mib "$COPY" --time-box $((BUDGET - 25)) --out "$DIR/decode.json"
+RC=$?
+[ "$RC" = 0 ] || echo "WARNING: decode.py exited with rc $RC (partial results, if any, are in $DIR/decode.json)"
+echo "== done in $((SECONDS - START))s; files in $DIR:"
+ls -l "$DIR"
+exit "$RC"

@@ -1,0 +1,66 @@
+"""compose.yaml checked statically (it is never started here): services, queues, GPU, socket, networking."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from workers.app import QUEUES
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE = yaml.safe_load((ROOT / "compose.yaml").read_text())
+SERVICES = COMPOSE["services"]
+
+
+def _queues(service: dict) -> set[str]:
+    command = service["command"]
+    return set(command[command.index("--queues") + 1].split(","))
+
+
+def test_every_part_of_the_deployment_is_there():
+    assert set(SERVICES) == {"redis", "postgres", "gpu-worker", "grade-worker", "flower"}
+
+
+def test_workers_cover_every_queue_and_gpu_is_alone_on_its_worker():
+    assert _queues(SERVICES["gpu-worker"]) == {"gpu"}
+    assert _queues(SERVICES["gpu-worker"]) | _queues(SERVICES["grade-worker"]) == set(QUEUES)
+    gpu_cmd = SERVICES["gpu-worker"]["command"]
+    assert gpu_cmd[gpu_cmd.index("--concurrency") + 1] == "1"  # one process per GPU
+
+
+def test_gpu_worker_reserves_an_nvidia_device():
+    gpu = SERVICES["gpu-worker"]
+    assert gpu["runtime"] == "nvidia"
+    devices = gpu["deploy"]["resources"]["reservations"]["devices"]
+    assert any(d["driver"] == "nvidia" and "gpu" in d["capabilities"] for d in devices)
+    assert gpu["environment"]["NEXUS_EVAL_DEVICE"] == "cuda"
+
+
+def test_workers_mount_the_docker_socket_and_use_redis_and_postgres():
+    for name in ("gpu-worker", "grade-worker"):
+        service = SERVICES[name]
+        assert "/var/run/docker.sock:/var/run/docker.sock" in service["volumes"]
+        env = service["environment"]
+        assert env["NEXUS_EVAL_BROKER"].startswith("redis://redis:")
+        assert env["NEXUS_EVAL_DB"].startswith("postgresql+psycopg://")
+        assert float(env["NEXUS_EVAL_VISIBILITY_TIMEOUT"]) > float(env["NEXUS_EVAL_HARD_TIME_LIMIT"])
+        assert float(env["NEXUS_EVAL_HARD_TIME_LIMIT"]) > float(env["NEXUS_EVAL_SOFT_TIME_LIMIT"])
+
+
+def test_no_host_networking_and_published_ports_are_loopback_only():
+    for name, service in SERVICES.items():
+        assert service.get("network_mode") != "host", name
+        assert not service.get("privileged", False), name
+        for port in service.get("ports", []):
+            assert str(port).startswith("127.0.0.1:"), (name, port)
+
+
+def test_redis_keeps_its_queue_across_restarts():
+    assert "--appendonly" in SERVICES["redis"]["command"]
+
+
+def test_the_worker_image_is_buildable_from_the_repo():
+    dockerfile = ROOT / SERVICES["gpu-worker"]["build"]["dockerfile"]
+    text = dockerfile.read_text()
+    assert text.startswith("#") and "FROM " in text and "pip install" in text

@@ -1,0 +1,90 @@
+"""``rerun EPISODE --interactive`` driven through a real pseudo-terminal (pexpect): replay turn 0 from the
+stored trajectory, edit the action of turn 1, continue turn 2, finish; the new attempt is in the database."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+from db import connect, sqlite_url
+from db import store as db_store
+from tests.conftest import require
+from tests.service.worker_fixtures import ROOT, docker_available, oracle_job
+from workers.execution import execute_episode, grade_stored_episode
+from workers.interactive import TeacherForcedReplay, parse_edit
+from workers.spec import JobSpec
+from workers.submit import create_job_rows
+
+EDITED = ("base64 -d /tmp/gold.patch.b64 > /tmp/gold.patch && cd /testbed && "
+          "git apply /tmp/gold.patch && echo EDITED_BY_OPERATOR")  # fmt: skip
+
+
+def test_parse_edit_takes_a_bash_command_or_a_function_call():
+    assert parse_edit("ls -la", "t").call.model_dump() == {"name": "execute_bash", "arguments": {"cmd": "ls -la"}}
+    call = parse_edit("<function=file_editor><parameter=command>view</parameter>"
+                      "<parameter=path>/testbed</parameter></function>", "t").call  # fmt: skip
+    assert (call.name, call.arguments) == ("file_editor", {"command": "view", "path": "/testbed"})
+
+
+def test_teacher_forced_replay_steps_a_backend_without_forcing_and_keeps_the_stored_text():
+    from agent_runner.backends.scripted import ScriptedModel
+
+    live = ScriptedModel(["live-0", "live-1", "live-2"])
+    replay = TeacherForcedReplay(["stored-0"], live)
+    replay.reset(seed=0)
+    assert not replay.forcing
+    first = replay.complete([])
+    assert (first.text, first.extra["replayed"]) == ("stored-0", True)
+    assert replay.complete([]).text == "live-1"  # the script advanced past the replayed turn
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_interactive_rerun_edit_continue_finish_in_a_real_terminal(tmp_path):
+    require(docker_available(), "Docker engine not reachable")
+    import pexpect
+
+    url = sqlite_url(tmp_path / "nexus-eval.db")
+    db = connect(url)
+    spec = JobSpec.from_dict(oracle_job(["humanfmt__humanfmt-1"], ["nexus"], ["true_eviction"]))
+    job_id, (source_id,) = create_job_rows(db, spec)
+    assert execute_episode(db, source_id).needs_grade
+    assert grade_stored_episode(db, source_id) == "resolved"
+
+    env = {**os.environ, "NO_COLOR": "1", "TERM": "dumb", "COLUMNS": "200", "NEXUS_EVAL_DB": url}
+    child = pexpect.spawn(sys.executable, ["-m", "nexus_eval.cli", "rerun", source_id, "--interactive",
+                                           "--from-turn", "1"], cwd=str(ROOT), env=env, encoding="utf-8",
+                          timeout=120, dimensions=(50, 200))  # fmt: skip
+    child.logfile_read = open(tmp_path / "terminal.log", "w")  # noqa: SIM115
+    child.expect_exact("--- turn 0 (replayed) ---")
+    child.expect_exact("--- turn 1 ---")
+    child.expect_exact("action: execute_bash")
+    child.expect_exact("[c]ontinue")
+    child.sendline("e")
+    child.expect_exact("new action")
+    child.sendline(EDITED)
+    child.expect_exact("EDITED_BY_OPERATOR")  # the edited command's own output, streamed as the observation
+    child.expect_exact("--- turn 2 ---")
+    child.expect_exact("action: finish")
+    child.expect_exact("[c]ontinue")
+    child.sendline("c")
+    child.expect(r"RESULT (\w+) (\w+)")
+    new_id, verdict = child.match.group(1), child.match.group(2)
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+    assert verdict == "resolved"
+
+    with db.session() as s:
+        rows = db_store.episodes_for_job(s, job_id)
+        assert [(r.id, r.attempt) for r in rows] == [(source_id, 1), (new_id, 2)]  # a new row, the old one kept
+        new = rows[1]
+        assert new.status == "resolved" and rows[0].status == "resolved"
+        turns = new.turns
+        assert [t.index for t in turns] == [0, 1, 2]
+        assert turns[0].extra.get("replayed") is True
+        assert turns[1].extra["intervened"] is True and "EDITED_BY_OPERATOR" in turns[1].action["arguments"]["cmd"]
+        assert "EDITED_BY_OPERATOR" in turns[1].observation
+        assert turns[2].action["name"] == "finish" and not turns[2].extra["intervened"]
