@@ -45,8 +45,11 @@ class RaggedKeep(RandomKeep):
         return self.select_counts(view, counts)
 
 
-policies.METHODS.setdefault("test_random", __name__)
-policies.METHODS.setdefault("test_ragged", __name__)
+@pytest.fixture(autouse=True)
+def _test_doubles_known(monkeypatch):
+    """Make the test-double policies selectable by name for this module's tests only."""
+    monkeypatch.setitem(policies.METHODS, "test_random", __name__)
+    monkeypatch.setitem(policies.METHODS, "test_ragged", __name__)
 
 
 def _stream(model, cfg, seed=1, batch=1):
