@@ -29,6 +29,20 @@ def require(condition: bool, reason: str) -> None:
     pytest.skip(reason)
 
 
+def docker_status() -> tuple[bool, str]:
+    """(ready, reason): a Docker engine answers and the offline base image exists (sandboxes need both)."""
+    try:
+        from env.images import BASE_IMAGE_TAG, docker_client, image_exists
+
+        client = docker_client()
+        client.ping()
+    except Exception as exc:  # any failure to reach the engine means "not ready", with its reason
+        return False, f"no Docker engine: {exc}"
+    if not image_exists(client, BASE_IMAGE_TAG):
+        return False, f"base image {BASE_IMAGE_TAG} missing (nexus-eval images build-base)"
+    return True, ""
+
+
 def pytest_collection_modifyitems(config, items):
     has_gpu = torch.cuda.is_available()
     for item in items:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import pytest
 
 from env.tools import ToolCall, ToolResult
-from tests.conftest import require
+from tests.conftest import docker_status, require
 
 
 @dataclass
@@ -59,20 +59,6 @@ def task() -> TinyTask:
 @pytest.fixture
 def environment() -> RecordingEnvironment:
     return RecordingEnvironment()
-
-
-def docker_status() -> tuple[bool, str]:
-    """(ready, reason): a Docker engine answers and the base image exists."""
-    try:
-        from env.images import BASE_IMAGE_TAG, docker_client, image_exists
-
-        client = docker_client()
-        client.ping()
-    except Exception as exc:
-        return False, f"no Docker engine: {exc}"
-    if not image_exists(client, BASE_IMAGE_TAG):
-        return False, f"base image {BASE_IMAGE_TAG} missing (nexus-eval images build-base)"
-    return True, ""
 
 
 @pytest.fixture(scope="session")

@@ -16,8 +16,7 @@ from agent_runner.backends import make_backend
 from agent_runner.backends.oracle import APPLIED_MARKER, OracleModel, oracle_script
 from agent_runner.episode_core import run_episode, run_oracle_episode
 from agent_runner.parsing import parse_response
-from tests.agent.conftest import docker_status as _docker_ready
-from tests.conftest import require
+from tests.conftest import docker_status, require
 
 from .conftest import RecordingEnvironment, TinyTask
 
@@ -111,7 +110,7 @@ def _make_local_task(root: Path) -> Path:
 @pytest.mark.docker
 @pytest.mark.slow
 def test_oracle_resolves_a_local_task_in_a_real_container(tmp_path):
-    ready, reason = _docker_ready()
+    ready, reason = docker_status()
     require(ready, reason)
     from env.tasks import load_local_task
 
@@ -128,7 +127,7 @@ def test_oracle_resolves_a_local_task_in_a_real_container(tmp_path):
 @pytest.mark.docker
 @pytest.mark.slow
 def test_submitting_nothing_in_a_real_container_is_an_empty_patch(tmp_path):
-    ready, reason = _docker_ready()
+    ready, reason = docker_status()
     require(ready, reason)
     from agent_runner.backends.scripted import ScriptedModel
     from env.tasks import load_local_task
@@ -159,7 +158,7 @@ def test_grading_runs_through_env_grading_and_is_skipped_after_an_infra_failure(
 @pytest.mark.docker
 @pytest.mark.slow
 def test_oracle_resolves_the_first_mini_suite_task():
-    ready, reason = _docker_ready()
+    ready, reason = docker_status()
     require(ready, reason)
     from env.tasks import load_suite
 

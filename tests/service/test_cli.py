@@ -13,7 +13,7 @@ import pytest
 from db import connect, sqlite_url
 from db import store as db_store
 from db.models import Episode, Job
-from tests.service.worker_fixtures import cli, docker_available, oracle_job, write_job
+from tests.service.worker_fixtures import cli, oracle_job, write_job
 from workers.app import ServiceSettings, make_app
 from workers.execution import ExecutionOutcome, execute_episode
 from workers.spec import JobSpec
@@ -164,9 +164,9 @@ def test_worker_refuses_unknown_queues_and_gpu_concurrency(local):
 @pytest.mark.docker
 @pytest.mark.slow
 def test_embedded_run_goes_through_the_tasks_and_prints_the_compare_table(tmp_path):
-    from tests.conftest import require
+    from tests.conftest import docker_status, require
 
-    require(docker_available(), "Docker engine not reachable")
+    require(*docker_status())
     env = {k: v for k, v in os.environ.items() if k != "NEXUS_EVAL_BROKER"}
     db_path = tmp_path / "runs" / "nexus-eval.db"
     done = cli("run", "--backend", "oracle", "--methods", "dense,nexus", "--protocols", "true_eviction",

@@ -19,12 +19,11 @@ from sqlalchemy import func, select
 
 from db import store as db_store
 from db.models import Job, Turn
-from tests.conftest import require
+from tests.conftest import docker_status, require
 from tests.service.db_fixtures import pg_db_fixture  # noqa: F401 - the pg_db fixture
 from tests.service.worker_fixtures import (
     Worker,
     cli,
-    docker_available,
     fresh_redis_url,
     job_done,
     oracle_job,
@@ -56,7 +55,7 @@ def _turn_count(s, episode_id: str) -> int:
 
 
 def test_sigkilled_worker_mid_episode_is_redelivered_with_exactly_one_result(pg_db, tmp_path):
-    require(docker_available(), "Docker engine not reachable")
+    require(*docker_status())
     env = service_env(fresh_redis_url(), pg_db.url)
     # the tiny model makes each turn take a second or two: a wide window to kill the process mid-episode
     job = write_job(tmp_path / "job.yaml", backend="hf", model={"name": "tiny", "device": "cpu"}, methods=["nexus"],
@@ -110,7 +109,7 @@ def _start_redis(port: int, data_dir) -> subprocess.Popen:
 
 
 def test_redis_restarted_mid_job_and_the_job_completes(pg_db, tmp_path):
-    require(docker_available(), "Docker engine not reachable")
+    require(*docker_status())
     require(shutil.which("redis-server") is not None, "redis-server not installed")
     port, data = _free_port(), tmp_path / "redis"
     data.mkdir()
@@ -149,7 +148,7 @@ def test_redis_restarted_mid_job_and_the_job_completes(pg_db, tmp_path):
 
 
 def test_two_workers_never_run_the_same_episode_twice(pg_db, tmp_path):
-    require(docker_available(), "Docker engine not reachable")
+    require(*docker_status())
     broker = fresh_redis_url()
     env = service_env(broker, pg_db.url)
     job = write_job(tmp_path / "job.yaml", **oracle_job(TASKS, ["dense", "snapkv", "nexus"], ["true_eviction"]))
@@ -196,7 +195,7 @@ def test_malformed_job_file_is_a_clear_error_and_nothing_is_enqueued(pg_db, tmp_
 
 
 def test_soft_time_limit_keeps_the_partial_trajectory_and_marks_timeout(pg_db, tmp_path):
-    require(docker_available(), "Docker engine not reachable")
+    require(*docker_status())
     env = service_env(fresh_redis_url(), pg_db.url, NEXUS_EVAL_SOFT_TIME_LIMIT="20",
                       NEXUS_EVAL_HARD_TIME_LIMIT="120", NEXUS_EVAL_VISIBILITY_TIMEOUT="180")  # fmt: skip
     job = write_job(tmp_path / "job.yaml", backend="hf", model={"name": "tiny", "device": "cpu"}, methods=["nexus"],

@@ -10,8 +10,8 @@ import pytest
 
 from db import connect, sqlite_url
 from db import store as db_store
-from tests.conftest import require
-from tests.service.worker_fixtures import ROOT, docker_available, oracle_job
+from tests.conftest import docker_status, require
+from tests.service.worker_fixtures import ROOT, oracle_job
 from workers.execution import execute_episode, grade_stored_episode
 from workers.interactive import TeacherForcedReplay, parse_edit
 from workers.spec import JobSpec
@@ -43,7 +43,7 @@ def test_teacher_forced_replay_steps_a_backend_without_forcing_and_keeps_the_sto
 @pytest.mark.docker
 @pytest.mark.slow
 def test_interactive_rerun_edit_continue_finish_in_a_real_terminal(tmp_path):
-    require(docker_available(), "Docker engine not reachable")
+    require(*docker_status())
     import pexpect
 
     url = sqlite_url(tmp_path / "nexus-eval.db")

@@ -10,12 +10,11 @@ from sqlalchemy import func, select
 
 from db import store as db_store
 from db.models import Episode, Turn
-from tests.conftest import require
+from tests.conftest import docker_status, require
 from tests.service.db_fixtures import pg_db_fixture  # noqa: F401 - the pg_db fixture
 from tests.service.worker_fixtures import (
     Worker,
     cli,
-    docker_available,
     fresh_redis_url,
     job_done,
     service_env,
@@ -28,7 +27,7 @@ TASKS = ["humanfmt__humanfmt-1", "dslib__dslib-1"]
 
 
 def test_tiny_model_job_runs_through_redis_workers_into_postgresql(pg_db, tmp_path):
-    require(docker_available(), "Docker engine not reachable")
+    require(*docker_status())
     env = service_env(fresh_redis_url(), pg_db.url)
     job_file = write_job(
         tmp_path / "job.yaml", name="tiny-2x2x2", backend="hf", model={"name": "tiny", "device": "cpu"},

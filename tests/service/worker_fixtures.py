@@ -32,16 +32,6 @@ def redis_ping(url: str) -> bool:
         return False
 
 
-def docker_available() -> bool:
-    try:
-        import docker
-
-        docker.from_env(timeout=10).ping()
-        return True
-    except Exception:
-        return False
-
-
 def fresh_redis_url(base: str = REDIS_URL) -> str:
     """A flushed logical database of the test Redis (1..15), so tests never share messages."""
     require(redis_ping(base), f"Redis not reachable at {base}")
