@@ -96,6 +96,14 @@ def _check_chat_template(tokenizer, name: str) -> None:
         raise ValueError(f"model {name!r}: its tokenizer has no chat template; the agent needs one")
 
 
+def render_chat(tokenizer, messages: list[dict]) -> list[int]:
+    """Token ids of `messages` rendered by the chat template, ending with the assistant header."""
+    ids = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
+    if hasattr(ids, "keys"):  # a BatchEncoding on some transformers releases
+        ids = ids["input_ids"]
+    return list(ids)
+
+
 def load_tokenizer(name: str, revision: str | None = None):
     from transformers import AutoTokenizer
 

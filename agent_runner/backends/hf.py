@@ -24,7 +24,7 @@ import torch
 
 import nexus
 from agent_runner.backends import ModelError
-from agent_runner.model_host import ModelHost, ModelSpec, load_host
+from agent_runner.model_host import ModelHost, ModelSpec, load_host, render_chat
 from agent_runner.records import Completion, LayerStats, Message
 from agent_runner.sampling import SamplingConfig, sample_next
 
@@ -105,10 +105,7 @@ class HFBackend:
 
     # -- what to feed ----------------------------------------------------------------------------------------
     def _render(self, messages: list[dict]) -> list[int]:
-        ids = self.host.tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
-        if isinstance(ids, dict) or hasattr(ids, "input_ids"):  # BatchEncoding on some releases
-            ids = ids["input_ids"]
-        return list(ids)
+        return render_chat(self.host.tokenizer, messages)
 
     def _feed(self, messages: list[Message]) -> tuple[list[int], bool]:
         """Token ids to feed this call (and whether the caller edited the previous assistant text)."""

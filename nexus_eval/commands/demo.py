@@ -19,7 +19,7 @@ def demo(
     from rich.table import Table
 
     import nexus
-    from agent_runner.model_host import ModelSpec, load_host
+    from agent_runner.model_host import ModelSpec, load_host, render_chat
 
     host = load_host(ModelSpec(name="tiny", seed=seed))
     tok, model = host.tokenizer, host.model
@@ -35,8 +35,7 @@ def demo(
         t0 = time.perf_counter()
         with torch.no_grad():
             for text in turns:
-                ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
-                ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+                ids = render_chat(tok, [{"role": "user", "content": text}])
                 logits = model(input_ids=torch.tensor([ids]), logits_to_keep=1, **{kw: cache}).logits[:, -1]
                 for _ in range(decode):  # teacher-forced random continuation: identical for every method
                     x = torch.randint(0, 1000, (1, 1), generator=gen)

@@ -6,7 +6,7 @@ import pytest
 
 import nexus
 from agent_runner.backends.hf import HFBackend
-from agent_runner.model_host import ModelSpec, load_host
+from agent_runner.model_host import ModelSpec, load_host, render_chat
 from agent_runner.records import Message
 from agent_runner.sampling import SamplingConfig
 
@@ -42,9 +42,7 @@ def test_true_eviction_stream_equals_chat_template(host):
     msgs, comps = _conversation(b, forced=forced)
     assert [c.text for c in comps] == forced
     # the stream the cache holds is exactly the template's rendering of the conversation so far
-    rendered = host.tokenizer.apply_chat_template(
-        [m.model_dump() for m in msgs[:-2]], tokenize=True, add_generation_prompt=True)
-    rendered = list(rendered["input_ids"] if hasattr(rendered, "keys") else rendered)
+    rendered = render_chat(host.tokenizer, [m.model_dump() for m in msgs[:-2]])
     # the cache is one token behind the text: the final "Done." + <|im_end|> sampled, not yet fed
     assert b.stream == rendered + host.tokenizer.encode("Done.", add_special_tokens=False)
     assert b.cache.logical_length == len(b.stream)
@@ -85,9 +83,7 @@ def test_full_context_rebuilds_the_cache_each_turn(host):
     for t in range(3):
         c = b.complete(msgs)
         caches.append(b.cache)
-        full = host.tokenizer.apply_chat_template([m.model_dump() for m in msgs], tokenize=True,
-                                                  add_generation_prompt=True)
-        n = len(full["input_ids"] if hasattr(full, "keys") else full)
+        n = len(render_chat(host.tokenizer, [m.model_dump() for m in msgs]))
         assert c.tokens_appended == n  # the whole history is re-prefilled
         assert b.cache.logical_length == n + c.tokens_generated - 1
         msgs = [*msgs, Message(role="assistant", content=c.text), Message(role="user", content=f"obs {t} " * 30)]
