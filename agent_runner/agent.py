@@ -88,8 +88,15 @@ class Agent:
     made (persist it, print it); ``intervene(turn_index, parsed)`` may return a replacement action before
     it executes (interactive rerun), or None to keep the model's."""
 
-    def __init__(self, model: Model, environment: Environment, config: AgentConfig | None = None, *,
-                 on_turn: Callable[[TurnRecord], Any] | None = None, intervene: Intervene | None = None):
+    def __init__(
+        self,
+        model: Model,
+        environment: Environment,
+        config: AgentConfig | None = None,
+        *,
+        on_turn: Callable[[TurnRecord], Any] | None = None,
+        intervene: Intervene | None = None,
+    ):
         self.model, self.env, self.config = model, environment, config or AgentConfig()
         self.on_turn, self.intervene = on_turn, intervene
         self.messages: list[Message] = []
@@ -97,8 +104,10 @@ class Agent:
 
     def run(self, task: TaskLike) -> EpisodeResult:
         cfg, started = self.config, time.monotonic()
-        self.messages = [Message(role="system", content=prompts.system_prompt()),
-                         Message(role="user", content=prompts.instance_prompt(task, cfg.soft_step_limit))]
+        self.messages = [
+            Message(role="system", content=prompts.system_prompt()),
+            Message(role="user", content=prompts.instance_prompt(task, cfg.soft_step_limit)),
+        ]
         exit_status, error, format_errors = "infra_failure", None, 0
         try:
             self.model.reset(seed=cfg.seed)
@@ -109,10 +118,20 @@ class Agent:
                 self.messages.append(Message(role="assistant", content=self._history(completion, parsed, intervened)))
                 result = self._step(parsed.call, completion)
                 format_errors = 0 if parsed.call else format_errors + 1
-                turn = TurnRecord(index=index, completion=completion, thought=parsed.thought, action=parsed.call,
-                                  parse_error=parsed.error, format_error=parsed.call is None, intervened=intervened,
-                                  observation=result.observation, submitted=result.submitted, env_s=result.seconds,
-                                  model_s=model_s, steps_remaining=cfg.soft_step_limit - index - 1)
+                turn = TurnRecord(
+                    index=index,
+                    completion=completion,
+                    thought=parsed.thought,
+                    action=parsed.call,
+                    parse_error=parsed.error,
+                    format_error=parsed.call is None,
+                    intervened=intervened,
+                    observation=result.observation,
+                    submitted=result.submitted,
+                    env_s=result.seconds,
+                    model_s=model_s,
+                    steps_remaining=cfg.soft_step_limit - index - 1,
+                )
                 stop = self._exit_after(turn, time.monotonic() - started, format_errors)
                 if stop is None:
                     turn.user_message = prompts.observation_message(result.observation, turn.steps_remaining)
@@ -127,9 +146,16 @@ class Agent:
             exit_status, error = exc.exit_status, _describe(exc)
         except Exception as exc:  # a bug or an on_turn failure: recorded with its traceback, turns kept
             error = "unexpected " + "".join(traceback.format_exception(exc)).strip()
-        return EpisodeResult(task_id=task.instance_id, exit_status=exit_status, error=error, turns=self.turns,
-                             messages=self.messages, config={"agent": cfg.model_dump(mode="json")},
-                             timings={"agent_s": time.monotonic() - started}, totals=EpisodeTotals.of(self.turns))
+        return EpisodeResult(
+            task_id=task.instance_id,
+            exit_status=exit_status,
+            error=error,
+            turns=self.turns,
+            messages=self.messages,
+            config={"agent": cfg.model_dump(mode="json")},
+            timings={"agent_s": time.monotonic() - started},
+            totals=EpisodeTotals.of(self.turns),
+        )
 
     def _complete(self) -> tuple[Completion, float]:
         t0 = time.monotonic()
@@ -183,7 +209,14 @@ def _describe(exc: AgentExit) -> str | None:
     return f"{exc}\n" + "".join(traceback.format_exception(cause)).strip()
 
 
-def run_agent(model: Model, environment: Environment, task: TaskLike, config: AgentConfig | None = None, *,
-              on_turn: Callable[[TurnRecord], Any] | None = None, intervene: Intervene | None = None) -> EpisodeResult:
+def run_agent(
+    model: Model,
+    environment: Environment,
+    task: TaskLike,
+    config: AgentConfig | None = None,
+    *,
+    on_turn: Callable[[TurnRecord], Any] | None = None,
+    intervene: Intervene | None = None,
+) -> EpisodeResult:
     """Run one episode and return its result (no patch, no grade: see agent_runner.episode_core)."""
     return Agent(model, environment, config, on_turn=on_turn, intervene=intervene).run(task)

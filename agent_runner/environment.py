@@ -41,8 +41,16 @@ class DockerEnvironment:
         self._closed = False
 
     @classmethod
-    def open(cls, task: Task, *, labels: dict[str, str] | None = None, sandbox_config: SandboxConfig | None = None,
-             job: str = "agent", episode: str | None = None, client: Any = None) -> DockerEnvironment:
+    def open(
+        cls,
+        task: Task,
+        *,
+        labels: dict[str, str] | None = None,
+        sandbox_config: SandboxConfig | None = None,
+        job: str = "agent",
+        episode: str | None = None,
+        client: Any = None,
+    ) -> DockerEnvironment:
         """Ensure the task image, start its sandbox and install the tools. ``job``/``episode`` go into the
         container's labels (``reap`` uses them). Raises env's ImageMissing / ImageBuildFailed / InfraError
         (the caller records them); a half-started sandbox is closed before re-raising."""
@@ -51,8 +59,14 @@ class DockerEnvironment:
         from env.tools import ToolBox
 
         image = ensure_task_image(task, client) if client is not None else ensure_task_image(task)
-        sandbox = Sandbox.start(image, config=sandbox_config or SandboxConfig(), labels=dict(labels or {}),
-                                job=job, episode=episode or task.instance_id, client=client)
+        sandbox = Sandbox.start(
+            image,
+            config=sandbox_config or SandboxConfig(),
+            labels=dict(labels or {}),
+            job=job,
+            episode=episode or task.instance_id,
+            client=client,
+        )
         try:
             toolbox = ToolBox(sandbox)
             toolbox.install()

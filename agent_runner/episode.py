@@ -51,8 +51,14 @@ class EpisodeSpec(BaseModel):
 
     def eviction(self) -> nexus.EvictionConfig:
         return nexus.EvictionConfig(
-            method=self.method, scope=self.scope, density=self.density, budget_tokens=self.budget_tokens,
-            block_size=self.block_size, window=self.window, seed=self.seed, **self.method_params,
+            method=self.method,
+            scope=self.scope,
+            density=self.density,
+            budget_tokens=self.budget_tokens,
+            block_size=self.block_size,
+            window=self.window,
+            seed=self.seed,
+            **self.method_params,
         )
 
 
@@ -84,12 +90,19 @@ def build_model(spec: EpisodeSpec, task=None) -> Model:
     if spec.backend == "openai":
         if eviction.method != "dense":
             raise ValueError("the openai backend serves dense reference runs only (method=dense)")
-        return make_backend("openai", **{"max_tokens": spec.sampling.max_new_tokens,
-                                         "temperature": spec.sampling.temperature, **spec.openai})
+        return make_backend(
+            "openai",
+            **{"max_tokens": spec.sampling.max_new_tokens, "temperature": spec.sampling.temperature, **spec.openai},
+        )
     from agent_runner.backends.hf import HFBackend
 
-    return HFBackend(host_for(spec.model), eviction=eviction, protocol=spec.protocol, sampling=spec.sampling,
-                     max_context_tokens=spec.agent.max_context_tokens)
+    return HFBackend(
+        host_for(spec.model),
+        eviction=eviction,
+        protocol=spec.protocol,
+        sampling=spec.sampling,
+        max_context_tokens=spec.agent.max_context_tokens,
+    )
 
 
 def run(spec: EpisodeSpec, **kwargs: Any) -> EpisodeResult:

@@ -46,11 +46,19 @@ def _close(environment: Environment) -> str | None:
     return None
 
 
-def run_episode(task: Task, model: Model, *, agent_config: AgentConfig | None = None,
-                sandbox_config: SandboxConfig | None = None, grade: bool = True, grade_config: Any = None,
-                labels: dict[str, str] | None = None, on_turn: Callable[[TurnRecord], Any] | None = None,
-                intervene: Intervene | None = None,
-                open_environment: Callable[..., Environment] | None = None) -> EpisodeResult:
+def run_episode(
+    task: Task,
+    model: Model,
+    *,
+    agent_config: AgentConfig | None = None,
+    sandbox_config: SandboxConfig | None = None,
+    grade: bool = True,
+    grade_config: Any = None,
+    labels: dict[str, str] | None = None,
+    on_turn: Callable[[TurnRecord], Any] | None = None,
+    intervene: Intervene | None = None,
+    open_environment: Callable[..., Environment] | None = None,
+) -> EpisodeResult:
     """Run ``model`` on ``task`` in a real container and grade the patch. See the module docstring.
 
     ``open_environment(task, labels=..., sandbox_config=...)`` defaults to ``DockerEnvironment.open``;
@@ -58,17 +66,23 @@ def run_episode(task: Task, model: Model, *, agent_config: AgentConfig | None = 
     """
     agent_config = agent_config or AgentConfig()
     opener = open_environment or DockerEnvironment.open
-    config = {"agent": agent_config.model_dump(mode="json"),
-              "sandbox": sandbox_config.model_dump(mode="json") if sandbox_config is not None else None,
-              "model": type(model).__name__}
+    config = {
+        "agent": agent_config.model_dump(mode="json"),
+        "sandbox": sandbox_config.model_dump(mode="json") if sandbox_config is not None else None,
+        "model": type(model).__name__,
+    }
     started = time.monotonic()
     timings: dict[str, float] = {}
     try:
         environment = opener(task, labels=dict(labels or {}), sandbox_config=sandbox_config)
     except Exception as exc:  # ImageMissing, InfraError, docker errors: recorded, nothing started
-        return EpisodeResult(task_id=task.instance_id, exit_status="infra_failure", config=config,
-                             error=f"opening the environment failed: {_failure(exc)}",
-                             timings={"setup_s": time.monotonic() - started})
+        return EpisodeResult(
+            task_id=task.instance_id,
+            exit_status="infra_failure",
+            config=config,
+            error=f"opening the environment failed: {_failure(exc)}",
+            timings={"setup_s": time.monotonic() - started},
+        )
     timings["setup_s"] = time.monotonic() - started
     try:  # run_agent records its own failures; only KeyboardInterrupt & co. pass through (after close)
         result = run_agent(model, environment, task, agent_config, on_turn=on_turn, intervene=intervene)

@@ -109,8 +109,9 @@ def load_tokenizer(name: str, revision: str | None = None):
 
     path = qwen_tokenizer_dir() if name == TINY else name
     try:
-        tok = AutoTokenizer.from_pretrained(path, revision=None if name == TINY else revision,
-                                            local_files_only=name == TINY or Path(name).exists())
+        tok = AutoTokenizer.from_pretrained(
+            path, revision=None if name == TINY else revision, local_files_only=name == TINY or Path(name).exists()
+        )
     except (OSError, ValueError) as exc:
         raise ValueError(f"cannot load a tokenizer for model {name!r}: {exc}") from exc
     _check_chat_template(tok, name)
@@ -123,9 +124,16 @@ def tiny_model(seed: int = 0, layers: int = 2, vocab_size: int = 151936):
 
     torch.manual_seed(seed)
     cfg = Qwen3Config(
-        vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=65536,
-        tie_word_embeddings=True, attn_implementation="sdpa",
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=65536,
+        tie_word_embeddings=True,
+        attn_implementation="sdpa",
     )
     return Qwen3ForCausalLM(cfg).eval()
 
@@ -146,7 +154,10 @@ def load_host(spec: ModelSpec | None = None) -> ModelHost:
 
         try:
             model = AutoModelForCausalLM.from_pretrained(
-                spec.name, revision=spec.revision, dtype=dtype, attn_implementation=_attn(spec, device),
+                spec.name,
+                revision=spec.revision,
+                dtype=dtype,
+                attn_implementation=_attn(spec, device),
             ).to(device)
         except (OSError, ValueError) as exc:
             raise ValueError(f"cannot load model {spec.name!r}: {exc}") from exc

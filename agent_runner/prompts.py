@@ -18,8 +18,14 @@ from env.tools import NO_FUNCTION_CALL_REMINDER, TOOL_SPECS
 
 WORKING_DIR = "/testbed"
 
-__all__ = ["NO_FUNCTION_CALL_REMINDER", "instance_prompt", "observation_message", "steps_remaining_text",
-           "system_prompt", "tool_manual"]
+__all__ = [
+    "NO_FUNCTION_CALL_REMINDER",
+    "instance_prompt",
+    "observation_message",
+    "steps_remaining_text",
+    "system_prompt",
+    "tool_manual",
+]
 
 CALL_FORMAT = """To call a function, write your reply in exactly this format:
 
@@ -68,8 +74,15 @@ def _parameters(spec: Any) -> list[dict[str, Any]]:
     out = []
     for p in params:
         name = _get(p, "name")
-        out.append({"name": name, "type": _get(p, "type", "string"), "description": _get(p, "description", ""),
-                    "required": bool(_get(p, "required", name in required)), "enum": _get(p, "enum")})
+        out.append(
+            {
+                "name": name,
+                "type": _get(p, "type", "string"),
+                "description": _get(p, "description", ""),
+                "required": bool(_get(p, "required", name in required)),
+                "enum": _get(p, "enum"),
+            }
+        )
     return out
 
 
@@ -80,8 +93,12 @@ def tool_manual(specs: Iterable[Any] | Mapping[str, Any] = TOOL_SPECS) -> str:
     sections = []
     for k, spec in enumerate(specs, start=1):
         name = _get(spec, "name")
-        lines = [f"---- BEGIN FUNCTION #{k}: {name} ----", f"Description: {str(_get(spec, 'description', '')).strip()}",
-                 "", "Parameters:"]
+        lines = [
+            f"---- BEGIN FUNCTION #{k}: {name} ----",
+            f"Description: {str(_get(spec, 'description', '')).strip()}",
+            "",
+            "Parameters:",
+        ]
         params = _parameters(spec)
         for i, p in enumerate(params, start=1):
             need = "required" if p["required"] else "optional"
@@ -96,21 +113,25 @@ def tool_manual(specs: Iterable[Any] | Mapping[str, Any] = TOOL_SPECS) -> str:
 
 
 def system_prompt(specs: Iterable[Any] | Mapping[str, Any] = TOOL_SPECS) -> str:
-    return ("You are a programming agent. You work in a bash environment on a code repository and your job is "
-            "to resolve a GitHub issue in it.\n\nThese functions are available to you:\n\n"
-            f"{tool_manual(specs)}\n\n{CALL_FORMAT}")
+    return (
+        "You are a programming agent. You work in a bash environment on a code repository and your job is "
+        "to resolve a GitHub issue in it.\n\nThese functions are available to you:\n\n"
+        f"{tool_manual(specs)}\n\n{CALL_FORMAT}"
+    )
 
 
 def instance_prompt(task: Any, soft_step_limit: int | None = None, *, working_dir: str = WORKING_DIR) -> str:
     """The first user message for ``task`` (anything with ``problem_statement``); with ``soft_step_limit``
     the step budget line is appended, as on every later user message."""
-    text = (f"A code repository has been uploaded to {working_dir}. Here is a GitHub issue about it:\n\n"
-            f"<github_issue>\n{str(task.problem_statement).strip()}\n</github_issue>\n\n"
-            f"Change the non-test files under {working_dir} so that the issue is resolved. The tests that check "
-            "the issue are already taken care of: do not modify any test files or test logic.\n\n"
-            f"{WORKFLOW.format(wd=working_dir)}\n\n"
-            "Be thorough: understand the code before you change it. Make one function call per step, and "
-            "combine shell commands into one call where that saves steps.")
+    text = (
+        f"A code repository has been uploaded to {working_dir}. Here is a GitHub issue about it:\n\n"
+        f"<github_issue>\n{str(task.problem_statement).strip()}\n</github_issue>\n\n"
+        f"Change the non-test files under {working_dir} so that the issue is resolved. The tests that check "
+        "the issue are already taken care of: do not modify any test files or test logic.\n\n"
+        f"{WORKFLOW.format(wd=working_dir)}\n\n"
+        "Be thorough: understand the code before you change it. Make one function call per step, and "
+        "combine shell commands into one call where that saves steps."
+    )
     return text if soft_step_limit is None else f"{text}\n{steps_remaining_text(soft_step_limit)}"
 
 

@@ -18,9 +18,7 @@ from env.tools import ToolCall
 Role = Literal["system", "user", "assistant"]
 
 # The agent's exit statuses (see agent_runner.agent); grading statuses come from env.grading.GradeResult.
-ExitStatus = Literal[
-    "submitted", "step_limit", "context_limit", "time_limit", "format_error_limit", "infra_failure"
-]
+ExitStatus = Literal["submitted", "step_limit", "context_limit", "time_limit", "format_error_limit", "infra_failure"]
 
 
 class Message(BaseModel):

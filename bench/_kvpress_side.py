@@ -50,8 +50,9 @@ def _press(name: str, req: dict):
     if name == "streaming_llm":
         return StreamingLLMPress(compression_ratio=r, n_sink=req["n_sink"])
     if name == "ada_snapkv":
-        return AdaKVPress(SnapKVPress(compression_ratio=r, window_size=w, kernel_size=k),
-                          alpha_safeguard=req["alpha_safeguard"])
+        return AdaKVPress(
+            SnapKVPress(compression_ratio=r, window_size=w, kernel_size=k), alpha_safeguard=req["alpha_safeguard"]
+        )
     raise ValueError(f"no kvpress press for method {name!r}")
 
 
@@ -87,15 +88,20 @@ def main(request_path: str) -> None:
 
     transformers.utils.logging.disable_progress_bar()
 
-    model = AutoModelForCausalLM.from_pretrained(req["model_dir"], dtype=torch.float32,
-                                                 attn_implementation="sdpa").eval()
+    model = AutoModelForCausalLM.from_pretrained(
+        req["model_dir"], dtype=torch.float32, attn_implementation="sdpa"
+    ).eval()
     ids = torch.load(req["ids_path"])
     t = ids.shape[1]
     nxt = torch.tensor([[req["next_token"]]])
     pos = torch.tensor([[t]])  # kvpress keeps true positions: the next token is logical position T
     layers = model.config.num_hidden_layers
-    result = dict(versions=dict(torch=str(torch.__version__), transformers=str(transformers.__version__),
-                                kvpress=version("kvpress")), methods={})
+    result = dict(
+        versions=dict(
+            torch=str(torch.__version__), transformers=str(transformers.__version__), kvpress=version("kvpress")
+        ),
+        methods={},
+    )
     with torch.no_grad():
         cache = DynamicCache()
         out = model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)

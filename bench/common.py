@@ -28,26 +28,79 @@ import torch
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
-_LLAMA31_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
-                 "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+_LLAMA31_ROPE = {
+    "rope_type": "llama3",
+    "rope_theta": 500000.0,
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
 
 #: name -> (transformers architecture, config kwargs). Numbers from each model's published config.json.
 SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
-    "tiny": ("qwen3", dict(vocab_size=151936, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                           num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=65536,
-                           tie_word_embeddings=True)),
-    "llama-3.1-8b": ("llama", dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336,
-                                   num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
-                                   max_position_embeddings=131072, rms_norm_eps=1e-5, tie_word_embeddings=False,
-                                   rope_parameters=_LLAMA31_ROPE)),
-    "qwen3-8b": ("qwen3", dict(vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
-                               num_attention_heads=32, num_key_value_heads=8, head_dim=128,
-                               max_position_embeddings=40960, rms_norm_eps=1e-6, tie_word_embeddings=False,
-                               rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})),
-    "qwen3-32b": ("qwen3", dict(vocab_size=151936, hidden_size=5120, intermediate_size=25600, num_hidden_layers=64,
-                                num_attention_heads=64, num_key_value_heads=8, head_dim=128,
-                                max_position_embeddings=40960, rms_norm_eps=1e-6, tie_word_embeddings=False,
-                                rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})),
+    "tiny": (
+        "qwen3",
+        dict(
+            vocab_size=151936,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            max_position_embeddings=65536,
+            tie_word_embeddings=True,
+        ),
+    ),
+    "llama-3.1-8b": (
+        "llama",
+        dict(
+            vocab_size=128256,
+            hidden_size=4096,
+            intermediate_size=14336,
+            num_hidden_layers=32,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            head_dim=128,
+            max_position_embeddings=131072,
+            rms_norm_eps=1e-5,
+            tie_word_embeddings=False,
+            rope_parameters=_LLAMA31_ROPE,
+        ),
+    ),
+    "qwen3-8b": (
+        "qwen3",
+        dict(
+            vocab_size=151936,
+            hidden_size=4096,
+            intermediate_size=12288,
+            num_hidden_layers=36,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            head_dim=128,
+            max_position_embeddings=40960,
+            rms_norm_eps=1e-6,
+            tie_word_embeddings=False,
+            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+        ),
+    ),
+    "qwen3-32b": (
+        "qwen3",
+        dict(
+            vocab_size=151936,
+            hidden_size=5120,
+            intermediate_size=25600,
+            num_hidden_layers=64,
+            num_attention_heads=64,
+            num_key_value_heads=8,
+            head_dim=128,
+            max_position_embeddings=40960,
+            rms_norm_eps=1e-6,
+            tie_word_embeddings=False,
+            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+        ),
+    ),
 }
 
 
@@ -146,9 +199,14 @@ def environment(device: torch.device) -> dict[str, Any]:
     import transformers
 
     env: dict[str, Any] = dict(
-        python=platform.python_version(), torch=torch.__version__, transformers=transformers.__version__,
-        threads=torch.get_num_threads(), cpu_count=os.cpu_count(), device=str(device),
-        flash_attn=None, cuda=None,
+        python=platform.python_version(),
+        torch=torch.__version__,
+        transformers=transformers.__version__,
+        threads=torch.get_num_threads(),
+        cpu_count=os.cpu_count(),
+        device=str(device),
+        flash_attn=None,
+        cuda=None,
     )
     if importlib.util.find_spec("flash_attn") is not None:
         try:
@@ -160,8 +218,13 @@ def environment(device: torch.device) -> dict[str, Any]:
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         free, total = torch.cuda.mem_get_info(device)
-        env["cuda"] = dict(name=props.name, capability=f"{props.major}.{props.minor}", runtime=torch.version.cuda,
-                           total_gib=total / 2**30, free_gib=free / 2**30)
+        env["cuda"] = dict(
+            name=props.name,
+            capability=f"{props.major}.{props.minor}",
+            runtime=torch.version.cuda,
+            total_gib=total / 2**30,
+            free_gib=free / 2**30,
+        )
     return env
 
 

@@ -95,8 +95,15 @@ def _make_cache(model, spec: str, args):
         from transformers import DynamicCache
 
         return DynamicCache(config=model.config)
-    cfg = nexus.EvictionConfig(method=method, scope=scope, density=args.density, budget_tokens=args.budget,
-                               window=args.window, block_size=args.block_size, seed=args.seed)
+    cfg = nexus.EvictionConfig(
+        method=method,
+        scope=scope,
+        density=args.density,
+        budget_tokens=args.budget,
+        window=args.window,
+        block_size=args.block_size,
+        seed=args.seed,
+    )
     return nexus.EvictableCache(model.config, cfg)
 
 
@@ -175,14 +182,22 @@ def run_method(model, method: str, ids: torch.Tensor, args, device, ctx: dict[st
                 break
     if truncated:
         common.sync(device)
-        checkpoints.append(_checkpoint(cache, method, steps, time.perf_counter() - t_loop, clock, kv_read, spent,
-                                       batch, device, ctx))
+        checkpoints.append(
+            _checkpoint(cache, method, steps, time.perf_counter() - t_loop, clock, kv_read, spent, batch, device, ctx)
+        )
     evicts = isinstance(cache, nexus.EvictableCache)
     name, scope = parse_spec(method, args.scope)
     record = dict(
-        label=method, method=name, scope=scope if evicts and name != "dense" else None, prefill_tokens=ids.shape[1], batch=batch,
-        prefill_s=prefill_s, prefill_eviction_s=spent["prefill"] if spent else 0.0,
-        budget=cache.budget(0) if evicts else None, decode_steps=steps, truncated=truncated,
+        label=method,
+        method=name,
+        scope=scope if evicts and name != "dense" else None,
+        prefill_tokens=ids.shape[1],
+        batch=batch,
+        prefill_s=prefill_s,
+        prefill_eviction_s=spent["prefill"] if spent else 0.0,
+        budget=cache.budget(0) if evicts else None,
+        decode_steps=steps,
+        truncated=truncated,
         max_seconds=args.max_seconds,
         checkpoints=checkpoints,
     )
@@ -201,15 +216,21 @@ def _checkpoint(cache, method, steps, wall, clock, kv_read, spent, batch, device
     evicts = isinstance(cache, nexus.EvictableCache)
     decode_events = [e for e in cache.events if e.phase == "decode"] if evicts else []
     cp = dict(
-        decode_len=steps, wall_s=wall, tokens_per_s=batch * steps / wall,
-        step_ms_median=1e3 * statistics.median(per_step), step_ms_p95=1e3 * _percentile(per_step, 0.95),
+        decode_len=steps,
+        wall_s=wall,
+        tokens_per_s=batch * steps / wall,
+        step_ms_median=1e3 * statistics.median(per_step),
+        step_ms_p95=1e3 * _percentile(per_step, 0.95),
         step_ms_mean=1e3 * mean_step,
         eviction_s=spent["decode"] if spent else 0.0,
-        eviction_s_host=sum(e.seconds for e in decode_events), decode_events=len(decode_events),
+        eviction_s_host=sum(e.seconds for e in decode_events),
+        decode_events=len(decode_events),
         cache_bytes_per_seq=(cache.nbytes() if evicts else _dynamic_nbytes(cache)) / batch,
         kv_slots_layer0=cache.physical_length(0) if evicts else cache.get_seq_length(),
         logical_length=cache.logical_length if evicts else cache.get_seq_length(),
-        kv_read_bytes_mean=kv_mean, floor_step_ms=1e3 * floor, floor_fraction=floor / mean_step,
+        kv_read_bytes_mean=kv_mean,
+        floor_step_ms=1e3 * floor,
+        floor_fraction=floor / mean_step,
         peak_bytes_excl_weights=None,
     )
     if device.type == "cuda":
@@ -218,16 +239,31 @@ def _checkpoint(cache, method, steps, wall, clock, kv_read, spent, batch, device
 
 
 def _dynamic_nbytes(cache) -> int:
-    return sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values)
-               if t is not None)
+    return sum(
+        t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values) if t is not None
+    )
 
 
 def _table(records: list[dict[str, Any]], title: str):
     from rich.table import Table
 
     table = Table(title=title)
-    for col in ("method", "decode", "tok/s", "vs dense", "step ms med", "p95", "evict s", "events",
-                "cache MiB/seq", "vs dense", "slots L0", "floor ms", "of floor", "note"):
+    for col in (
+        "method",
+        "decode",
+        "tok/s",
+        "vs dense",
+        "step ms med",
+        "p95",
+        "evict s",
+        "events",
+        "cache MiB/seq",
+        "vs dense",
+        "slots L0",
+        "floor ms",
+        "of floor",
+        "note",
+    ):
         table.add_column(col, justify="right")
     dense = {cp["decode_len"]: cp for r in records if r["method"] == "dense" for cp in r["checkpoints"]}
     for r in records:
@@ -235,11 +271,22 @@ def _table(records: list[dict[str, Any]], title: str):
             d = dense.get(cp["decode_len"])
             speed = f"{cp['tokens_per_s'] / d['tokens_per_s']:.2f}" if d else ""
             mem = f"{cp['cache_bytes_per_seq'] / d['cache_bytes_per_seq']:.2f}" if d else ""
-            table.add_row(r["label"], str(cp["decode_len"]), f"{cp['tokens_per_s']:.2f}", speed,
-                          f"{cp['step_ms_median']:.2f}", f"{cp['step_ms_p95']:.2f}", f"{cp['eviction_s']:.3f}",
-                          str(cp["decode_events"]), f"{cp['cache_bytes_per_seq'] / 2**20:.1f}", mem,
-                          str(cp["kv_slots_layer0"]), f"{cp['floor_step_ms']:.2f}", f"{cp['floor_fraction']:.2f}",
-                          "truncated" if r["truncated"] and cp is r["checkpoints"][-1] else "")
+            table.add_row(
+                r["label"],
+                str(cp["decode_len"]),
+                f"{cp['tokens_per_s']:.2f}",
+                speed,
+                f"{cp['step_ms_median']:.2f}",
+                f"{cp['step_ms_p95']:.2f}",
+                f"{cp['eviction_s']:.3f}",
+                str(cp["decode_events"]),
+                f"{cp['cache_bytes_per_seq'] / 2**20:.1f}",
+                mem,
+                str(cp["kv_slots_layer0"]),
+                f"{cp['floor_step_ms']:.2f}",
+                f"{cp['floor_fraction']:.2f}",
+                "truncated" if r["truncated"] and cp is r["checkpoints"][-1] else "",
+            )
     return table
 
 
@@ -252,9 +299,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--decode", type=int, default=256, help="decode steps (the longest decode length)")
     ap.add_argument("--report-at", type=int, nargs="+", default=None, help="decode lengths to report (<= --decode)")
     ap.add_argument("--batch", type=int, default=1)
-    ap.add_argument("--methods", nargs="+", default=DEFAULT_METHODS,
-                    help="METHOD or METHOD@SCOPE (scope defaults to --scope); 'dynamic' = transformers "
-                         f"DynamicCache; known: {', '.join(nexus.METHODS)}")
+    ap.add_argument(
+        "--methods",
+        nargs="+",
+        default=DEFAULT_METHODS,
+        help="METHOD or METHOD@SCOPE (scope defaults to --scope); 'dynamic' = transformers "
+        f"DynamicCache; known: {', '.join(nexus.METHODS)}",
+    )
     ap.add_argument("--scope", default="prefill_decode", choices=list(nexus.SCOPES))
     ap.add_argument("--density", type=float, default=0.2)
     ap.add_argument("--budget", type=int, default=None, help="absolute per-head budget instead of --density")
@@ -265,8 +316,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--attn", default="auto", help="auto (flash_attention_2 on CUDA if installed, else sdpa)")
     ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0 = torch default)")
     ap.add_argument("--max-seconds", type=float, default=1e9, help="per-method decode time guard")
-    ap.add_argument("--time-box", type=float, default=None,
-                    help="seconds for the whole run: each method's decode guard is an equal share of what is left")
+    ap.add_argument(
+        "--time-box",
+        type=float,
+        default=None,
+        help="seconds for the whole run: each method's decode guard is an equal share of what is left",
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--copy-mib", type=int, default=1024, help="buffer size of the bandwidth measurement")
     ap.add_argument("--out", type=Path, default=Path("bench/out/decode.json"))
@@ -292,8 +347,11 @@ def main(argv=None) -> dict[str, Any]:
     console = Console(width=200)
     threads = common.set_threads(args.threads)
     device = common.resolve_device(args.device)
-    dtype = (torch.bfloat16 if device.type == "cuda" else torch.float32) if args.dtype == "auto" \
+    dtype = (
+        (torch.bfloat16 if device.type == "cuda" else torch.float32)
+        if args.dtype == "auto"
         else common.DTYPES[args.dtype]
+    )
     attn = common.attn_implementation(device, args.attn)
     config = common.model_config(args.model, args.layers, args.vocab, attn)
     bandwidth = common.copy_bandwidth(device, args.copy_mib)
@@ -302,7 +360,9 @@ def main(argv=None) -> dict[str, Any]:
     elem = torch.empty((), dtype=dtype).element_size()
     hkv, hd = config.num_key_value_heads, config.head_dim
     ctx = dict(
-        layers=config.num_hidden_layers, bandwidth=bandwidth, weight_bytes=weight_bytes_read(model, args.batch),
+        layers=config.num_hidden_layers,
+        bandwidth=bandwidth,
+        weight_bytes=weight_bytes_read(model, args.batch),
         kv_bytes_per_slot=2 * args.batch * hkv * hd * elem,
         kv_bytes_step=2 * args.batch * hkv * hd * elem * config.num_hidden_layers,  # the new token's K/V write
         weights_resident=torch.cuda.memory_allocated(device) if device.type == "cuda" else 0,
@@ -315,10 +375,18 @@ def main(argv=None) -> dict[str, Any]:
         run_method(model, method, ids[:, : min(256, args.prefill)], warm, device, ctx)
     records: list[dict[str, Any]] = []
     meta = dict(
-        schema=SCHEMA, env=common.environment(device), dtype=str(dtype).removeprefix("torch."), attn=attn,
-        model=args.model, layers=config.num_hidden_layers, vocab=config.vocab_size,
-        params=sum(p.numel() for p in model.parameters()), weight_bytes_read=ctx["weight_bytes"],
-        copy_bandwidth_gbs=bandwidth / 1e9, threads=threads, args={k: v for k, v in vars(args).items() if k != "out"},
+        schema=SCHEMA,
+        env=common.environment(device),
+        dtype=str(dtype).removeprefix("torch."),
+        attn=attn,
+        model=args.model,
+        layers=config.num_hidden_layers,
+        vocab=config.vocab_size,
+        params=sum(p.numel() for p in model.parameters()),
+        weight_bytes_read=ctx["weight_bytes"],
+        copy_bandwidth_gbs=bandwidth / 1e9,
+        threads=threads,
+        args={k: v for k, v in vars(args).items() if k != "out"},
         complete=False,
     )
     payload = dict(meta=meta, runs=records)
@@ -332,13 +400,17 @@ def main(argv=None) -> dict[str, Any]:
                 share = left / (len(args.methods) - i) - 5.0
                 run_args = argparse.Namespace(**{**vars(args), "max_seconds": max(1.0, min(args.max_seconds, share))})
             records.append(run_method(model, method, ids, run_args, device, ctx))
-            console.print(f"{method}: {records[-1]['decode_steps']} steps"
-                          + (" (truncated by the time guard)" if records[-1]["truncated"] else ""))
+            console.print(
+                f"{method}: {records[-1]['decode_steps']} steps"
+                + (" (truncated by the time guard)" if records[-1]["truncated"] else "")
+            )
             common.write_json(args.out, payload)  # after every method: a killed run still leaves its numbers
     meta["complete"] = True
-    title = (f"{args.model} ({config.num_hidden_layers} layers, {meta['dtype']}, {attn}) on {device}, "
-             f"prefill {args.prefill}, batch {args.batch}, {args.scope}, density {args.density}, "
-             f"{threads} threads, copy {bandwidth / 1e9:.1f} GB/s")
+    title = (
+        f"{args.model} ({config.num_hidden_layers} layers, {meta['dtype']}, {attn}) on {device}, "
+        f"prefill {args.prefill}, batch {args.batch}, {args.scope}, density {args.density}, "
+        f"{threads} threads, copy {bandwidth / 1e9:.1f} GB/s"
+    )
     console.print(_table(records, title))
     common.write_json(args.out, payload)
     console.print(f"wrote {args.out}")

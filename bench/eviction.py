@@ -33,8 +33,9 @@ METHODS = ["snapkv", "pyramidkv", "streaming_llm", "h2o", "morphkv", "nexus", "a
 
 
 def _config() -> Qwen3Config:
-    return Qwen3Config(num_hidden_layers=1, num_attention_heads=HQ, num_key_value_heads=HKV, head_dim=D,
-                       hidden_size=HQ * D)
+    return Qwen3Config(
+        num_hidden_layers=1, num_attention_heads=HQ, num_key_value_heads=HKV, head_dim=D, hidden_size=HQ * D
+    )
 
 
 def _attend(cache: nexus.EvictableCache, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -69,10 +70,21 @@ def measure(t: int, methods: list[str], repeats: int, decode_steps: int, dtype) 
     rows = []
     dense = _prefill("dense", t, "prefill_decode", gen, dtype)
     _decode(dense, 4, gen, dtype)  # warm-up
-    dense_step = min(_decode(_prefill("dense", t, "prefill_decode", gen, dtype), decode_steps, gen, dtype)
-                     for _ in range(repeats))
-    rows.append(dict(T=t, method="dense", event_ms=0.0, dense_step_ms=dense_step * 1e3,
-                     per_token_ms=dense_step * 1e3, per_token_vs_dense=1.0, kept=t, events=0))
+    dense_step = min(
+        _decode(_prefill("dense", t, "prefill_decode", gen, dtype), decode_steps, gen, dtype) for _ in range(repeats)
+    )
+    rows.append(
+        dict(
+            T=t,
+            method="dense",
+            event_ms=0.0,
+            dense_step_ms=dense_step * 1e3,
+            per_token_ms=dense_step * 1e3,
+            per_token_vs_dense=1.0,
+            kept=t,
+            events=0,
+        )
+    )
     for method in methods:
         events, per_token, kept, n_events = [], [], 0, 0
         for _ in range(repeats):
@@ -80,9 +92,18 @@ def measure(t: int, methods: list[str], repeats: int, decode_steps: int, dtype) 
             events.append(cache.events[0].seconds)
             per_token.append(_decode(cache, decode_steps, gen, dtype))
             kept, n_events = cache.budget(0), len(cache.events) - 1
-        rows.append(dict(T=t, method=method, event_ms=min(events) * 1e3, dense_step_ms=dense_step * 1e3,
-                         per_token_ms=min(per_token) * 1e3, per_token_vs_dense=min(per_token) / dense_step,
-                         kept=kept, events=n_events))
+        rows.append(
+            dict(
+                T=t,
+                method=method,
+                event_ms=min(events) * 1e3,
+                dense_step_ms=dense_step * 1e3,
+                per_token_ms=min(per_token) * 1e3,
+                per_token_vs_dense=min(per_token) / dense_step,
+                kept=kept,
+                events=n_events,
+            )
+        )
     snap = next((r for r in rows if r["method"] == "snapkv"), None)
     for r in rows:
         r["event_vs_snapkv"] = (r["event_ms"] / snap["event_ms"]) if snap and r["method"] != "dense" else None
@@ -107,28 +128,63 @@ def main() -> None:
             status.update(f"T={t}")
             rows += measure(t, args.methods, args.repeats, args.decode_steps, torch.float32)
     table = Table(title=f"one layer, Hq={HQ} Hkv={HKV} D={D}, CPU fp32, density 0.2, min of {args.repeats}")
-    for col in ("T", "method", "event ms", "event / snapkv", "dense step ms", "per-token ms", "per-token / dense",
-                "kept", "decode events"):
+    for col in (
+        "T",
+        "method",
+        "event ms",
+        "event / snapkv",
+        "dense step ms",
+        "per-token ms",
+        "per-token / dense",
+        "kept",
+        "decode events",
+    ):
         table.add_column(col, justify="right")
     for r in rows:
         ratio = "" if r["event_vs_snapkv"] is None else f"{r['event_vs_snapkv']:.2f}"
-        table.add_row(str(r["T"]), r["method"], f"{r['event_ms']:.2f}", ratio, f"{r['dense_step_ms']:.2f}",
-                      f"{r['per_token_ms']:.3f}", f"{r['per_token_vs_dense']:.2f}", str(r["kept"]), str(r["events"]))
+        table.add_row(
+            str(r["T"]),
+            r["method"],
+            f"{r['event_ms']:.2f}",
+            ratio,
+            f"{r['dense_step_ms']:.2f}",
+            f"{r['per_token_ms']:.3f}",
+            f"{r['per_token_vs_dense']:.2f}",
+            str(r["kept"]),
+            str(r["events"]),
+        )
     console.print(table)
     targets = []
     for t in args.lengths:
         by = {r["method"]: r for r in rows if r["T"] == t}
         if "nexus" in by and "snapkv" in by:
-            targets.append(dict(T=t, target="nexus event <= 1.5x snapkv event", value=by["nexus"]["event_vs_snapkv"],
-                                ok=by["nexus"]["event_vs_snapkv"] <= 1.5))
+            targets.append(
+                dict(
+                    T=t,
+                    target="nexus event <= 1.5x snapkv event",
+                    value=by["nexus"]["event_vs_snapkv"],
+                    ok=by["nexus"]["event_vs_snapkv"] <= 1.5,
+                )
+            )
         if "nexus" in by:
-            targets.append(dict(T=t, target="nexus per-token <= 0.5x dense decode attention",
-                                value=by["nexus"]["per_token_vs_dense"], ok=by["nexus"]["per_token_vs_dense"] <= 0.5))
+            targets.append(
+                dict(
+                    T=t,
+                    target="nexus per-token <= 0.5x dense decode attention",
+                    value=by["nexus"]["per_token_vs_dense"],
+                    ok=by["nexus"]["per_token_vs_dense"] <= 0.5,
+                )
+            )
     for tg in targets:
         console.print(f"T={tg['T']:>6}  {tg['target']:<48} {tg['value']:.2f}  {'PASS' if tg['ok'] else 'MISS'}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    meta = dict(torch=torch.__version__, threads=torch.get_num_threads(), shape=dict(hq=HQ, hkv=HKV, d=D),
-                decode_steps=args.decode_steps, repeats=args.repeats)
+    meta = dict(
+        torch=torch.__version__,
+        threads=torch.get_num_threads(),
+        shape=dict(hq=HQ, hkv=HKV, d=D),
+        decode_steps=args.decode_steps,
+        repeats=args.repeats,
+    )
     args.out.write_text(json.dumps(dict(meta=meta, rows=rows, targets=targets), indent=2))
     console.print(f"wrote {args.out}")
 

@@ -59,8 +59,9 @@ def ensure_venv(venv: Path) -> Path:
         return venv_python(venv)
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     # torch first and pinned (a local wheel here; unpinned it would download GBs), then kvpress and its pins
-    proc = subprocess.run([str(venv_python(venv)), "-m", "pip", "install", "-q", TORCH, KVPRESS],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [str(venv_python(venv)), "-m", "pip", "install", "-q", TORCH, KVPRESS], capture_output=True, text=True
+    )
     if proc.returncode != 0 or not venv_ready(venv):
         raise RuntimeError(f"could not build the kvpress venv at {venv}:\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
     return venv_python(venv)
@@ -73,9 +74,17 @@ def save_tiny_model(path: Path, args) -> None:
     from agent_runner.model_host import qwen_tokenizer_dir
 
     torch.manual_seed(args.seed)
-    cfg = Qwen3Config(vocab_size=151936, hidden_size=args.heads * args.head_dim, intermediate_size=256,
-                      num_hidden_layers=args.layers, num_attention_heads=args.heads, num_key_value_heads=args.kv_heads,
-                      head_dim=args.head_dim, max_position_embeddings=32768, tie_word_embeddings=True)
+    cfg = Qwen3Config(
+        vocab_size=151936,
+        hidden_size=args.heads * args.head_dim,
+        intermediate_size=256,
+        num_hidden_layers=args.layers,
+        num_attention_heads=args.heads,
+        num_key_value_heads=args.kv_heads,
+        head_dim=args.head_dim,
+        max_position_embeddings=32768,
+        tie_word_embeddings=True,
+    )
     Qwen3ForCausalLM(cfg).eval().save_pretrained(path)
     AutoTokenizer.from_pretrained(qwen_tokenizer_dir()).save_pretrained(path)
 
@@ -107,8 +116,7 @@ def nexus_config(method: str, args, budget: int) -> nexus.EvictionConfig:
         params = dict(n_sink=args.n_sink)
     if method == "ada_snapkv":
         params["floor_alpha"] = args.alpha_safeguard
-    return nexus.EvictionConfig(method=method, scope="prefill_only", budget_tokens=budget, window=args.window,
-                                **params)
+    return nexus.EvictionConfig(method=method, scope="prefill_only", budget_tokens=budget, window=args.window, **params)
 
 
 def kept_masks(cache: nexus.EvictableCache, layers: int, t: int) -> torch.Tensor:
@@ -129,13 +137,16 @@ def run_nexus(model_dir: Path, ids: torch.Tensor, args, budget: int) -> dict[str
 
     from transformers import DynamicCache, Qwen3ForCausalLM
 
-    model = nexus.prepare(Qwen3ForCausalLM.from_pretrained(model_dir, dtype=torch.float32,
-                                                           attn_implementation="sdpa").eval())
+    model = nexus.prepare(
+        Qwen3ForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa").eval()
+    )
     kw, t = nexus.cache_kwarg(model), ids.shape[1]
     res: dict[str, Any] = dict(methods={})
     with torch.no_grad():
         dense = DynamicCache(config=model.config)
-        res["dense_prefill"] = model(input_ids=ids, use_cache=True, logits_to_keep=1, **{kw: dense}).logits[0, -1].float()
+        res["dense_prefill"] = (
+            model(input_ids=ids, use_cache=True, logits_to_keep=1, **{kw: dense}).logits[0, -1].float()
+        )
         res["next_token"] = int(res["dense_prefill"].argmax())
         nxt = torch.tensor([[res["next_token"]]])
         res["dense_next"] = model(input_ids=nxt, use_cache=True, **{kw: dense}).logits[0, -1].float()
@@ -159,21 +170,36 @@ def run_nexus(model_dir: Path, ids: torch.Tensor, args, budget: int) -> dict[str
 def run_kvpress(python: Path, model_dir: Path, ids: torch.Tensor, next_token: int, args, work: Path) -> dict:
     ids_path, out_path, req_path = work / "ids.pt", work / "kvpress.pt", work / "request.json"
     torch.save(ids, ids_path)
-    req = dict(model_dir=str(model_dir), ids_path=str(ids_path), out_path=str(out_path), next_token=next_token,
-               methods=args.methods, compression_ratio=args.ratio, window=args.window, kernel_size=args.kernel_size,
-               beta=args.beta, n_sink=args.n_sink, alpha_safeguard=args.alpha_safeguard, repeats=args.repeats,
-               threads=torch.get_num_threads())
+    req = dict(
+        model_dir=str(model_dir),
+        ids_path=str(ids_path),
+        out_path=str(out_path),
+        next_token=next_token,
+        methods=args.methods,
+        compression_ratio=args.ratio,
+        window=args.window,
+        kernel_size=args.kernel_size,
+        beta=args.beta,
+        n_sink=args.n_sink,
+        alpha_safeguard=args.alpha_safeguard,
+        repeats=args.repeats,
+        threads=torch.get_num_threads(),
+    )
     req_path.write_text(json.dumps(req))
-    proc = subprocess.run([str(python), str(ROOT / "bench" / "_kvpress_side.py"), str(req_path)],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [str(python), str(ROOT / "bench" / "_kvpress_side.py"), str(req_path)], capture_output=True, text=True
+    )
     if proc.returncode != 0:
         raise RuntimeError(f"kvpress side failed (rc {proc.returncode}):\n{proc.stderr[-4000:]}")
     return torch.load(out_path)
 
 
 def _logit_stats(a: torch.Tensor, b: torch.Tensor) -> dict[str, float]:
-    return dict(max_abs=float((a - b).abs().max()), rel_l2=float((a - b).norm() / b.norm()),
-                top1_equal=bool(a.argmax() == b.argmax()))
+    return dict(
+        max_abs=float((a - b).abs().max()),
+        rel_l2=float((a - b).norm() / b.norm()),
+        top1_equal=bool(a.argmax() == b.argmax()),
+    )
 
 
 def compare(nx: dict, kp: dict, methods: list[str]) -> list[dict[str, Any]]:
@@ -186,19 +212,28 @@ def compare(nx: dict, kp: dict, methods: list[str]) -> list[dict[str, Any]]:
         jac = inter / union.clamp(min=1)
         recall = inter / b["kept"].sum(-1).double().clamp(min=1)
         t_nx, t_kp = min(a["compress_s"]), min(b["compress_s"])
-        rows.append(dict(
-            method=m,
-            jaccard_mean=float(jac.mean()), jaccard_min=float(jac.min()), recall_mean=float(recall.mean()),
-            jaccard_per_layer=[float(x) for x in jac.mean(-1)],
-            jaccard_per_layer_head=jac.tolist(),
-            kept_nexus_per_layer=a["kept_counts"].tolist(), kept_kvpress_per_layer=b["kept_counts"].tolist(),
-            physical_slots_nexus=a["physical_slots"], physical_slots_kvpress=b["physical_slots"],
-            logits_nexus_vs_kvpress=_logit_stats(a["next_logits"], b["next_logits"]),
-            logits_nexus_vs_dense=_logit_stats(a["next_logits"], nx["dense_next"]),
-            logits_kvpress_vs_dense=_logit_stats(b["next_logits"], kp["dense_next"]),
-            compress_s_nexus=t_nx, compress_s_kvpress=t_kp, time_ratio=t_nx / t_kp if t_kp > 0 else None,
-            prefill_s_nexus=min(a["prefill_s"]), prefill_s_kvpress=min(b["prefill_s"]),
-        ))
+        rows.append(
+            dict(
+                method=m,
+                jaccard_mean=float(jac.mean()),
+                jaccard_min=float(jac.min()),
+                recall_mean=float(recall.mean()),
+                jaccard_per_layer=[float(x) for x in jac.mean(-1)],
+                jaccard_per_layer_head=jac.tolist(),
+                kept_nexus_per_layer=a["kept_counts"].tolist(),
+                kept_kvpress_per_layer=b["kept_counts"].tolist(),
+                physical_slots_nexus=a["physical_slots"],
+                physical_slots_kvpress=b["physical_slots"],
+                logits_nexus_vs_kvpress=_logit_stats(a["next_logits"], b["next_logits"]),
+                logits_nexus_vs_dense=_logit_stats(a["next_logits"], nx["dense_next"]),
+                logits_kvpress_vs_dense=_logit_stats(b["next_logits"], kp["dense_next"]),
+                compress_s_nexus=t_nx,
+                compress_s_kvpress=t_kp,
+                time_ratio=t_nx / t_kp if t_kp > 0 else None,
+                prefill_s_nexus=min(a["prefill_s"]),
+                prefill_s_kvpress=min(b["prefill_s"]),
+            )
+        )
     return rows
 
 
@@ -206,18 +241,40 @@ def _table(rows, title):
     from rich.table import Table
 
     table = Table(title=title)
-    for col in ("method", "jaccard mean", "min", "recall", "kept/head nexus", "kvpress", "max|dlogit| nx-kp",
-                "nx-dense", "kp-dense", "top1 same", "compress ms nx", "kp", "time nx/kp"):
+    for col in (
+        "method",
+        "jaccard mean",
+        "min",
+        "recall",
+        "kept/head nexus",
+        "kvpress",
+        "max|dlogit| nx-kp",
+        "nx-dense",
+        "kp-dense",
+        "top1 same",
+        "compress ms nx",
+        "kp",
+        "time nx/kp",
+    ):
         table.add_column(col, justify="right")
     for r in rows:
         lk, ln, lkd = r["logits_nexus_vs_kvpress"], r["logits_nexus_vs_dense"], r["logits_kvpress_vs_dense"]
         per_layer = lambda counts: "/".join(f"{sum(c) / len(c):.0f}" for c in counts)  # noqa: E731
-        table.add_row(r["method"], f"{r['jaccard_mean']:.3f}", f"{r['jaccard_min']:.3f}", f"{r['recall_mean']:.3f}",
-                      per_layer(r["kept_nexus_per_layer"]), per_layer(r["kept_kvpress_per_layer"]),
-                      f"{lk['max_abs']:.2e}", f"{ln['max_abs']:.2e}", f"{lkd['max_abs']:.2e}",
-                      "yes" if lk["top1_equal"] else "no", f"{1e3 * r['compress_s_nexus']:.2f}",
-                      f"{1e3 * r['compress_s_kvpress']:.2f}",
-                      "" if r["time_ratio"] is None else f"{r['time_ratio']:.2f}")
+        table.add_row(
+            r["method"],
+            f"{r['jaccard_mean']:.3f}",
+            f"{r['jaccard_min']:.3f}",
+            f"{r['recall_mean']:.3f}",
+            per_layer(r["kept_nexus_per_layer"]),
+            per_layer(r["kept_kvpress_per_layer"]),
+            f"{lk['max_abs']:.2e}",
+            f"{ln['max_abs']:.2e}",
+            f"{lkd['max_abs']:.2e}",
+            "yes" if lk["top1_equal"] else "no",
+            f"{1e3 * r['compress_s_nexus']:.2f}",
+            f"{1e3 * r['compress_s_kvpress']:.2f}",
+            "" if r["time_ratio"] is None else f"{r['time_ratio']:.2f}",
+        )
     return table
 
 
@@ -278,19 +335,30 @@ def main(argv=None) -> dict[str, Any]:
     rows = compare(nx, kp, args.methods)
 
     meta = dict(
-        schema=SCHEMA, tokens=args.tokens, compression_ratio=args.ratio, budget_tokens=budget, window=args.window,
-        kernel_size=args.kernel_size, beta=args.beta, n_sink=args.n_sink, alpha_safeguard=args.alpha_safeguard,
-        model=dict(layers=args.layers, heads=args.heads, kv_heads=args.kv_heads, head_dim=args.head_dim,
-                   seed=args.seed),
-        threads=torch.get_num_threads(), next_token=next_token,
+        schema=SCHEMA,
+        tokens=args.tokens,
+        compression_ratio=args.ratio,
+        budget_tokens=budget,
+        window=args.window,
+        kernel_size=args.kernel_size,
+        beta=args.beta,
+        n_sink=args.n_sink,
+        alpha_safeguard=args.alpha_safeguard,
+        model=dict(
+            layers=args.layers, heads=args.heads, kv_heads=args.kv_heads, head_dim=args.head_dim, seed=args.seed
+        ),
+        threads=torch.get_num_threads(),
+        next_token=next_token,
         nexus_side=dict(torch=torch.__version__, transformers=transformers.__version__),
         kvpress_side=kp["versions"],
         dense_prefill_logits_nexus_vs_kvpress=_logit_stats(nx["dense_prefill"], kp["dense_prefill"]),
         dense_next_logits_nexus_vs_kvpress=_logit_stats(nx["dense_next"], kp["dense_next"]),
     )
-    title = (f"nexus (transformers {meta['nexus_side']['transformers']}) vs kvpress {kp['versions']['kvpress']} "
-             f"(transformers {kp['versions']['transformers']}): T={args.tokens}, budget {budget}/head, W={args.window}, "
-             f"{args.layers} layers x {args.kv_heads} KV heads, {meta['threads']} threads")
+    title = (
+        f"nexus (transformers {meta['nexus_side']['transformers']}) vs kvpress {kp['versions']['kvpress']} "
+        f"(transformers {kp['versions']['transformers']}): T={args.tokens}, budget {budget}/head, W={args.window}, "
+        f"{args.layers} layers x {args.kv_heads} KV heads, {meta['threads']} threads"
+    )
     console.print(_table(rows, title))
     d = meta["dense_next_logits_nexus_vs_kvpress"]
     console.print(f"dense next-token logits, nexus side vs kvpress side: max |d| {d['max_abs']:.2e}")

@@ -28,8 +28,13 @@ def pctl(values: list[float], q: float) -> float:
 
 
 def stats(name: str, seconds: list[float]) -> dict:
-    return {"name": name, "n": len(seconds), "median_ms": statistics.median(seconds) * 1e3,
-            "p95_ms": pctl(seconds, 0.95) * 1e3, "min_ms": min(seconds) * 1e3}  # fmt: skip
+    return {
+        "name": name,
+        "n": len(seconds),
+        "median_ms": statistics.median(seconds) * 1e3,
+        "p95_ms": pctl(seconds, 0.95) * 1e3,
+        "min_ms": min(seconds) * 1e3,
+    }
 
 
 def timed(fn) -> float:
@@ -47,7 +52,6 @@ def main() -> None:
     args = parser.parse_args()
 
     import docker
-
     from env.grading import GradeConfig, grade
     from env.images import BASE_IMAGE_TAG, build_base_image, ensure_task_image
     from env.sandbox import Sandbox
@@ -74,8 +78,9 @@ def main() -> None:
     with Sandbox.start(image, job=job, client=client) as box, console.status("per-call costs"):
         rows.append(stats("ToolBox.install", [timed(lambda: ToolBox(box).install()) for _ in range(3)]))
         tools = ToolBox(box).install()
-        bare = [timed(lambda: subprocess.run(["docker", "exec", box.id, "true"], check=True))
-                for _ in range(args.calls)]  # fmt: skip
+        bare = [
+            timed(lambda: subprocess.run(["docker", "exec", box.id, "true"], check=True)) for _ in range(args.calls)
+        ]
         rows.append(stats("bare `docker exec true` (CLI)", bare))
         api_bare = [timed(lambda: box.container.exec_run(["true"])) for _ in range(args.calls)]
         rows.append(stats("bare exec_run(true) (docker-py)", api_bare))
@@ -104,8 +109,13 @@ def main() -> None:
         table.add_column(column, justify="right" if column != "measure" else "left")
     for row in rows:
         over = row["overhead_vs_bare_exec_ms"]
-        table.add_row(row["name"], str(row["n"]), f"{row['median_ms']:.1f}", f"{row['p95_ms']:.1f}",
-                      "" if over is None else f"{over:.1f}")  # fmt: skip
+        table.add_row(
+            row["name"],
+            str(row["n"]),
+            f"{row['median_ms']:.1f}",
+            f"{row['p95_ms']:.1f}",
+            "" if over is None else f"{over:.1f}",
+        )
     console.print(table)
     gtable = Table(title="grading (fresh container, gold patch)")
     for column in ("task", "status", "seconds"):
@@ -115,8 +125,13 @@ def main() -> None:
     console.print(gtable)
 
     OUT.mkdir(exist_ok=True)
-    report = {"machine": platform.platform(), "cpus": __import__("os").cpu_count(),
-              "docker_server": client.version().get("Version"), "measures": rows, "grading": grading}  # fmt: skip
+    report = {
+        "machine": platform.platform(),
+        "cpus": __import__("os").cpu_count(),
+        "docker_server": client.version().get("Version"),
+        "measures": rows,
+        "grading": grading,
+    }
     (OUT / "sandbox.json").write_text(json.dumps(report, indent=2))
     console.print(f"wrote {OUT / 'sandbox.json'}")
 

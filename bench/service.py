@@ -39,8 +39,24 @@ TASKS = ["humanfmt__humanfmt-1", "dslib__dslib-1", "argkit__argkit-1", "tinypars
 
 
 def start_worker(env: dict[str, str], queues: str, log: Path) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "celery", "-A", "workers.app", "worker", "-Q", queues, "--pool", "solo",
-           "--loglevel", "WARNING", "--without-gossip", "--without-mingle", "-n", f"bench-{queues}@%h"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "workers.app",
+        "worker",
+        "-Q",
+        queues,
+        "--pool",
+        "solo",
+        "--loglevel",
+        "WARNING",
+        "--without-gossip",
+        "--without-mingle",
+        "-n",
+        f"bench-{queues}@%h",
+    ]
     return subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=open(log, "ab"), stderr=subprocess.STDOUT)  # noqa: SIM115
 
 
@@ -57,10 +73,21 @@ def per_episode(rows) -> list[dict]:
         handoff = max(0.0, (r.graded_at - r.finished_at).total_seconds() - grade)
         last_finish[r.worker] = r.finished_at
         wall = pickup + run + handoff + grade
-        out.append({"episode": r.id, "task": r.task_id, "status": r.status, "pickup_s": pickup, "db_s": db_s,
-                    "agent_s": max(0.0, run - db_s), "handoff_s": handoff, "grade_s": grade, "wall_s": wall,
-                    "overhead_share": (pickup + db_s + handoff) / wall,
-                    "overhead_share_with_grading": (pickup + db_s + handoff + grade) / wall})  # fmt: skip
+        out.append(
+            {
+                "episode": r.id,
+                "task": r.task_id,
+                "status": r.status,
+                "pickup_s": pickup,
+                "db_s": db_s,
+                "agent_s": max(0.0, run - db_s),
+                "handoff_s": handoff,
+                "grade_s": grade,
+                "wall_s": wall,
+                "overhead_share": (pickup + db_s + handoff) / wall,
+                "overhead_share_with_grading": (pickup + db_s + handoff + grade) / wall,
+            }
+        )
     return out
 
 
@@ -92,9 +119,17 @@ def main() -> None:
     from workers.submit import submit
 
     seeds = list(range(max(1, -(-args.episodes // len(TASKS)))))
-    spec = JobSpec.from_dict({"name": "bench-service", "backend": "oracle", "methods": ["dense"],
-                              "scopes": ["prefill_only"], "protocols": ["true_eviction"], "seeds": seeds,
-                              "tasks": {"suite": "mini", "ids": TASKS}})  # fmt: skip
+    spec = JobSpec.from_dict(
+        {
+            "name": "bench-service",
+            "backend": "oracle",
+            "methods": ["dense"],
+            "scopes": ["prefill_only"],
+            "protocols": ["true_eviction"],
+            "seeds": seeds,
+            "tasks": {"suite": "mini", "ids": TASKS},
+        }
+    )
     db = connect(db_url)
     log = OUT / "service-bench-worker.log"
     queues = ["gpu", "grade,default"] if args.broker else ["gpu,grade,default"]
@@ -124,8 +159,10 @@ def main() -> None:
     share = statistics.median(e["overhead_share"] for e in eps)
     share_grading = statistics.median(e["overhead_share_with_grading"] for e in eps)
     per_hour = len(eps) / total * 3600
-    table = Table(title=f"service overhead per oracle episode ({'redis' if args.broker else 'embedded'} broker, "
-                        f"{len(eps)} episodes, medians)")  # fmt: skip
+    table = Table(
+        title=f"service overhead per oracle episode ({'redis' if args.broker else 'embedded'} broker, "
+        f"{len(eps)} episodes, medians)"
+    )
     table.add_column("part")
     table.add_column("seconds", justify="right")
     table.add_column("share of wall", justify="right")
@@ -135,11 +172,19 @@ def main() -> None:
     table.add_row("... including grading", "", f"{share_grading:.1%}")
     table.add_row("episodes / hour (this machine)", f"{per_hour:.0f}", "")
     console.print(table)
-    report = {"broker": "redis" if args.broker else "embedded-sqlite", "db": db_url.split("://")[0],
-              "episodes": len(eps), "statuses": sorted({e["status"] for e in eps}), "total_s": total,
-              "episodes_per_hour": per_hour, "median": summary, "overhead_share_median": share,
-              "overhead_share_with_grading_median": share_grading, "per_episode": eps,
-              "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform()}}  # fmt: skip
+    report = {
+        "broker": "redis" if args.broker else "embedded-sqlite",
+        "db": db_url.split("://")[0],
+        "episodes": len(eps),
+        "statuses": sorted({e["status"] for e in eps}),
+        "total_s": total,
+        "episodes_per_hour": per_hour,
+        "median": summary,
+        "overhead_share_median": share,
+        "overhead_share_with_grading_median": share_grading,
+        "per_episode": eps,
+        "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform()},
+    }
     name = "service-redis.json" if args.broker else "service.json"
     (OUT / name).write_text(json.dumps(report, indent=2, default=str))
     console.print(f"wrote {OUT / name}")

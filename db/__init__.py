@@ -14,6 +14,15 @@ from db.connection import Database, connect, default_url, make_engine, migrate, 
 from db.models import Episode, EpisodeStatus, Job, JobStatus, Turn
 
 __all__ = [
-    "Database", "Episode", "EpisodeStatus", "Job", "JobStatus", "Turn", "connect", "default_url", "make_engine",
-    "migrate", "sqlite_url",
-]  # fmt: skip
+    "Database",
+    "Episode",
+    "EpisodeStatus",
+    "Job",
+    "JobStatus",
+    "Turn",
+    "connect",
+    "default_url",
+    "make_engine",
+    "migrate",
+    "sqlite_url",
+]

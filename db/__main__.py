@@ -28,9 +28,7 @@ from db.connection import (
 
 def _next_rev_id() -> str:
     numbers = [
-        int(m.group(1))
-        for p in (MIGRATIONS_DIR / "versions").glob("*.py")
-        if (m := re.match(r"(\d+)_", p.name))
+        int(m.group(1)) for p in (MIGRATIONS_DIR / "versions").glob("*.py") if (m := re.match(r"(\d+)_", p.name))
     ]
     return f"{max(numbers, default=0) + 1:04d}"
 
@@ -54,9 +52,7 @@ def main(argv: list[str]) -> int:
         with tempfile.TemporaryDirectory() as scratch:
             url = sqlite_url(Path(scratch) / "scratch.db")
             migrate(url)
-            script = command.revision(
-                _alembic_config(url), message=rest[0], autogenerate=True, rev_id=_next_rev_id()
-            )
+            script = command.revision(_alembic_config(url), message=rest[0], autogenerate=True, rev_id=_next_rev_id())
         print(getattr(script, "path", script))
     return 0
 

@@ -153,9 +153,7 @@ def claim_episode(
         .where(
             Episode.id == episode_id,
             Episode.status == row.status,
-            Episode.claim_token.is_(None)
-            if row.claim_token is None
-            else Episode.claim_token == row.claim_token,
+            Episode.claim_token.is_(None) if row.claim_token is None else Episode.claim_token == row.claim_token,
         )
         .values(
             status=EpisodeStatus.running.value,
@@ -190,17 +188,13 @@ def claim_episode(
 def _touch(session: Session, claim: Claim, now: datetime) -> None:
     touched = session.execute(
         update(Episode)
-        .where(
-            Episode.id == claim.episode_id, Episode.status == "running", Episode.claim_token == claim.token
-        )
+        .where(Episode.id == claim.episode_id, Episode.status == "running", Episode.claim_token == claim.token)
         .values(heartbeat_at=now)
         .execution_options(synchronize_session=False)
     )
     expire_loaded(session, {claim.episode_id})
     if touched.rowcount != 1:
-        raise ClaimLost(
-            f"episode {claim.episode_id}: claim {claim.token[:8]} by {claim.worker} no longer holds"
-        )
+        raise ClaimLost(f"episode {claim.episode_id}: claim {claim.token[:8]} by {claim.worker} no longer holds")
 
 
 def heartbeat(session: Session, claim: Claim) -> None:
@@ -249,11 +243,24 @@ def _turn_totals(session: Session, episode_id: str) -> dict[str, Any]:
 
 FINISH_FIELDS = frozenset(
     {
-        "exit_status", "error", "patch", "test_log", "grader", "grader_version", "agent_s", "grade_s",
-        "wall_s", "prompt_tokens", "appended_tokens", "generated_tokens", "n_turns", "peak_cache_bytes",
-        "result", "config",
+        "exit_status",
+        "error",
+        "patch",
+        "test_log",
+        "grader",
+        "grader_version",
+        "agent_s",
+        "grade_s",
+        "wall_s",
+        "prompt_tokens",
+        "appended_tokens",
+        "generated_tokens",
+        "n_turns",
+        "peak_cache_bytes",
+        "result",
+        "config",
     }
-)  # fmt: skip
+)
 
 
 def finish_episode(session: Session, claim: Claim, status: str, **fields: Any) -> bool:
@@ -278,9 +285,7 @@ def finish_episode(session: Session, claim: Claim, status: str, **fields: Any) -
         values.setdefault("graded_at", now)
     written = session.execute(
         update(Episode)
-        .where(
-            Episode.id == claim.episode_id, Episode.status == "running", Episode.claim_token == claim.token
-        )
+        .where(Episode.id == claim.episode_id, Episode.status == "running", Episode.claim_token == claim.token)
         .values(**values)
         .execution_options(synchronize_session=False)
     )
@@ -371,7 +376,7 @@ def record_grade(
             error=error,
             result=result,
             graded_at=utcnow(),
-        )  # fmt: skip
+        )
         .execution_options(synchronize_session=False)
     )
     if written.rowcount != 1:

@@ -62,9 +62,7 @@ class EpisodeStatus(StrEnum):
 
 
 GRADE_STATUSES = frozenset({"resolved", "unresolved", "empty_patch", "patch_failed"})
-AGENT_EXIT_STATUSES = frozenset(
-    {"submitted", "step_limit", "context_limit", "time_limit", "format_error_limit"}
-)
+AGENT_EXIT_STATUSES = frozenset({"submitted", "step_limit", "context_limit", "time_limit", "format_error_limit"})
 SERVICE_FAILURE_STATUSES = frozenset({"timeout", "infra_failure", "cancelled"})
 # Terminal = nothing more will happen to the row by itself. Agent exits are terminal for the agent stage
 # (a grade may still be recorded on top of them).

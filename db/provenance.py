@@ -8,9 +8,19 @@ from pathlib import Path
 
 # The packages whose versions change results or their grading.
 TRACKED_PACKAGES = (
-    "nexus-eval", "torch", "transformers", "numpy", "pydantic", "swebench", "docker", "celery", "redis",
-    "sqlalchemy", "alembic", "psycopg",
-)  # fmt: skip
+    "nexus-eval",
+    "torch",
+    "transformers",
+    "numpy",
+    "pydantic",
+    "swebench",
+    "docker",
+    "celery",
+    "redis",
+    "sqlalchemy",
+    "alembic",
+    "psycopg",
+)
 SERVICE_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -37,8 +47,11 @@ def git_revision(root: Path = SERVICE_ROOT) -> str | None:
         ).stdout.strip()
         dirty = subprocess.run(
             ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True, text=True, timeout=10, check=True,
-        ).stdout.strip()  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
     return f"{head}-dirty" if dirty else head

@@ -49,12 +49,37 @@ from db.provenance import git_revision as current_git_revision
 from db.provenance import package_versions as current_package_versions
 
 __all__ = [
-    "Claim", "ClaimLost", "EpisodeKeyLike", "JobSummary", "add_episodes", "assign_celery_task",
-    "cancel_job", "claim_episode", "create_job", "episode_key", "episodes_for_job", "fail_job",
-    "fail_running_episode", "finish_episode", "get_episode", "get_job", "heartbeat", "job_grades",
-    "job_summary", "latest_attempts", "list_jobs", "local_worker_is_dead", "lock_job", "new_attempt",
-    "record_grade", "record_turn", "refresh_job_status", "rerun_job", "stale_episodes", "worker_identity",
-]  # fmt: skip
+    "Claim",
+    "ClaimLost",
+    "EpisodeKeyLike",
+    "JobSummary",
+    "add_episodes",
+    "assign_celery_task",
+    "cancel_job",
+    "claim_episode",
+    "create_job",
+    "episode_key",
+    "episodes_for_job",
+    "fail_job",
+    "fail_running_episode",
+    "finish_episode",
+    "get_episode",
+    "get_job",
+    "heartbeat",
+    "job_grades",
+    "job_summary",
+    "latest_attempts",
+    "list_jobs",
+    "local_worker_is_dead",
+    "lock_job",
+    "new_attempt",
+    "record_grade",
+    "record_turn",
+    "refresh_job_status",
+    "rerun_job",
+    "stale_episodes",
+    "worker_identity",
+]
 
 
 class EpisodeKeyLike(Protocol):
@@ -142,11 +167,7 @@ def _by_id_or_prefix(session: Session, model: type[Job] | type[Episode], ident: 
     row = session.get(model, ident)
     if row is not None:
         return row
-    matches = (
-        session.execute(select(model).where(model.id.startswith(ident, autoescape=True)).limit(2))
-        .scalars()
-        .all()
-    )
+    matches = session.execute(select(model).where(model.id.startswith(ident, autoescape=True)).limit(2)).scalars().all()
     kind = model.__tablename__[:-1]
     if not matches:
         raise LookupError(f"no {kind} with id {ident!r}")
@@ -230,9 +251,7 @@ def _latest_statuses(session: Session, job_id: str) -> list[str]:
     return list(session.execute(query).scalars())
 
 
-def new_attempt(
-    session: Session, episode_id: str, *, config_overrides: dict[str, Any] | None = None
-) -> Episode:
+def new_attempt(session: Session, episode_id: str, *, config_overrides: dict[str, Any] | None = None) -> Episode:
     """A new ``queued`` row for the same key with attempt = newest attempt + 1. The source must have
     finished (not queued/running). ``config_overrides`` are merged over the source's config."""
     begin_write(session)
@@ -324,9 +343,7 @@ def job_summary(session: Session, job_id: str) -> JobSummary:
 def refresh_job_status(session: Session, job_id: str) -> str:
     """Recompute and store the job's status from its episodes (cancelled/failed jobs stay as they are):
     ``done`` once nothing is queued, running or (when the job grades) waiting for a grade."""
-    job = session.execute(
-        select(Job).where(Job.id == job_id).execution_options(populate_existing=True)
-    ).scalar_one()
+    job = session.execute(select(Job).where(Job.id == job_id).execution_options(populate_existing=True)).scalar_one()
     if job.status in (JobStatus.cancelled, JobStatus.failed):
         return job.status
     summary = JobSummary(job.id, job.status, 0, dict(Counter(_latest_statuses(session, job_id))))

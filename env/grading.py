@@ -41,11 +41,15 @@ LOG_HEADER = "NEXUS-EVAL GRADE LOG v1"
 WORK = "/tmp/nexus_grade"
 # swebench 5.x rows carry `log_parser`; classic rows are keyed by repo as in swebench 3.x/4.x.
 REPO_LOG_PARSERS = {
-    "django/django": "parse_log_django", "sympy/sympy": "parse_log_sympy",
-    "matplotlib/matplotlib": "parse_log_matplotlib", "mwaskom/seaborn": "parse_log_seaborn",
-    "sphinx-doc/sphinx": "parse_log_sphinx", "astropy/astropy": "parse_log_astropy",
-    "psf/requests": "parse_log_requests", "pydata/xarray": "parse_log_xarray",
-}  # fmt: skip
+    "django/django": "parse_log_django",
+    "sympy/sympy": "parse_log_sympy",
+    "matplotlib/matplotlib": "parse_log_matplotlib",
+    "mwaskom/seaborn": "parse_log_seaborn",
+    "sphinx-doc/sphinx": "parse_log_sphinx",
+    "astropy/astropy": "parse_log_astropy",
+    "psf/requests": "parse_log_requests",
+    "pydata/xarray": "parse_log_xarray",
+}
 DEFAULT_LOG_PARSER = "parse_log_pytest"
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
@@ -95,8 +99,10 @@ def patch_files(patch: str) -> list[str]:
 def _test_command(task, test_files: list[str]) -> str:
     if task.kind == "r2e":
         # R2E images keep tests at /r2e_tests and run them from /testbed via run_tests.sh
-        return ("[ -e /testbed/r2e_tests ] || ln -s /r2e_tests /testbed/r2e_tests; "
-                "if [ -f /testbed/run_tests.sh ]; then bash /testbed/run_tests.sh; else bash /root/run_tests.sh; fi")  # fmt: skip
+        return (
+            "[ -e /testbed/r2e_tests ] || ln -s /r2e_tests /testbed/r2e_tests; "
+            "if [ -f /testbed/run_tests.sh ]; then bash /testbed/run_tests.sh; else bash /root/run_tests.sh; fi"
+        )
     if task.kind == "local" or not test_files:
         return task.test_cmd
     return f"{task.test_cmd} {' '.join(shlex.quote(f) for f in test_files)}"
@@ -127,8 +133,9 @@ def grade(task, patch: str, *, config: GradeConfig | None = None) -> GradeResult
     """Grade `patch` for `task` in a fresh container; every failure becomes a status with a reason."""
     grader, grader_version = grader_of(task)
     if not patch or not patch.strip():
-        return GradeResult(status="empty_patch", grader=grader, grader_version=grader_version,
-                           error="the patch is empty")  # fmt: skip
+        return GradeResult(
+            status="empty_patch", grader=grader, grader_version=grader_version, error="the patch is empty"
+        )
     started = time.monotonic()
     result = regrade(task, _run_in_fresh_container(task, patch, config or GradeConfig()), patch)
     result.seconds = time.monotonic() - started
@@ -160,8 +167,13 @@ def _run_in_fresh_container(task, patch: str | None, config: GradeConfig) -> str
 
     try:
         image = ensure_task_image(task)
-        with Sandbox.start(image, config=config.sandbox, job=config.job, episode=f"grade-{task.instance_id}",
-                           labels={"nexus-eval.role": "grade"}) as box:  # fmt: skip
+        with Sandbox.start(
+            image,
+            config=config.sandbox,
+            job=config.job,
+            episode=f"grade-{task.instance_id}",
+            labels={"nexus-eval.role": "grade"},
+        ) as box:
             if patch is None:
                 ok = section(box, "model_patch", "echo 'no model patch: grading the base state'", 30)
             else:
@@ -184,9 +196,7 @@ def _run_in_fresh_container(task, patch: str | None, config: GradeConfig) -> str
 def _sections(log: str, token: str) -> dict[str, tuple[str, int, bool]]:
     """name -> (body, rc, timed_out) for the LAST complete BEGIN/END frame of each name."""
     found: dict[str, tuple[str, int, bool]] = {}
-    pattern = re.compile(
-        rf"^{token} BEGIN (\w+)\n(.*?)^{token} END \1 rc=(-?\d+) timed_out=([01])$", flags=re.M | re.S
-    )
+    pattern = re.compile(rf"^{token} BEGIN (\w+)\n(.*?)^{token} END \1 rc=(-?\d+) timed_out=([01])$", flags=re.M | re.S)
     for match in pattern.finditer(log):
         found[match.group(1)] = (match.group(2), int(match.group(3)), match.group(4) == "1")
     return found
@@ -196,8 +206,9 @@ def regrade(task, log: str, patch: str) -> GradeResult:
     """Re-derive the status from a stored grading log (no container, no Docker needed)."""
     if not patch or not patch.strip():
         grader, grader_version = grader_of(task)
-        return GradeResult(status="empty_patch", grader=grader, grader_version=grader_version, log=log,
-                           error="the patch is empty")  # fmt: skip
+        return GradeResult(
+            status="empty_patch", grader=grader, grader_version=grader_version, log=log, error="the patch is empty"
+        )
     return _evaluate(task, log)
 
 
@@ -223,8 +234,9 @@ def _evaluate(task, log: str) -> GradeResult:
             return GradeResult(status="infra_failure", error="log has no test_patch section", **base)
         body, rc, timed_out = parts["test_patch"]
         if rc != 0 or timed_out:
-            return GradeResult(status="infra_failure", error=f"the task's test patch did not apply: {body[-500:]}",
-                               **base)  # fmt: skip
+            return GradeResult(
+                status="infra_failure", error=f"the task's test patch did not apply: {body[-500:]}", **base
+            )
     if "tests" not in parts:
         return GradeResult(status="infra_failure", error="log has no tests section", **base)
     body, rc, timed_out = parts["tests"]
@@ -240,13 +252,19 @@ def _grade_swebench(task, test_output: str, exit_code: int, base: dict) -> Grade
     from swebench.harness.grading import get_eval_tests_report, get_logs_eval, get_resolution_status
     from swebench.harness.utils import make_test_spec
 
-    spec = make_test_spec({
-        "instance_id": task.instance_id, "image": task.docker_image or "local", "repo": task.repo,
-        "version": task.version or "0", "FAIL_TO_PASS": list(task.FAIL_TO_PASS),
-        "PASS_TO_PASS": list(task.PASS_TO_PASS), "eval_type": "pass_and_fail",
-        "log_parser": REPO_LOG_PARSERS.get(task.repo, DEFAULT_LOG_PARSER),
-        "eval_script": f"#!/bin/bash\n: '{START_TEST_OUTPUT}'\ntrue\n: '{END_TEST_OUTPUT}'\n",
-    })  # fmt: skip
+    spec = make_test_spec(
+        {
+            "instance_id": task.instance_id,
+            "image": task.docker_image or "local",
+            "repo": task.repo,
+            "version": task.version or "0",
+            "FAIL_TO_PASS": list(task.FAIL_TO_PASS),
+            "PASS_TO_PASS": list(task.PASS_TO_PASS),
+            "eval_type": "pass_and_fail",
+            "log_parser": REPO_LOG_PARSERS.get(task.repo, DEFAULT_LOG_PARSER),
+            "eval_script": f"#!/bin/bash\n: '{START_TEST_OUTPUT}'\ntrue\n: '{END_TEST_OUTPUT}'\n",
+        }
+    )
     # swebench reads the first markers and refuses logs with its bad-code markers: neutralise any that the
     # tested code printed, so only our host-framed region and exit code are what it sees.
     region = test_output.replace(">>>>>", "> > > > >")
@@ -259,14 +277,22 @@ def _grade_swebench(task, test_output: str, exit_code: int, base: dict) -> Grade
     finally:
         Path(log_path).unlink(missing_ok=True)
     if not found:
-        return GradeResult(status="unresolved", error="swebench found no trustworthy test results in the log "
-                           f"(test command exit code {exit_code})", **base)  # fmt: skip
+        return GradeResult(
+            status="unresolved",
+            error=f"swebench found no trustworthy test results in the log (test command exit code {exit_code})",
+            **base,
+        )
     report = get_eval_tests_report(
         status_map, {"FAIL_TO_PASS": list(task.FAIL_TO_PASS), "PASS_TO_PASS": list(task.PASS_TO_PASS)}
     )
     resolved = get_resolution_status(report) == ResolvedStatus.FULL.value
-    return GradeResult(status="resolved" if resolved else "unresolved", tests=status_map,
-                       fail_to_pass=report["FAIL_TO_PASS"], pass_to_pass=report["PASS_TO_PASS"], **base)  # fmt: skip
+    return GradeResult(
+        status="resolved" if resolved else "unresolved",
+        tests=status_map,
+        fail_to_pass=report["FAIL_TO_PASS"],
+        pass_to_pass=report["PASS_TO_PASS"],
+        **base,
+    )
 
 
 def parse_r2e_pytest(log: str) -> dict[str, str]:
@@ -293,7 +319,9 @@ def _grade_r2e(task, test_output: str, base: dict) -> GradeResult:
     expected = {_ANSI.sub("", k).split(" - ")[0]: v for k, v in expected_raw.items()}
     parsed = parse_r2e_pytest(test_output)
     differing = sorted(k for k in expected.keys() | parsed.keys() if expected.get(k) != parsed.get(k))
-    error = None if not differing else f"{len(differing)} test keys differ from expected_output_json, e.g. {differing[:5]}"
+    error = (
+        None if not differing else f"{len(differing)} test keys differ from expected_output_json, e.g. {differing[:5]}"
+    )
     return GradeResult(status="resolved" if not differing else "unresolved", tests=parsed, error=error, **base)
 
 
@@ -303,7 +331,7 @@ def export_patch_filtered(patch: str, str_replace_paths: Iterable[str], repo_roo
     If the agent never used str_replace, every `.py` file of the diff is kept (as R2E-Gym does).
     """
     root = repo_root.rstrip("/") + "/"
-    edited = {p[len(root):] if p.startswith(root) else p.lstrip("/") for p in str_replace_paths}
+    edited = {p[len(root) :] if p.startswith(root) else p.lstrip("/") for p in str_replace_paths}
     chunks = re.split(r"(?m)^(?=diff --git )", patch)
     kept = []
     for chunk in chunks:

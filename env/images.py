@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # pragma: no cover
     import docker
-
     from env.tasks import Task
 
 BASE_IMAGE_TAG = "nexus-eval/base:bookworm-1"
@@ -103,9 +102,7 @@ def debian_mirror(sources: Path = DEBIAN_SOURCES) -> str:
     if not sources.exists():
         return DEFAULT_MIRROR
     for stanza in sources.read_text().split("\n\n"):
-        fields = dict(
-            line.split(":", 1) for line in stanza.splitlines() if ":" in line and not line.startswith("#")
-        )
+        fields = dict(line.split(":", 1) for line in stanza.splitlines() if ":" in line and not line.startswith("#"))
         suites = fields.get("Suites", "").split()
         uris = fields.get("URIs", "").split()
         if DEBIAN_SUITE in suites and uris:
@@ -144,9 +141,13 @@ def _build_with_debootstrap(tag: str, say: Progress) -> None:
         rootfs = Path(tmp) / "rootfs"
         say(f"debootstrap {DEBIAN_SUITE} from {mirror} (about a minute)")
         cmd = [
-            "debootstrap", "--variant=minbase", f"--include={','.join(BASE_PACKAGES)}",
-            DEBIAN_SUITE, str(rootfs), mirror,
-        ]  # fmt: skip
+            "debootstrap",
+            "--variant=minbase",
+            f"--include={','.join(BASE_PACKAGES)}",
+            DEBIAN_SUITE,
+            str(rootfs),
+            mirror,
+        ]
         _run_or_fail(cmd, "debootstrap")
         (rootfs / "etc/gitconfig").write_text(_GITCONFIG)
         (rootfs / "etc/gitignore-nexus").write_text(_GITIGNORE)
@@ -158,9 +159,7 @@ def _build_with_debootstrap(tag: str, say: Progress) -> None:
         say(f"docker import -> {tag}")
         changes = [arg for change in _IMPORT_CHANGES for arg in ("--change", change)]
         tar = subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
-        imp = subprocess.run(
-            ["docker", "import", *changes, "-", tag], stdin=tar.stdout, capture_output=True, text=True
-        )
+        imp = subprocess.run(["docker", "import", *changes, "-", tag], stdin=tar.stdout, capture_output=True, text=True)
         tar.stdout.close()
         tar.wait()
         if tar.returncode != 0 or imp.returncode != 0:
@@ -200,9 +199,14 @@ def _docker_build(client, context: str, tag: str, *, network_mode: str | None, w
 
     try:
         client.images.build(
-            path=context, tag=tag, rm=True, forcerm=True, network_mode=network_mode, labels=labels or {},
+            path=context,
+            tag=tag,
+            rm=True,
+            forcerm=True,
+            network_mode=network_mode,
+            labels=labels or {},
             pull=False,
-        )  # fmt: skip
+        )
     except docker.errors.BuildError as exc:
         lines = [chunk.get("stream", "") or chunk.get("error", "") for chunk in exc.build_log]
         tail = "".join(lines).strip()[-3000:]
@@ -278,13 +282,19 @@ def ensure_task_image(task: Task, client: docker.DockerClient | None = None, *, 
         return tag
     with tempfile.TemporaryDirectory(prefix="nexus-task-ctx-") as ctx:
         shutil.copytree(
-            Path(task.local_dir) / "repo", Path(ctx) / "repo", symlinks=True,
+            Path(task.local_dir) / "repo",
+            Path(ctx) / "repo",
+            symlinks=True,
             ignore=shutil.ignore_patterns(".git", "__pycache__", "*.pyc", ".pytest_cache"),
-        )  # fmt: skip
+        )
         Path(ctx, "Dockerfile").write_text(_task_dockerfile(base_tag, list(task.setup)))
         Path(ctx, ".dockerignore").write_text("repo/**/.git\n")
         _docker_build(
-            client, ctx, tag, network_mode="none", what=f"image for task {task.instance_id}",
+            client,
+            ctx,
+            tag,
+            network_mode="none",
+            what=f"image for task {task.instance_id}",
             labels={"nexus-eval.task": task.instance_id},
-        )  # fmt: skip
+        )
     return tag

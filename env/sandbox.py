@@ -27,11 +27,21 @@ from pydantic import BaseModel, ConfigDict, Field
 
 # Repo interpreters first, as in R2E-Gym's DOCKER_PATH: R2E images keep a uv venv at /testbed/.venv
 # (linked to /root/.venv), SWE-bench images a conda env `testbed`; directories that do not exist are skipped.
-SANDBOX_PATH = ":".join([
-    "/testbed/.venv/bin", "/root/.venv/bin", "/opt/miniconda3/envs/testbed/bin", "/opt/miniconda3/bin",
-    "/root/.local/bin",
-    "/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin",
-])  # fmt: skip
+SANDBOX_PATH = ":".join(
+    [
+        "/testbed/.venv/bin",
+        "/root/.venv/bin",
+        "/opt/miniconda3/envs/testbed/bin",
+        "/opt/miniconda3/bin",
+        "/root/.local/bin",
+        "/usr/local/sbin",
+        "/usr/local/bin",
+        "/usr/sbin",
+        "/usr/bin",
+        "/sbin",
+        "/bin",
+    ]
+)
 LABEL_PREFIX = "nexus-eval"
 TRUNCATION_MARK = "\n[... output truncated: {dropped} bytes omitted from the middle ...]\n"
 
@@ -214,9 +224,13 @@ class Sandbox:
         started = time.monotonic()
         try:
             exec_id = api.exec_create(
-                self.container.id, ["/bin/sh", "-c", wrapped], stdout=True, stderr=True,
-                workdir=workdir, environment=env,
-            )["Id"]  # fmt: skip
+                self.container.id,
+                ["/bin/sh", "-c", wrapped],
+                stdout=True,
+                stderr=True,
+                workdir=workdir,
+                environment=env,
+            )["Id"]
             stream = api.exec_start(exec_id, stream=True, demux=False)
         except Exception as exc:
             raise InfraError(f"exec in container {self.container.short_id} failed: {self._why(exc)}") from exc
@@ -247,8 +261,7 @@ class Sandbox:
         if timed_out:
             self._kill_tagged(exec_tag)
         output, truncated = buffer.text()
-        return ExecResult(output=output, exit_code=exit_code, timed_out=timed_out, truncated=truncated,
-                          seconds=seconds)  # fmt: skip
+        return ExecResult(output=output, exit_code=exit_code, timed_out=timed_out, truncated=truncated, seconds=seconds)
 
     def _kill_tagged(self, exec_tag: str) -> None:
         """KILL every process whose environment carries this command's tag (escapees of setsid too)."""

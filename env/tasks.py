@@ -124,9 +124,7 @@ def _validate(source: str, fields: dict[str, Any]) -> Task:
         errors = exc.errors()
         locs = [".".join(str(p) for p in e["loc"]) for e in errors]
         messages = [e["msg"].removeprefix("Value error, ") + f" (got {e['input']!r:.80})" for e in errors]
-        also = "".join(
-            f"; also field '{loc}': {msg}" for loc, msg in zip(locs[1:], messages[1:], strict=True)
-        )
+        also = "".join(f"; also field '{loc}': {msg}" for loc, msg in zip(locs[1:], messages[1:], strict=True))
         raise TaskError(source, messages[0] + also, field=locs[0] or None) from None
 
 
@@ -227,9 +225,7 @@ def load_local_task(task_dir: str | Path) -> Task:
             raise TaskError(task_file, "missing required field", field=key)
     for key in LOCAL_FORBIDDEN:
         if key in data:
-            raise TaskError(
-                task_file, "not allowed in a local task: the image is built from repo/", field=key
-            )
+            raise TaskError(task_file, "not allowed in a local task: the image is built from repo/", field=key)
     unknown = sorted(set(data) - set(LOCAL_REQUIRED) - set(LOCAL_OPTIONAL))
     if unknown:
         raise TaskError(
@@ -329,9 +325,7 @@ def _load_hf(name: str, split: str) -> list[Task]:
         dataset = datasets.load_dataset(name, split=split)
     except Exception as exc:  # offline, unknown name, unknown split: all surface as a TaskError
         raise TaskError(name, f"cannot load Hugging Face dataset (split {split!r}): {exc}") from None
-    return _unique(
-        name, [task_from_row(dict(row), source=f"{name}[{split}] row {i}") for i, row in enumerate(dataset)]
-    )
+    return _unique(name, [task_from_row(dict(row), source=f"{name}[{split}] row {i}") for i, row in enumerate(dataset)])
 
 
 def load_tasks(source: str | Path, *, split: str = "test") -> list[Task]:
@@ -351,9 +345,7 @@ def load_tasks(source: str | Path, *, split: str = "test") -> list[Task]:
     text = str(source)
     if isinstance(source, str) and source in known_suites():
         return load_task_folder(SUITES_DIR / source)
-    looks_like_path = (
-        isinstance(source, Path) or text.startswith((".", "/", "~")) or text.endswith(FILE_SUFFIXES)
-    )
+    looks_like_path = isinstance(source, Path) or text.startswith((".", "/", "~")) or text.endswith(FILE_SUFFIXES)
     if looks_like_path or text.count("/") > 1:
         raise TaskError(text, "no such file or folder")
     return _load_hf(text, split)

@@ -36,11 +36,24 @@ BASH_KEEP_LINES = 40
 INSTALL_DIR = "/usr/local/bin"
 SCRIPTS_DIR = Path(__file__).resolve().parent / "tool_scripts"
 # Grading material that R2E/SWE-bench images ship; removed from the agent's container (R2E-Gym leaks it).
-GRADING_PATHS = ("/r2e_tests", "/root/r2e_tests", "/testbed/r2e_tests", "/testbed/run_tests.sh",
-                 "/root/run_tests.sh", "/run_tests.sh", "/eval.sh", "/root/expected_test_output.json")  # fmt: skip
-INTERPRETER_CANDIDATES = ("/usr/bin/python3", "/opt/miniconda3/bin/python3", "/root/.venv/bin/python",
-                          "/testbed/.venv/bin/python", "/opt/miniconda3/envs/testbed/bin/python",
-                          "/usr/local/bin/python3")  # fmt: skip
+GRADING_PATHS = (
+    "/r2e_tests",
+    "/root/r2e_tests",
+    "/testbed/r2e_tests",
+    "/testbed/run_tests.sh",
+    "/root/run_tests.sh",
+    "/run_tests.sh",
+    "/eval.sh",
+    "/root/expected_test_output.json",
+)
+INTERPRETER_CANDIDATES = (
+    "/usr/bin/python3",
+    "/opt/miniconda3/bin/python3",
+    "/root/.venv/bin/python",
+    "/testbed/.venv/bin/python",
+    "/opt/miniconda3/envs/testbed/bin/python",
+    "/usr/local/bin/python3",
+)
 NO_FUNCTION_CALL_REMINDER = (
     "\nYou forgot to use a function call in your response. \nYOU MUST USE A FUNCTION CALL IN EACH RESPONSE."
     "\n\nIMPORTANT: YOU SHOULD NEVER ASK FOR HUMAN HELP.\n"
@@ -87,20 +100,28 @@ TOOL_SPECS: list[dict[str, Any]] = [
         "parameters": {
             "type": "object",
             "properties": {
-                "command": _param("command", "string", "The operation to run.",
-                                  enum=["view", "create", "str_replace", "insert", "undo_edit"]),
+                "command": _param(
+                    "command",
+                    "string",
+                    "The operation to run.",
+                    enum=["view", "create", "str_replace", "insert", "undo_edit"],
+                ),
                 "path": _param("path", "string", "Absolute path of the file or directory, e.g. /testbed/a.py."),
                 "file_text": _param("file_text", "string", "`create`: the content of the new file."),
                 "old_str": _param("old_str", "string", "`str_replace`: the exact text to replace."),
-                "new_str": _param("new_str", "string",
-                                  "`str_replace`: the replacement (empty if omitted); `insert`: the text to add."),
-                "insert_line": _param("insert_line", "integer",
-                                      "`insert`: the new text goes after this line (0 = top of the file)."),
-                "view_range": _param("view_range", "array",
-                                     "`view` on a file: [start, end], 1-based; end -1 means to the end."),
+                "new_str": _param(
+                    "new_str", "string", "`str_replace`: the replacement (empty if omitted); `insert`: the text to add."
+                ),
+                "insert_line": _param(
+                    "insert_line", "integer", "`insert`: the new text goes after this line (0 = top of the file)."
+                ),
+                "view_range": _param(
+                    "view_range", "array", "`view` on a file: [start, end], 1-based; end -1 means to the end."
+                ),
                 "concise": _param("concise", "boolean", "`view`: condensed view of a .py file."),
-                "enable_linting": _param("enable_linting", "boolean",
-                                         "Refuse edits that leave a .py file with a syntax error."),
+                "enable_linting": _param(
+                    "enable_linting", "boolean", "Refuse edits that leave a .py file with a syntax error."
+                ),
             },
             "required": ["command", "path"],
         },
@@ -165,8 +186,9 @@ def truncate_bash_output(text: str, keep: int = BASH_KEEP_LINES) -> str:
     if len(lines) <= 2 * keep:
         return text
     divider = "-" * 50
-    return "\n".join([*lines[:keep], divider, "<Observation truncated in middle for saving context>", divider,
-                      *lines[-keep:]])  # fmt: skip
+    return "\n".join(
+        [*lines[:keep], divider, "<Observation truncated in middle for saving context>", divider, *lines[-keep:]]
+    )
 
 
 class ToolBox:
@@ -207,8 +229,10 @@ class ToolBox:
         if name in FINISH_NAMES:
             return ToolResult(observation=FINISHED_OBSERVATION, submitted=True, seconds=0.0, exit_code=0)
         if name not in TOOL_NAMES:
-            text = (f"Execution output of [{name}]:\nERROR: unknown function '{name}'. "
-                    f"Available functions: {', '.join(TOOL_NAMES)}.")  # fmt: skip
+            text = (
+                f"Execution output of [{name}]:\nERROR: unknown function '{name}'. "
+                f"Available functions: {', '.join(TOOL_NAMES)}."
+            )
             return ToolResult(observation=text, seconds=time.monotonic() - started)
         if name == "file_editor" and call.arguments.get("command") == "str_replace":
             path = call.arguments.get("path", "")
@@ -226,5 +250,10 @@ class ToolBox:
             text = f"Exit code: {status}\nExecution output of [{name}]:\n{truncate_bash_output(output)}"
         else:
             text = f"Execution output of [{name}]:\n{output}"
-        return ToolResult(observation=text, submitted=False, seconds=time.monotonic() - started,
-                          exit_code=result.exit_code, timed_out=result.timed_out)  # fmt: skip
+        return ToolResult(
+            observation=text,
+            submitted=False,
+            seconds=time.monotonic() - started,
+            exit_code=result.exit_code,
+            timed_out=result.timed_out,
+        )

@@ -58,14 +58,20 @@ def validate_task(task, *, config: GradeConfig | None = None) -> TaskValidation:
     base = grade_base_state(task, config=config)
     problems = judge(task, gold, base)
     return TaskValidation(
-        instance_id=task.instance_id, valid=not problems, gold_status=gold.status, base_status=base.status,
-        problems=problems, seconds=time.monotonic() - started, grader=gold.grader,
+        instance_id=task.instance_id,
+        valid=not problems,
+        gold_status=gold.status,
+        base_status=base.status,
+        problems=problems,
+        seconds=time.monotonic() - started,
+        grader=gold.grader,
         grader_version=gold.grader_version,
-    )  # fmt: skip
+    )
 
 
-def validate_tasks(tasks, *, config: GradeConfig | None = None,
-                   on_done: Callable[[TaskValidation], None] | None = None) -> list[TaskValidation]:  # fmt: skip
+def validate_tasks(
+    tasks, *, config: GradeConfig | None = None, on_done: Callable[[TaskValidation], None] | None = None
+) -> list[TaskValidation]:
     results = []
     for task in tasks:
         verdict = validate_task(task, config=config)

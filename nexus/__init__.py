@@ -1,10 +1,10 @@
 """nexus: a persistent, evictable KV cache for transformers, with Nexus Sampling and the baselines.
 
-    import nexus
-    nexus.prepare(model)                                   # once: installs the capture attention
-    cache = nexus.EvictableCache(model.config, nexus.EvictionConfig(method="nexus", density=0.2))
-    model.generate(ids, cache=cache, max_new_tokens=64)    # eviction happens inside the forward
-    cache.logical_length, cache.physical_length(0), cache.retained_positions(0), cache.nbytes(), cache.events
+import nexus
+nexus.prepare(model)                                   # once: installs the capture attention
+cache = nexus.EvictableCache(model.config, nexus.EvictionConfig(method="nexus", density=0.2))
+model.generate(ids, cache=cache, max_new_tokens=64)    # eviction happens inside the forward
+cache.logical_length, cache.physical_length(0), cache.retained_positions(0), cache.nbytes(), cache.events
 """
 
 from nexus.attention import cache_kwarg, prepare

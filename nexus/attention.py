@@ -83,7 +83,9 @@ def make_attention(base: str):
         cache = ACTIVE_CACHE.get()
         layer_idx = getattr(module, "layer_idx", None)
         if cache is None or layer_idx is None or not cache.owns(layer_idx, key):
-            return _base_kernel(base, module)(_module_for_kernel(module, base), query, key, value, attention_mask, **kwargs)
+            return _base_kernel(base, module)(
+                _module_for_kernel(module, base), query, key, value, attention_mask, **kwargs
+            )
         q_len = query.shape[2]
         needs_mask = q_len > 1 or cache.layers[layer_idx].ragged
         if base.startswith("flash") and cache.layers[layer_idx].ragged:

@@ -270,10 +270,19 @@ class EvictableCache(Cache):
             gen = torch.Generator(device=layer.device)
             gen.manual_seed(hash((self.config.seed, layer.layer_idx, layer.events)) & 0x7FFF_FFFF_FFFF_FFFF)
         return LayerView(
-            layer_idx=layer.layer_idx, num_layers=self.num_layers, keys=layer.keys, positions=layer.positions,
-            queries=queries, query_positions=qpos, scaling=scaling, budget=layer.budget or 0,
-            window=self.config.window, block_size=self.config.block_size, phase=phase,
-            generator=gen, state=layer.state,
+            layer_idx=layer.layer_idx,
+            num_layers=self.num_layers,
+            keys=layer.keys,
+            positions=layer.positions,
+            queries=queries,
+            query_positions=qpos,
+            scaling=scaling,
+            budget=layer.budget or 0,
+            window=self.config.window,
+            block_size=self.config.block_size,
+            phase=phase,
+            generator=gen,
+            state=layer.state,
         )
 
     def _evict(self, layer: EvictableLayer, scaling: float, phase: str) -> None:

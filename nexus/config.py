@@ -59,7 +59,11 @@ class EvictionConfig:
             raise ValueError(f"density must be a number in (0, 1], got {density!r}")
         if not 0.0 < float(density) <= 1.0:
             raise ValueError(f"density must be in (0, 1], got {density}")
-        for name, value, lo in (("block_size", block_size, 1), ("window", window, 1), ("slack_blocks", slack_blocks, 0)):
+        for name, value, lo in (
+            ("block_size", block_size, 1),
+            ("window", window, 1),
+            ("slack_blocks", slack_blocks, 0),
+        ):
             if isinstance(value, bool) or not isinstance(value, int) or value < lo:
                 raise ValueError(f"{name} must be an integer >= {lo}, got {value!r}")
         if budget_tokens is not None and (
@@ -76,9 +80,16 @@ class EvictionConfig:
                 f"raise it or lower window/block_size"
             )
         for k, v in dict(
-            method=method, scope=scope, density=float(density), budget_tokens=budget_tokens,
-            block_size=block_size, window=window, slack_blocks=slack_blocks, seed=seed,
-            method_params=dict(method_params), policy=policy,
+            method=method,
+            scope=scope,
+            density=float(density),
+            budget_tokens=budget_tokens,
+            block_size=block_size,
+            window=window,
+            slack_blocks=slack_blocks,
+            seed=seed,
+            method_params=dict(method_params),
+            policy=policy,
         ).items():
             object.__setattr__(self, k, v)
 
@@ -93,8 +104,10 @@ class EvictionConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able form; `EvictionConfig(**cfg.to_dict())` rebuilds it."""
-        d = {k: getattr(self, k) for k in (
-            "method", "scope", "density", "budget_tokens", "block_size", "window", "seed", "slack_blocks")}
+        d = {
+            k: getattr(self, k)
+            for k in ("method", "scope", "density", "budget_tokens", "block_size", "window", "seed", "slack_blocks")
+        }
         d.update(self.method_params)
         return d
 

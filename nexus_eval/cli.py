@@ -17,7 +17,6 @@ app = typer.Typer(
 )
 
 
-
 @app.command()
 def version() -> None:
     """Print the installed nexus-eval version."""

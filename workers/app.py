@@ -121,8 +121,12 @@ class ServiceSettings(BaseModel):
 def make_app(settings: ServiceSettings | None = None) -> Celery:
     """A configured Celery app. Creating it loads nothing heavy (no model, no Docker)."""
     settings = settings or ServiceSettings.from_env()
-    app = Celery("nexus_eval", broker=settings.effective_broker, backend=settings.effective_result_backend,
-                 include=["workers.tasks"])  # fmt: skip
+    app = Celery(
+        "nexus_eval",
+        broker=settings.effective_broker,
+        backend=settings.effective_result_backend,
+        include=["workers.tasks"],
+    )
     # kombu's SQL transport hands its transport options to create_engine and has no visibility timeout
     transport = {} if settings.embedded else {"visibility_timeout": settings.effective_visibility_timeout}
     app.conf.update(
@@ -143,8 +147,7 @@ def make_app(settings: ServiceSettings | None = None) -> Celery:
         broker_connection_retry_on_startup=True,
         broker_connection_max_retries=None,  # a Redis restart must not end the worker
         # publishing (submit, the grade hand-off) rides out a short broker outage instead of failing
-        task_publish_retry_policy={"max_retries": 60, "interval_start": 0.5, "interval_step": 0.5,
-                                   "interval_max": 2.0},  # fmt: skip
+        task_publish_retry_policy={"max_retries": 60, "interval_start": 0.5, "interval_step": 0.5, "interval_max": 2.0},
         task_serializer="json",
         result_serializer="json",
         accept_content=["json"],

@@ -150,11 +150,7 @@ def merge_jobs(outcomes_per_job: Sequence[Sequence[Outcome]]) -> tuple[list[Outc
             key = (o.task_id, o.method, o.scope, o.protocol, o.seed)
             replaced += key in merged
             merged[key] = o
-    notes = (
-        [f"{replaced} episode(s) ran in more than one job; the later job's result is used"]
-        if replaced
-        else []
-    )
+    notes = [f"{replaced} episode(s) ran in more than one job; the later job's result is used"] if replaced else []
     return list(merged.values()), notes
 
 
@@ -208,9 +204,7 @@ def summarize_cell(
     if dense is not None and method != DENSE:
         dense_by_pair = {(o.task_id, o.seed): o.resolved for o in dense if o.counted}
         pairs = [
-            (o.resolved, dense_by_pair[(o.task_id, o.seed)])
-            for o in counted
-            if (o.task_id, o.seed) in dense_by_pair
+            (o.resolved, dense_by_pair[(o.task_id, o.seed)]) for o in counted if (o.task_id, o.seed) in dense_by_pair
         ]
         cell.n_pairs = len(pairs)
         if pairs:
@@ -220,9 +214,13 @@ def summarize_cell(
 
 
 def build_table(
-    outcomes: Iterable[Outcome], *, job_ids: Sequence[str] = (), confidence: float = 0.95, seed: int = 0,
+    outcomes: Iterable[Outcome],
+    *,
+    job_ids: Sequence[str] = (),
+    confidence: float = 0.95,
+    seed: int = 0,
     notes: Sequence[str] = (),
-) -> CompareTable:  # fmt: skip
+) -> CompareTable:
     """The comparison of ``outcomes`` (one per episode key; use :func:`merge_jobs` for several jobs)."""
     rows_in = list(outcomes)
     methods = _order((o.method for o in rows_in), METHODS)
@@ -235,12 +233,12 @@ def build_table(
             dense, reused = _dense_for(rows_in, scope, protocol)
             cells = {}
             for method in methods:
-                mine = dense if method == DENSE else [
-                    o for o in rows_in if (o.method, o.scope, o.protocol) == (method, scope, protocol)
-                ]  # fmt: skip
-                cell = summarize_cell(
-                    method, mine, dense if dense else None, confidence=confidence, seed=seed
+                mine = (
+                    dense
+                    if method == DENSE
+                    else [o for o in rows_in if (o.method, o.scope, o.protocol) == (method, scope, protocol)]
                 )
+                cell = summarize_cell(method, mine, dense if dense else None, confidence=confidence, seed=seed)
                 cell.reused_dense = method == DENSE and reused
                 cells[method] = cell
                 by_task: dict[str, list[str]] = defaultdict(list)
@@ -250,28 +248,26 @@ def build_table(
             rows.append(Row(scope, protocol, cells))
     notes = list(notes)
     if any(c.reused_dense for r in rows for c in r.cells.values()):
-        notes.append(
-            "dense ran in one scope/protocol cell and is reused for the other rows (it evicts nothing)"
-        )
+        notes.append("dense ran in one scope/protocol cell and is reused for the other rows (it evicts nothing)")
     return CompareTable(
-        job_ids=list(job_ids), methods=methods, rows=rows, tasks=sorted({o.task_id for o in rows_in}, key=natural_key), grid=grid,
+        job_ids=list(job_ids),
+        methods=methods,
+        rows=rows,
+        tasks=sorted({o.task_id for o in rows_in}, key=natural_key),
+        grid=grid,
         notes=notes,
-    )  # fmt: skip
+    )
 
 
 def outcomes_from_episodes(episodes: Iterable[Any]) -> list[Outcome]:
     """``db.models.Episode`` rows (or anything with the same attributes) -> outcomes."""
     return [
-        Outcome(
-            e.task_id, e.method, e.scope, e.protocol, e.seed, e.status, job_id=e.job_id, attempt=e.attempt
-        )
+        Outcome(e.task_id, e.method, e.scope, e.protocol, e.seed, e.status, job_id=e.job_id, attempt=e.attempt)
         for e in episodes
     ]
 
 
-def compare_jobs(
-    session: Any, job_ids: Sequence[str], *, confidence: float = 0.95, seed: int = 0
-) -> CompareTable:
+def compare_jobs(session: Any, job_ids: Sequence[str], *, confidence: float = 0.95, seed: int = 0) -> CompareTable:
     """The database entry point: the table over the latest attempts of ``job_ids`` (ids or unique prefixes)."""
     from db.store import get_job, latest_attempts
 
@@ -279,9 +275,7 @@ def compare_jobs(
     ids = [job.id for job in jobs]
     per_job = [outcomes_from_episodes(latest_attempts(session, [j])) for j in ids]
     outcomes, notes = merge_jobs(per_job)
-    return build_table(
-        outcomes, job_ids=ids, confidence=confidence, seed=seed, notes=notes + setting_notes(jobs)
-    )
+    return build_table(outcomes, job_ids=ids, confidence=confidence, seed=seed, notes=notes + setting_notes(jobs))
 
 
 #: Job settings that change what a column means; merged jobs that differ in them get a warning note.

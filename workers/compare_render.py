@@ -19,9 +19,14 @@ from workers.compare import Cell, CompareTable
 
 FORMATS = ("table", "json", "csv", "markdown")
 SYMBOLS = {
-    "resolved": "✓", "unresolved": "✗", "empty_patch": "∅", "patch_failed": "P", "timeout": "T",
-    "infra_failure": "!", "cancelled": "-",
-}  # fmt: skip
+    "resolved": "✓",
+    "unresolved": "✗",
+    "empty_patch": "∅",
+    "patch_failed": "P",
+    "timeout": "T",
+    "infra_failure": "!",
+    "cancelled": "-",
+}
 LEGEND = "✓ resolved  ✗ unresolved  ∅ empty patch  P patch failed  T timeout  ! infra failure  … pending  - cancelled"
 
 
@@ -52,10 +57,28 @@ def _grid_symbol(statuses: list[str]) -> str:
 
 
 SUMMARY_COLUMNS = [
-    "scope", "protocol", "method", "n", "resolved", "rate", "ci_low", "ci_high", "ci_method", "pass_at_k",
-    "p_value_vs_dense", "mcnemar_method", "b", "c", "n_pairs", "n_tasks", "n_seeds", "pending", "cancelled",
-    "failures", "reused_dense",
-]  # fmt: skip
+    "scope",
+    "protocol",
+    "method",
+    "n",
+    "resolved",
+    "rate",
+    "ci_low",
+    "ci_high",
+    "ci_method",
+    "pass_at_k",
+    "p_value_vs_dense",
+    "mcnemar_method",
+    "b",
+    "c",
+    "n_pairs",
+    "n_tasks",
+    "n_seeds",
+    "pending",
+    "cancelled",
+    "failures",
+    "reused_dense",
+]
 
 
 def to_csv(table: CompareTable, *, grid: bool = False) -> str:
@@ -72,12 +95,31 @@ def to_csv(table: CompareTable, *, grid: bool = False) -> str:
     writer.writerow(SUMMARY_COLUMNS)
     for row in table.rows:
         for method, c in row.cells.items():
-            writer.writerow([
-                row.scope, row.protocol, method, c.n, c.resolved, _num(c.rate), _num(c.ci_low), _num(c.ci_high),
-                c.ci_method or "", ";".join(f"{k}={v:.6g}" for k, v in c.pass_at_k.items()), _num(c.p_value),
-                c.mcnemar_method or "", c.b, c.c, c.n_pairs, c.n_tasks, c.n_seeds, c.pending, c.cancelled,
-                c.failures, str(c.reused_dense).lower(),
-            ])  # fmt: skip
+            writer.writerow(
+                [
+                    row.scope,
+                    row.protocol,
+                    method,
+                    c.n,
+                    c.resolved,
+                    _num(c.rate),
+                    _num(c.ci_low),
+                    _num(c.ci_high),
+                    c.ci_method or "",
+                    ";".join(f"{k}={v:.6g}" for k, v in c.pass_at_k.items()),
+                    _num(c.p_value),
+                    c.mcnemar_method or "",
+                    c.b,
+                    c.c,
+                    c.n_pairs,
+                    c.n_tasks,
+                    c.n_seeds,
+                    c.pending,
+                    c.cancelled,
+                    c.failures,
+                    str(c.reused_dense).lower(),
+                ]
+            )
     return out.getvalue()
 
 
@@ -96,9 +138,7 @@ def to_markdown(table: CompareTable) -> str:
     lines.append("| task | " + " | ".join(f"{s}/{p}/{m}" for s, p, m in keys) + " |")
     lines.append("|---|" + "---|" * len(keys))
     for task in table.tasks:
-        lines.append(
-            f"| {task} | " + " | ".join(_grid_symbol(table.grid[k].get(task, [])) for k in keys) + " |"
-        )
+        lines.append(f"| {task} | " + " | ".join(_grid_symbol(table.grid[k].get(task, [])) for k in keys) + " |")
     lines += [""] + [f"Note: {n}" for n in table.notes]
     return "\n".join(lines).rstrip() + "\n"
 
@@ -127,10 +167,7 @@ def rich_tables(table: CompareTable) -> list[Any]:
         for task in table.tasks:
             grid.add_row(
                 task,
-                *(
-                    _grid_symbol(table.grid[(row.scope, row.protocol, m)].get(task, []))
-                    for m in table.methods
-                ),
+                *(_grid_symbol(table.grid[(row.scope, row.protocol, m)].get(task, [])) for m in table.methods),
             )
         renderables.append(grid)
     renderables.append(Text(LEGEND, style="dim"))

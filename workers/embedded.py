@@ -29,8 +29,14 @@ WORKER_QUEUES = "gpu,grade,default"
 class EmbeddedWorker:
     """A ``celery worker`` child process for the embedded broker; use as a context manager."""
 
-    def __init__(self, db_url: str, *, queues: str = WORKER_QUEUES, log_file: Path | None = None,
-                 extra_env: dict[str, str] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        db_url: str,
+        *,
+        queues: str = WORKER_QUEUES,
+        log_file: Path | None = None,
+        extra_env: dict[str, str] | None = None,
+    ) -> None:
         self.db_url, self.queues = db_url, queues
         self.log_file = log_file
         self.extra_env = dict(extra_env or {})
@@ -39,8 +45,24 @@ class EmbeddedWorker:
     def command(self) -> list[str]:
         # solo pool: one process, the model loaded once in it; the soft deadline is enforced by
         # workers.execution at turn boundaries (Celery's own time limits need the prefork pool)
-        return [sys.executable, "-m", "celery", "-A", "workers.app", "worker", "-Q", self.queues, "--pool", "solo",
-                "--loglevel", "WARNING", "--without-gossip", "--without-mingle", "-n", f"embedded-{os.getpid()}@%h"]
+        return [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "workers.app",
+            "worker",
+            "-Q",
+            self.queues,
+            "--pool",
+            "solo",
+            "--loglevel",
+            "WARNING",
+            "--without-gossip",
+            "--without-mingle",
+            "-n",
+            f"embedded-{os.getpid()}@%h",
+        ]
 
     def start(self) -> EmbeddedWorker:
         env = {**os.environ, "NEXUS_EVAL_DB": self.db_url, **self.extra_env}
@@ -107,8 +129,15 @@ def job_finished(db: Database, job_id: str) -> bool:
         return not any(r.status in waiting for r in db_store.latest_attempts(s, [job.id]))
 
 
-def watch_job(db: Database, job_id: str, *, worker: EmbeddedWorker | None = None, interval: float = 1.0,
-              timeout: float | None = None, console=None) -> bool:  # fmt: skip
+def watch_job(
+    db: Database,
+    job_id: str,
+    *,
+    worker: EmbeddedWorker | None = None,
+    interval: float = 1.0,
+    timeout: float | None = None,
+    console=None,
+) -> bool:
     """Redraw the progress table until the job is finished. Returns False on timeout or when the embedded
     ``worker`` died first (its exit code is then in ``worker.process.returncode``)."""
     from rich.console import Console

@@ -80,11 +80,16 @@ def turn_fields(turn: Any) -> dict[str, Any]:
         "action": turn.action.model_dump() if turn.action else None,
         "observation": turn.observation,
         "extra": {
-            "format_error": turn.format_error, "parse_error": turn.parse_error, "intervened": turn.intervened,
-            "submitted": turn.submitted, "model_s": turn.model_s, "finish_reason": c.finish_reason,
-            "steps_remaining": turn.steps_remaining, **({"replayed": True} if c.extra.get("replayed") else {}),
+            "format_error": turn.format_error,
+            "parse_error": turn.parse_error,
+            "intervened": turn.intervened,
+            "submitted": turn.submitted,
+            "model_s": turn.model_s,
+            "finish_reason": c.finish_reason,
+            "steps_remaining": turn.steps_remaining,
+            **({"replayed": True} if c.extra.get("replayed") else {}),
         },
-    }  # fmt: skip
+    }
 
 
 def _reap_episode_containers(job_id: str, episode_id: str) -> int:
@@ -143,8 +148,13 @@ def execute_episode(
         finally:
             state["db_s"] += time.monotonic() - t0
         if progress is not None:
-            progress({"turn": turn.index + 1, "max_steps": spec.agent.max_steps,
-                      "action": turn.action.name if turn.action else None})  # fmt: skip
+            progress(
+                {
+                    "turn": turn.index + 1,
+                    "max_steps": spec.agent.max_steps,
+                    "action": turn.action.name if turn.action else None,
+                }
+            )
         if on_turn is not None:
             on_turn(turn)
         if deadline is not None and time.monotonic() > deadline:
@@ -164,8 +174,16 @@ def execute_episode(
             model = model_wrapper(model, spec)
         timings["model_s"] = time.monotonic() - t0
         labels = {"nexus-eval.job": job_id, "nexus-eval.episode": episode_id}
-        result = run_episode(task, model, agent_config=spec.agent, grade=False, labels=labels, on_turn=persist,
-                             intervene=intervene, open_environment=open_environment)  # fmt: skip
+        result = run_episode(
+            task,
+            model,
+            agent_config=spec.agent,
+            grade=False,
+            labels=labels,
+            on_turn=persist,
+            intervene=intervene,
+            open_environment=open_environment,
+        )
     except BaseException as exc:  # noqa: BLE001 - SoftTimeLimitExceeded, a bad config, a broken model host
         error = f"{type(exc).__name__}: {exc}\n" + "".join(traceback.format_exception(exc)).strip()
         if type(exc).__name__ == "SoftTimeLimitExceeded":
@@ -180,16 +198,23 @@ def execute_episode(
     fields: dict[str, Any] = {"wall_s": time.monotonic() - started}
     if result is not None:
         status = result.exit_status
-        fields.update(exit_status=result.exit_status, error=result.error, patch=result.patch,
-                      agent_s=result.timings.get("agent_s"))  # fmt: skip
+        fields.update(
+            exit_status=result.exit_status,
+            error=result.error,
+            patch=result.patch,
+            agent_s=result.timings.get("agent_s"),
+        )
     else:
         status, fields["error"] = "infra_failure", error
     if state["timed_out"]:
         status = "timeout"
         fields["error"] = f"soft time limit reached; partial trajectory kept\n{fields.get('error') or ''}".strip()
     timings["db_turns_s"] = state["db_s"]
-    fields["result"] = {"service_timings": dict(timings), "episode_timings": dict(result.timings) if result else {},
-                        "took_over_from": claim.took_over_from}  # fmt: skip
+    fields["result"] = {
+        "service_timings": dict(timings),
+        "episode_timings": dict(result.timings) if result else {},
+        "took_over_from": claim.took_over_from,
+    }
     t0 = time.monotonic()
     with db.session() as s:
         written = db_store.finish_episode(s, claim, status, **fields)
@@ -226,14 +251,21 @@ def grade_stored_episode(db: Database, episode_id: str) -> str | None:
         graded = grade(_task_for(config), patch)
     except Exception as exc:  # grading infrastructure broke: recorded, the agent's patch stays for a regrade
         with db.session() as s:
-            db_store.record_grade(s, episode_id, "infra_failure", error=f"grading failed: {type(exc).__name__}: "
-                                  f"{exc}")  # fmt: skip
+            db_store.record_grade(s, episode_id, "infra_failure", error=f"grading failed: {type(exc).__name__}: {exc}")
         return "infra_failure"
     report = {"tests": graded.tests, "fail_to_pass": graded.fail_to_pass, "pass_to_pass": graded.pass_to_pass}
     with db.session() as s:
-        db_store.record_grade(s, episode_id, graded.status, test_log=graded.log, grader=graded.grader,
-                              grader_version=graded.grader_version, grade_s=graded.seconds, error=graded.error,
-                              report=report)  # fmt: skip
+        db_store.record_grade(
+            s,
+            episode_id,
+            graded.status,
+            test_log=graded.log,
+            grader=graded.grader,
+            grader_version=graded.grader_version,
+            grade_s=graded.seconds,
+            error=graded.error,
+            report=report,
+        )
     return graded.status
 
 
@@ -244,8 +276,10 @@ def regrade_job(db: Database, job_id: str) -> list[tuple[str, str | None, str]]:
     from env.grading import regrade
 
     with db.session() as s:
-        rows = [(r.id, r.status, r.patch, r.test_log, dict(r.config or {}))
-                for r in db_store.latest_attempts(s, [db_store.get_job(s, job_id).id])]  # fmt: skip
+        rows = [
+            (r.id, r.status, r.patch, r.test_log, dict(r.config or {}))
+            for r in db_store.latest_attempts(s, [db_store.get_job(s, job_id).id])
+        ]
     changes = []
     for episode_id, old, patch, log, config in rows:
         if not log and not (patch is not None and not patch.strip()):
@@ -253,8 +287,16 @@ def regrade_job(db: Database, job_id: str) -> list[tuple[str, str | None, str]]:
         graded = regrade(_task_for(config), log or "", patch or "")
         report = {"tests": graded.tests, "fail_to_pass": graded.fail_to_pass, "pass_to_pass": graded.pass_to_pass}
         with db.session() as s:
-            db_store.record_grade(s, episode_id, graded.status, test_log=log, grader=graded.grader,
-                                  grader_version=graded.grader_version, error=graded.error, report=report,
-                                  regrade=True)  # fmt: skip
+            db_store.record_grade(
+                s,
+                episode_id,
+                graded.status,
+                test_log=log,
+                grader=graded.grader,
+                grader_version=graded.grader_version,
+                error=graded.error,
+                report=report,
+                regrade=True,
+            )
         changes.append((episode_id, old, graded.status))
     return changes

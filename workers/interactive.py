@@ -76,8 +76,7 @@ class Operator:
     ``ask(prompt) -> str`` and ``say(text)`` default to input() and a rich console, so tests can drive it
     through a real pseudo-terminal (pexpect)."""
 
-    def __init__(self, *, replay_turns: int = 0, ask: Callable[[str], str] | None = None,
-                 console: Any = None) -> None:  # fmt: skip
+    def __init__(self, *, replay_turns: int = 0, ask: Callable[[str], str] | None = None, console: Any = None) -> None:
         from rich.console import Console
 
         self.replay_turns = replay_turns
@@ -121,8 +120,9 @@ class Operator:
                     return edited
                 self.say("empty replacement; asking again")
             elif choice == "s":
-                return ParsedAction(thought=parsed.thought,
-                                    call=ToolCall(name="execute_bash", arguments={"cmd": SKIPPED_CMD}))  # fmt: skip
+                return ParsedAction(
+                    thought=parsed.thought, call=ToolCall(name="execute_bash", arguments={"cmd": SKIPPED_CMD})
+                )
             elif choice == "h":
                 self.shell()
             elif choice == "q":

@@ -39,9 +39,17 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 Method = Literal[
-    "dense", "snapkv", "pyramidkv", "ada_snapkv", "ada_pyramidkv", "h2o", "morphkv", "streaming_llm", "nexus",
+    "dense",
+    "snapkv",
+    "pyramidkv",
+    "ada_snapkv",
+    "ada_pyramidkv",
+    "h2o",
+    "morphkv",
+    "streaming_llm",
+    "nexus",
     "ada_nexus",
-]  # fmt: skip
+]
 Scope = Literal["prefill_only", "prefill_decode"]
 Protocol = Literal["true_eviction", "full_context"]
 Backend = Literal["hf", "openai", "oracle"]
@@ -111,9 +119,7 @@ class TaskSelection(_Frozen):
     """
 
     suite: str | None = Field(None, description="a bundled suite name (env/suites/<name>) or a task folder")
-    file: str | None = Field(
-        None, description="a JSON/JSONL/parquet task file or a Hugging Face dataset name"
-    )
+    file: str | None = Field(None, description="a JSON/JSONL/parquet task file or a Hugging Face dataset name")
     split: str = "test"
     ids: list[str] | None = None
 
@@ -143,19 +149,13 @@ class TaskSelection(_Frozen):
             errors = [("tasks.ids", f"no task {p!r} in {self.source}") for p in missing]
             errors += [("tasks.ids", f"pattern {p!r} matches no task in {self.source}") for p in empty]
             raise JobSpecError("<task selection>", errors)
-        return [
-            t
-            for t in available
-            if any(t == p or (_is_glob(p) and fnmatch.fnmatchcase(t, p)) for p in self.ids)
-        ]
+        return [t for t in available if any(t == p or (_is_glob(p) and fnmatch.fnmatchcase(t, p)) for p in self.ids)]
 
     def load(self) -> list[Any]:
         """Load the source's tasks (``env.tasks.Task`` objects) and apply the selection."""
         from env.tasks import load_suite, load_tasks
 
-        tasks = (
-            load_suite(self.suite) if self.suite is not None else load_tasks(str(self.file), split=self.split)
-        )
+        tasks = load_suite(self.suite) if self.suite is not None else load_tasks(str(self.file), split=self.split)
         chosen = set(self.select([t.instance_id for t in tasks]))
         return [t for t in tasks if t.instance_id in chosen]
 
@@ -261,10 +261,14 @@ class JobSpec(_Frozen):
             params = self.method_params.get(method, {})  # type: ignore[call-overload]
             try:
                 EvictionConfig(
-                    method=method, scope=self.scopes[0], density=self.density,
-                    budget_tokens=self.eviction.budget_tokens, block_size=self.eviction.block_size,
-                    window=self.eviction.window, **params,
-                )  # fmt: skip
+                    method=method,
+                    scope=self.scopes[0],
+                    density=self.density,
+                    budget_tokens=self.eviction.budget_tokens,
+                    block_size=self.eviction.block_size,
+                    window=self.eviction.window,
+                    **params,
+                )
             except (TypeError, ValueError) as exc:
                 errors.append((f"method_params.{method}", str(exc)))
         if errors:
@@ -312,9 +316,7 @@ class JobSpec(_Frozen):
             for seed in self.seeds
         ]
 
-    def episode_config(
-        self, task_id: str, method: str, scope: str, protocol: str, seed: int
-    ) -> dict[str, Any]:
+    def episode_config(self, task_id: str, method: str, scope: str, protocol: str, seed: int) -> dict[str, Any]:
         """The merged config one episode runs with, stored whole in ``episodes.config``. Its keys are
         ``agent_runner.episode.EpisodeSpec``'s, so a worker runs it with ``EpisodeSpec.model_validate(config)``."""
         config: dict[str, Any] = {
@@ -348,17 +350,11 @@ def _message(error: dict[str, Any]) -> str:
     loc, kind, value = error["loc"], error["type"], error.get("input")
     vocab = {"methods": METHODS, "scopes": SCOPES, "protocols": PROTOCOLS, "method_params": METHODS}
     if kind == "literal_error" and loc and loc[0] in vocab:
-        noun = {"methods": "method", "scopes": "scope", "protocols": "protocol", "method_params": "method"}[
-            loc[0]
-        ]
+        noun = {"methods": "method", "scopes": "scope", "protocols": "protocol", "method_params": "method"}[loc[0]]
         return f"unknown {noun} {value!r}; known: {', '.join(vocab[loc[0]])}"
     if loc == ("density",) and kind in ("greater_than", "less_than_equal"):
         return f"density must be in (0, 1], got {value!r}"
     if kind == "extra_forbidden":
         return f"unknown field {loc[-1]!r}"
     message = error["msg"].removeprefix("Value error, ")
-    return (
-        f"{message} (got {value!r})"
-        if kind not in ("missing", "value_error") and value is not None
-        else message
-    )
+    return f"{message} (got {value!r})" if kind not in ("missing", "value_error") and value is not None else message

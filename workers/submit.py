@@ -33,8 +33,9 @@ def create_job_rows(db: Database, spec: JobSpec) -> tuple[str, list[str]]:
     """Store the job and its attempt-1 episodes (status ``queued``); returns (job id, episode ids)."""
     keys = plan_episodes(spec)
     with db.session() as s:
-        job = db_store.create_job(s, config=spec.model_dump(mode="json"), config_hash=spec.config_hash(),
-                                  name=spec.name)  # fmt: skip
+        job = db_store.create_job(
+            s, config=spec.model_dump(mode="json"), config_hash=spec.config_hash(), name=spec.name
+        )
         rows = db_store.add_episodes(s, job.id, keys)
         return job.id, [r.id for r in rows]
 

@@ -68,13 +68,23 @@ def run_episode_task(self: Any, episode_id: str) -> dict[str, Any]:
     # the backstop and also ends as `timeout` with the turns stored so far
     soft = self.request.timelimit[1] if self.request.timelimit and self.request.timelimit[1] else None
     soft = soft or settings.soft_time_limit_s
-    outcome = execute_episode(db, episode_id, celery_task_id=self.request.id, progress=_progress_reporter(self),
-                              soft_deadline_s=soft - min(0.1 * soft, 300.0),
-                              stale_after_s=settings.stale_after_s)  # fmt: skip
+    outcome = execute_episode(
+        db,
+        episode_id,
+        celery_task_id=self.request.id,
+        progress=_progress_reporter(self),
+        soft_deadline_s=soft - min(0.1 * soft, 300.0),
+        stale_after_s=settings.stale_after_s,
+    )
     if outcome.needs_grade:
         grade_episode_task.apply_async((episode_id,), retry=True)
-    return {"episode_id": episode_id, "ran": outcome.ran, "status": outcome.status, "reason": outcome.reason,
-            "written": outcome.written}  # fmt: skip
+    return {
+        "episode_id": episode_id,
+        "ran": outcome.ran,
+        "status": outcome.status,
+        "reason": outcome.reason,
+        "written": outcome.written,
+    }
 
 
 @app.task(name="nexus.grade_episode", bind=True, acks_late=True, reject_on_worker_lost=True)

@@ -76,8 +76,10 @@ def backend_class(name: str) -> type:
     except ModuleNotFoundError as exc:
         if exc.name != module_name:
             raise  # the backend exists but one of ITS imports is missing: show the real cause
-        raise ValueError(f"backend {name!r} is registered as {BACKENDS[name]} but {module_name} does not exist "
-                         "(not built yet in this checkout)") from exc
+        raise ValueError(
+            f"backend {name!r} is registered as {BACKENDS[name]} but {module_name} does not exist "
+            "(not built yet in this checkout)"
+        ) from exc
     try:
         return getattr(module, class_name)
     except AttributeError as exc:

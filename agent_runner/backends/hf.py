@@ -86,8 +86,13 @@ class HFBackend:
         prompt_tokens = (self.cache.logical_length if self.cache else 0) + len(feed)
         room = self.max_context_tokens - prompt_tokens
         if room <= 0:
-            return Completion(text="", prompt_tokens=prompt_tokens, logical_length=prompt_tokens,
-                              finish_reason="length", extra={"context_full": True})
+            return Completion(
+                text="",
+                prompt_tokens=prompt_tokens,
+                logical_length=prompt_tokens,
+                finish_reason="length",
+                extra={"context_full": True},
+            )
         limit = min(max_new_tokens or self.sampling.max_new_tokens, self.sampling.max_new_tokens, room)
         forced = None
         if forced_text is not None:
@@ -184,6 +189,10 @@ class HFBackend:
             decode_s=decode_s,
             tokens_per_s=(len(tokens) - 1) / decode_s if len(tokens) > 1 and decode_s > 0 else None,
             finish_reason=finish,
-            extra={"budget": cache.budget(0), "protocol": self.protocol, "method": self.eviction.method,
-                   "scope": self.eviction.scope},
+            extra={
+                "budget": cache.budget(0),
+                "protocol": self.protocol,
+                "method": self.eviction.method,
+                "scope": self.eviction.scope,
+            },
         )

@@ -70,10 +70,17 @@ class OpenAIBackend:
 
     def request_body(self, messages: list[Message], max_new_tokens: int | None) -> dict[str, Any]:
         cfg = self.config
-        body: dict[str, Any] = {"model": cfg.model, "messages": [m.model_dump() for m in messages],
-                                "temperature": cfg.temperature}
-        optional = {"top_p": cfg.top_p, "max_tokens": max_new_tokens or cfg.max_tokens, "stop": cfg.stop or None,
-                    "seed": None if self._seed is None else self._seed + self._turn}
+        body: dict[str, Any] = {
+            "model": cfg.model,
+            "messages": [m.model_dump() for m in messages],
+            "temperature": cfg.temperature,
+        }
+        optional = {
+            "top_p": cfg.top_p,
+            "max_tokens": max_new_tokens or cfg.max_tokens,
+            "stop": cfg.stop or None,
+            "seed": None if self._seed is None else self._seed + self._turn,
+        }
         body.update({k: v for k, v in optional.items() if v is not None})
         return {**body, **cfg.extra_body}
 
@@ -114,8 +121,7 @@ class OpenAIBackend:
                 return json.loads(raw), attempt + 1
             except json.JSONDecodeError as exc:
                 raise ModelError(f"openai backend: {self.url} returned non-JSON: {raw[:200]!r}") from exc
-        raise ModelError(f"openai backend: {self.url} failed after {len(problems)} attempt(s): "
-                         + " | ".join(problems))
+        raise ModelError(f"openai backend: {self.url} failed after {len(problems)} attempt(s): " + " | ".join(problems))
 
     def _completion(self, reply: dict[str, Any], wall: float, attempts: int) -> Completion:
         try:
@@ -130,9 +136,13 @@ class OpenAIBackend:
         prompt = int(usage.get("prompt_tokens") or 0)
         generated = int(usage.get("completion_tokens") or 0)
         return Completion(
-            text=text, prompt_tokens=prompt, tokens_generated=generated, logical_length=prompt + generated,
+            text=text,
+            prompt_tokens=prompt,
+            tokens_generated=generated,
+            logical_length=prompt + generated,
             tokens_appended=max(prompt - self._last_logical, 0) if self._turn else prompt,
-            decode_s=wall, tokens_per_s=generated / wall if wall > 0 and generated else None,
+            decode_s=wall,
+            tokens_per_s=generated / wall if wall > 0 and generated else None,
             finish_reason=choice.get("finish_reason"),
             extra={"attempts": attempts, "server_model": reply.get("model"), "id": reply.get("id")},
         )

@@ -34,9 +34,11 @@ def oracle_script(patch: str) -> list[str]:
     if not patch.strip():
         raise ValueError("OracleModel: the task has an empty gold patch; nothing to apply")
     encoded = "\n".join(textwrap.wrap(base64.b64encode(patch.encode()).decode(), 76))
-    apply_cmd = (f"base64 -d {PATCH_B64_PATH} > {PATCH_PATH} && cd /testbed && "
-                 f"(git apply --whitespace=nowarn {PATCH_PATH} || patch -p1 --forward --batch < {PATCH_PATH}) "
-                 f"&& echo {APPLIED_MARKER}")
+    apply_cmd = (
+        f"base64 -d {PATCH_B64_PATH} > {PATCH_PATH} && cd /testbed && "
+        f"(git apply --whitespace=nowarn {PATCH_PATH} || patch -p1 --forward --batch < {PATCH_PATH}) "
+        f"&& echo {APPLIED_MARKER}"
+    )
     return [
         "<think>\nI am the oracle. I will write the reference patch to a file first.\n</think>\n\n"
         f"<function=file_editor>\n<parameter=command>create</parameter>\n<parameter=path>{PATCH_B64_PATH}"
@@ -66,13 +68,21 @@ class OracleModel:
 
     def complete(self, messages: list[Message], *, max_new_tokens: int | None = None) -> Completion:
         if self._next >= len(self.script):
-            raise ModelError(f"OracleModel: asked for turn {self._next + 1} but the oracle finishes at turn 3; "
-                             f"last observation: {messages[-1].content[:500]!r}")
+            raise ModelError(
+                f"OracleModel: asked for turn {self._next + 1} but the oracle finishes at turn 3; "
+                f"last observation: {messages[-1].content[:500]!r}"
+            )
         if self._next > 0:
             self.observations.append(messages[-1].content)
         text = self.script[self._next]
         self._next += 1
         prompt = sum(len(m.content.split()) for m in messages)
         generated = len(text.split())
-        return Completion(text=text, tokens_generated=generated, prompt_tokens=prompt, tokens_appended=prompt,
-                          logical_length=prompt + generated, finish_reason="stop")
+        return Completion(
+            text=text,
+            tokens_generated=generated,
+            prompt_tokens=prompt,
+            tokens_appended=prompt,
+            logical_length=prompt + generated,
+            finish_reason="stop",
+        )

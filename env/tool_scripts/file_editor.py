@@ -111,8 +111,11 @@ def elided_lines(path, text):
                 ranges.append((first, last))
         if isinstance(node, ast.ClassDef) and node.body:
             doc = node.body[0]
-            if isinstance(doc, ast.Expr) and isinstance(getattr(doc, "value", None), ast.Constant) and \
-                    isinstance(doc.value.value, str):
+            if (
+                isinstance(doc, ast.Expr)
+                and isinstance(getattr(doc, "value", None), ast.Constant)
+                and isinstance(doc.value.value, str)
+            ):
                 start, end = doc.lineno - 1, (getattr(doc, "end_lineno", None) or doc.lineno) - 1
                 if end - start >= 4:
                     ranges.append((start + 1, end - 1))
@@ -139,8 +142,9 @@ def view(path, view_range, concise):
         return view_directory(path)
     if not path.endswith(".py"):
         name = os.path.basename(path)
-        return "", ("ERROR: Viewing non-Python files is disallowed for saving context. "
-                    f"File '{name}' is not a .py file.")
+        return "", (
+            f"ERROR: Viewing non-Python files is disallowed for saving context. File '{name}' is not a .py file."
+        )
     text = read_text(path)
     if not view_range and not concise and len(text.splitlines()) > CONCISE_ABOVE_LINES:
         concise = True
@@ -151,11 +155,13 @@ def view(path, view_range, concise):
         if not 1 <= start <= total:
             return "", f"Invalid view_range {view_range}: start line must be in [1, {total}]"
         if end != -1 and (end < start or end > total):
-            return "", (f"Invalid view_range {view_range}: end must be >= start and <= {total}, or -1 to view until end."
-                        )
+            return "", (
+                f"Invalid view_range {view_range}: end must be >= start and <= {total}, or -1 to view until end."
+            )
         pairs = [(i, line) for i, line in pairs if i + 1 >= start and (end == -1 or i + 1 <= end)]
-    header = CONCISE_HEADER.format(path=path) if concise else \
-        f"Here's the result of running `cat -n` on the file: {path}:\n"
+    header = (
+        CONCISE_HEADER.format(path=path) if concise else f"Here's the result of running `cat -n` on the file: {path}:\n"
+    )
     body = "\n".join(f"{i + 1:6d} {line}" for i, line in pairs)
     return clip(header + body), ""
 
@@ -172,8 +178,11 @@ def create(path, file_text, history, lint):
     except Exception as exc:
         raise EditorError(f"Error creating file at {path}: {exc}") from None
     history.setdefault(path, []).append("")
-    return (f"File created at {path}. " + numbered(file_text, path)
-            + "Review the file and make sure that it is as expected. Edit the file if necessary."), ""
+    return (
+        f"File created at {path}. "
+        + numbered(file_text, path)
+        + "Review the file and make sure that it is as expected. Edit the file if necessary."
+    ), ""
 
 
 def str_replace(path, old_str, new_str, history, lint):
@@ -185,8 +194,9 @@ def str_replace(path, old_str, new_str, history, lint):
     if count == 0:
         raise EditorError(f"No occurrences of '{old_str}' found in {path} for replacement.")
     if count > 1:
-        raise EditorError(f"Multiple occurrences of '{old_str}' found in {path}. Please ensure it is unique before using "
-                          "str_replace.")
+        raise EditorError(
+            f"Multiple occurrences of '{old_str}' found in {path}. Please ensure it is unique before using str_replace."
+        )
     updated = content.replace(old_str, new_str)
     problem = syntax_problem(updated, path, lint)
     if problem:
@@ -196,9 +206,12 @@ def str_replace(path, old_str, new_str, history, lint):
     at_line = content.split(old_str)[0].count("\n")
     first = max(0, at_line - SNIPPET_LINES)
     last = at_line + SNIPPET_LINES + new_str.count("\n")
-    snippet = "\n".join(updated.split("\n")[first:last + 1])
-    return (f"The file {path} has been edited. " + numbered(snippet, "a snippet of " + path, first + 1)
-            + "Review the changes and make sure they are as expected. Edit the file again if necessary."), ""
+    snippet = "\n".join(updated.split("\n")[first : last + 1])
+    return (
+        f"The file {path} has been edited. "
+        + numbered(snippet, "a snippet of " + path, first + 1)
+        + "Review the changes and make sure they are as expected. Edit the file again if necessary."
+    ), ""
 
 
 def insert(path, insert_line, new_str, history, lint):
@@ -217,12 +230,18 @@ def insert(path, insert_line, new_str, history, lint):
         return "", problem
     history.setdefault(path, []).append(content)
     write_text(path, updated)
-    snippet = "\n".join(lines[max(0, insert_line - SNIPPET_LINES):insert_line] + added
-                        + lines[insert_line:insert_line + SNIPPET_LINES])
+    snippet = "\n".join(
+        lines[max(0, insert_line - SNIPPET_LINES) : insert_line]
+        + added
+        + lines[insert_line : insert_line + SNIPPET_LINES]
+    )
     first = max(1, insert_line - SNIPPET_LINES + 1)
-    return (f"The file {path} has been edited. " + numbered(snippet, "a snippet of the edited file", first)
-            + "Review the changes and make sure they are as expected (correct indentation, no duplicate lines, "
-              "etc). Edit the file again if necessary."), ""
+    return (
+        f"The file {path} has been edited. "
+        + numbered(snippet, "a snippet of the edited file", first)
+        + "Review the changes and make sure they are as expected (correct indentation, no duplicate lines, "
+        "etc). Edit the file again if necessary."
+    ), ""
 
 
 def undo_edit(path, history):
@@ -259,8 +278,9 @@ def run(args, history):
         return insert(args.path, args.insert_line, args.new_str, history, lint)
     if args.command == "undo_edit":
         return undo_edit(args.path, history)
-    raise EditorError(f"Unrecognized command '{args.command}'. Allowed commands: view, create, str_replace, insert, "
-                      "undo_edit.")
+    raise EditorError(
+        f"Unrecognized command '{args.command}'. Allowed commands: view, create, str_replace, insert, undo_edit."
+    )
 
 
 def parse_range(text):

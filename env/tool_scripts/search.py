@@ -50,8 +50,9 @@ def search_file(term, path):
     if not os.path.isfile(path):
         print(f"File '{path}' not found or is not a file.")
         sys.exit(1)
-    proc = subprocess.Popen(["grep", "-n", term, path], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            universal_newlines=True)
+    proc = subprocess.Popen(
+        ["grep", "-n", term, path], stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True
+    )
     out, err = proc.communicate()
     if proc.returncode == 1:
         print(f'No matches found for "{term}" in {path}')

@@ -62,7 +62,9 @@ class AdaKV(Policy):
 
     def __post_init__(self) -> None:
         if not isinstance(self.inner, ScorePolicy):
-            raise ValueError(f"ada: inner must be a ScorePolicy (a score fed to top-K), got {type(self.inner).__name__}")
+            raise ValueError(
+                f"ada: inner must be a ScorePolicy (a score fed to top-K), got {type(self.inner).__name__}"
+            )
         a = self.floor_alpha
         ok = not isinstance(a, bool) and isinstance(a, int | float) and math.isfinite(a)
         if not ok or not 0.0 <= a <= 1.0:

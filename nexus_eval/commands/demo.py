@@ -23,9 +23,11 @@ def demo(
 
     host = load_host(ModelSpec(name="tiny", seed=seed))
     tok, model = host.tokenizer, host.model
-    turns = ["Here is a stack trace from our CSV parser; the last field of each row is lost. " * 12,
-             "Exit code: 0\nExecution output of [execute_bash]:\n" + "tests/test_csv.py::test_row PASSED\n" * 20,
-             "Exit code: 1\n" + "AssertionError: expected 3 fields, got 2\n" * 15]
+    turns = [
+        "Here is a stack trace from our CSV parser; the last field of each row is lost. " * 12,
+        "Exit code: 0\nExecution output of [execute_bash]:\n" + "tests/test_csv.py::test_row PASSED\n" * 20,
+        "Exit code: 1\n" + "AssertionError: expected 3 fields, got 2\n" * 15,
+    ]
     kw = nexus.cache_kwarg(model)
     rows, ref = [], None
     for method in nexus.METHODS:
@@ -44,16 +46,34 @@ def demo(
         seconds = time.perf_counter() - t0
         final = torch.cat(last)
         ref = final if method == "dense" else ref
-        rows.append((method, cache.logical_length, sum(cache.occupancy(i) for i in range(cache.num_layers))
-                     / cache.num_layers, len(cache.events), sum(e.seconds for e in cache.events),
-                     cache.nbytes(), float((final - ref).abs().max()), seconds))
+        rows.append(
+            (
+                method,
+                cache.logical_length,
+                sum(cache.occupancy(i) for i in range(cache.num_layers)) / cache.num_layers,
+                len(cache.events),
+                sum(e.seconds for e in cache.events),
+                cache.nbytes(),
+                float((final - ref).abs().max()),
+                seconds,
+            )
+        )
     table = Table(title=f"tiny Qwen3 (random weights, real tokenizer), density {density}, {scope}")
-    for col in ("method", "logical", "held/layer", "events", "evict s", "cache bytes", "max |dlogit| vs dense",
-                "total s"):
+    for col in (
+        "method",
+        "logical",
+        "held/layer",
+        "events",
+        "evict s",
+        "cache bytes",
+        "max |dlogit| vs dense",
+        "total s",
+    ):
         table.add_column(col, justify="left" if col == "method" else "right")
     for m, logical, held, ev, ev_s, nbytes, diff, secs in rows:
-        table.add_row(m, str(logical), f"{held:.0f}", str(ev), f"{ev_s:.3f}", f"{nbytes:,}", f"{diff:.3f}",
-                      f"{secs:.2f}")
+        table.add_row(
+            m, str(logical), f"{held:.0f}", str(ev), f"{ev_s:.3f}", f"{nbytes:,}", f"{diff:.3f}", f"{secs:.2f}"
+        )
     Console().print(table)
 
 

@@ -13,17 +13,31 @@ def _turn_table(result):
     from rich.table import Table
 
     table = Table(title=f"{result.task_id}: {result.status}")
-    for col in ("turn", "action", "appended", "generated", "logical", "physical after (min/mean/max)",
-                "events", "tok/s", "env s"):
+    for col in (
+        "turn",
+        "action",
+        "appended",
+        "generated",
+        "logical",
+        "physical after (min/mean/max)",
+        "events",
+        "tok/s",
+        "env s",
+    ):
         table.add_column(col, justify="right" if col != "action" else "left")
     for t in result.turns:
         c = t.completion
         phys = c.physical_after
         table.add_row(
-            str(t.index), (t.action.name if t.action else "(no call)"), str(c.tokens_appended),
-            str(c.tokens_generated), str(c.logical_length),
+            str(t.index),
+            (t.action.name if t.action else "(no call)"),
+            str(c.tokens_appended),
+            str(c.tokens_generated),
+            str(c.logical_length),
             "-" if phys is None else f"{phys.min:.0f}/{phys.mean:.0f}/{phys.max:.0f}",
-            str(c.eviction_events), "-" if c.tokens_per_s is None else f"{c.tokens_per_s:.1f}", f"{t.env_s:.2f}",
+            str(c.eviction_events),
+            "-" if c.tokens_per_s is None else f"{c.tokens_per_s:.1f}",
+            f"{t.env_s:.2f}",
         )
     return table
 
@@ -61,12 +75,20 @@ def episode(
     console = Console(stderr=True)
     try:
         spec = EpisodeSpec(
-            suite=None if tasks_file else suite, tasks_file=str(tasks_file) if tasks_file else None, task_id=task,
-            backend=backend, model=ModelSpec(name=model, revision=revision, device=device), method=method,
-            scope=scope, protocol=protocol, density=density, seed=seed,
+            suite=None if tasks_file else suite,
+            tasks_file=str(tasks_file) if tasks_file else None,
+            task_id=task,
+            backend=backend,
+            model=ModelSpec(name=model, revision=revision, device=device),
+            method=method,
+            scope=scope,
+            protocol=protocol,
+            density=density,
+            seed=seed,
             sampling=SamplingConfig(max_new_tokens=max_new_tokens, temperature=temperature),
             agent=AgentConfig(max_steps=max_steps, max_new_tokens=max_new_tokens, seed=seed),
-            openai={"base_url": base_url} if base_url else {}, grade=grade,
+            openai={"base_url": base_url} if base_url else {},
+            grade=grade,
         )
         the_task = load_task(spec)
         with console.status(f"loading {backend} backend"):
@@ -76,11 +98,18 @@ def episode(
         raise typer.Exit(2) from exc
     the_model.reset(seed=spec.seed)
     with console.status(f"{task}: {method}/{scope}/{protocol}") as status:
+
         def on_turn(turn):
             status.update(f"{task}: turn {turn.index} -> {turn.action.name if turn.action else 'no call'}")
 
-        result = run_episode(the_task, the_model, agent_config=spec.agent, grade=spec.grade, on_turn=on_turn,
-                             labels={"nexus-eval.job": "cli"})
+        result = run_episode(
+            the_task,
+            the_model,
+            agent_config=spec.agent,
+            grade=spec.grade,
+            on_turn=on_turn,
+            labels={"nexus-eval.job": "cli"},
+        )
     result.config = {**result.config, "episode": spec.model_dump(mode="json")}
     if as_json:
         sys.stdout.write(json.dumps(result.model_dump(mode="json")) + "\n")

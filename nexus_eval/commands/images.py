@@ -24,9 +24,11 @@ def build_base(
     try:
         with console.status("building the base image") as status:
             built = build_base_image(
-                tag or BASE_IMAGE_TAG, from_image=from_image, force=force,
+                tag or BASE_IMAGE_TAG,
+                from_image=from_image,
+                force=force,
                 progress=lambda msg: (status.update(msg), console.log(msg)),
-            )  # fmt: skip
+            )
     except ImageError as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(1) from None

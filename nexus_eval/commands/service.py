@@ -43,18 +43,41 @@ def _csv(text: str) -> list[str]:
     return [part.strip() for part in text.split(",") if part.strip()]
 
 
-def _spec_from_flags(name, model, backend, methods, scopes, protocols, density, seeds, suite, task_ids,
-                     max_steps, max_new_tokens, max_context_tokens, temperature):  # fmt: skip
+def _spec_from_flags(
+    name,
+    model,
+    backend,
+    methods,
+    scopes,
+    protocols,
+    density,
+    seeds,
+    suite,
+    task_ids,
+    max_steps,
+    max_new_tokens,
+    max_context_tokens,
+    temperature,
+):
     from workers.spec import JobSpec
 
     data = {
-        "name": name, "backend": backend, "methods": _csv(methods), "scopes": _csv(scopes),
-        "protocols": _csv(protocols), "density": density, "seeds": [int(s) for s in _csv(seeds)],
+        "name": name,
+        "backend": backend,
+        "methods": _csv(methods),
+        "scopes": _csv(scopes),
+        "protocols": _csv(protocols),
+        "density": density,
+        "seeds": [int(s) for s in _csv(seeds)],
         "tasks": {"suite": suite, **({"ids": _csv(task_ids)} if task_ids else {})},
-        "limits": {"max_steps": max_steps, "soft_step_limit": min(max_steps, 40),
-                   "max_context_tokens": max_context_tokens, "max_new_tokens": max_new_tokens},
+        "limits": {
+            "max_steps": max_steps,
+            "soft_step_limit": min(max_steps, 40),
+            "max_context_tokens": max_context_tokens,
+            "max_new_tokens": max_new_tokens,
+        },
         "sampling": {"temperature": temperature, "max_new_tokens": max_new_tokens},
-    }  # fmt: skip
+    }
     if backend != "oracle" or model:
         data["model"] = {"name": model or "tiny"}
     return JobSpec.from_dict(data, source="<command-line flags>")
@@ -73,21 +96,47 @@ _DB = typer.Option(None, "--db", help="results database URL or SQLite path (defa
 
 
 def submit(
-    file: Path = _FILE, name: str = _NAME, model: str = _MODEL, backend: str = _BACKEND,
+    file: Path = _FILE,
+    name: str = _NAME,
+    model: str = _MODEL,
+    backend: str = _BACKEND,
     methods: str = typer.Option("dense,nexus", help="comma-separated eviction methods"),
-    scopes: str = _SCOPES, protocols: str = _PROTOCOLS, density: float = _DENSITY, seeds: str = _SEEDS,
-    suite: str = _SUITE, tasks: str = typer.Option(None, "--tasks", help="comma-separated task ids or globs"),
-    max_steps: int = typer.Option(100, "--max-steps"), max_new_tokens: int = typer.Option(4096, "--max-new-tokens"),
-    max_context_tokens: int = typer.Option(65536, "--max-context-tokens"), temperature: float = typer.Option(1.0),
+    scopes: str = _SCOPES,
+    protocols: str = _PROTOCOLS,
+    density: float = _DENSITY,
+    seeds: str = _SEEDS,
+    suite: str = _SUITE,
+    tasks: str = typer.Option(None, "--tasks", help="comma-separated task ids or globs"),
+    max_steps: int = typer.Option(100, "--max-steps"),
+    max_new_tokens: int = typer.Option(4096, "--max-new-tokens"),
+    max_context_tokens: int = typer.Option(65536, "--max-context-tokens"),
+    temperature: float = typer.Option(1.0),
     db: str = _DB,
 ) -> None:
     """Submit a job to the queue and print its id (workers run it; see `nexus-eval worker`)."""
     from workers.spec import JobSpecError
 
     try:
-        spec = (_load_file(file) if file else
-                _spec_from_flags(name, model, backend, methods, scopes, protocols, density, seeds, suite, tasks,
-                                 max_steps, max_new_tokens, max_context_tokens, temperature))  # fmt: skip
+        spec = (
+            _load_file(file)
+            if file
+            else _spec_from_flags(
+                name,
+                model,
+                backend,
+                methods,
+                scopes,
+                protocols,
+                density,
+                seeds,
+                suite,
+                tasks,
+                max_steps,
+                max_new_tokens,
+                max_context_tokens,
+                temperature,
+            )
+        )
         from workers.submit import plan_episodes
 
         plan_episodes(spec)  # a bad task selection is an error before anything is stored
@@ -115,14 +164,23 @@ def _load_file(file: Path):
 
 
 def run(
-    file: Path = _FILE, name: str = _NAME, model: str = _MODEL, backend: str = _BACKEND,
+    file: Path = _FILE,
+    name: str = _NAME,
+    model: str = _MODEL,
+    backend: str = _BACKEND,
     methods: str = typer.Option(DEFAULT_RUN_METHODS, help="comma-separated eviction methods"),
-    scopes: str = _SCOPES, protocols: str = _PROTOCOLS, density: float = _DENSITY, seeds: str = _SEEDS,
+    scopes: str = _SCOPES,
+    protocols: str = _PROTOCOLS,
+    density: float = _DENSITY,
+    seeds: str = _SEEDS,
     suite: str = _SUITE,
     tasks: str = typer.Option("humanfmt__humanfmt-1,dslib__dslib-1", "--tasks", help="task ids or globs"),
-    max_steps: int = typer.Option(4, "--max-steps"), max_new_tokens: int = typer.Option(48, "--max-new-tokens"),
-    max_context_tokens: int = typer.Option(8192, "--max-context-tokens"), temperature: float = typer.Option(1.0),
-    db: str = _DB, timeout: float = typer.Option(None, help="give up after this many seconds"),
+    max_steps: int = typer.Option(4, "--max-steps"),
+    max_new_tokens: int = typer.Option(48, "--max-new-tokens"),
+    max_context_tokens: int = typer.Option(8192, "--max-context-tokens"),
+    temperature: float = typer.Option(1.0),
+    db: str = _DB,
+    timeout: float = typer.Option(None, help="give up after this many seconds"),
     fmt: str = typer.Option("table", "--format", help="compare output: table | json | csv | markdown"),
 ) -> None:
     """Submit a job and run it here with an embedded worker (no Redis needed); print the compare table.
@@ -136,9 +194,26 @@ def run(
     url = _db_url(db)
     os.environ["NEXUS_EVAL_DB"] = url
     try:
-        spec = (_load_file(file) if file else
-                _spec_from_flags(name, model, backend, methods, scopes, protocols, density, seeds, suite, tasks,
-                                 max_steps, max_new_tokens, max_context_tokens, temperature))  # fmt: skip
+        spec = (
+            _load_file(file)
+            if file
+            else _spec_from_flags(
+                name,
+                model,
+                backend,
+                methods,
+                scopes,
+                protocols,
+                density,
+                seeds,
+                suite,
+                tasks,
+                max_steps,
+                max_new_tokens,
+                max_context_tokens,
+                temperature,
+            )
+        )
         from workers.submit import plan_episodes
 
         plan_episodes(spec)
@@ -154,8 +229,9 @@ def run(
     database = open_db(url)
     job_id, n = submit_job(database, spec)
     console.print(f"job {job_id}: {n} episodes; embedded worker on {url}")
-    log_file = Path(url.removeprefix("sqlite:///")).with_name(f"worker-{job_id}.log") if url.startswith(
-        "sqlite:///") else None  # fmt: skip
+    log_file = (
+        Path(url.removeprefix("sqlite:///")).with_name(f"worker-{job_id}.log") if url.startswith("sqlite:///") else None
+    )
     with EmbeddedWorker(url, log_file=log_file) as worker:
         finished = watch_job(database, job_id, worker=worker, timeout=timeout, console=console)
     if not finished:
@@ -187,8 +263,11 @@ def worker(
     app.worker_main(argv)
 
 
-def status(job: str = typer.Argument(None, help="a job id (prefix); omit for the newest jobs"), db: str = _DB,
-           watch: bool = typer.Option(False, "--watch", help="redraw until the job is finished")) -> None:  # fmt: skip
+def status(
+    job: str = typer.Argument(None, help="a job id (prefix); omit for the newest jobs"),
+    db: str = _DB,
+    watch: bool = typer.Option(False, "--watch", help="redraw until the job is finished"),
+) -> None:
     """Show one job's progress table, or a list of the newest jobs."""
     from rich.console import Console
     from rich.table import Table
@@ -207,8 +286,14 @@ def status(job: str = typer.Argument(None, help="a job id (prefix); omit for the
         with database.session() as s:
             for row in s.execute(select(Job).order_by(Job.created_at.desc()).limit(20)).scalars():
                 summary = db_store.job_summary(s, row.id)
-                table.add_row(row.id, row.name or "", row.status, f"{row.created_at:%Y-%m-%d %H:%M}",
-                              str(summary.total), str(summary.finished))  # fmt: skip
+                table.add_row(
+                    row.id,
+                    row.name or "",
+                    row.status,
+                    f"{row.created_at:%Y-%m-%d %H:%M}",
+                    str(summary.total),
+                    str(summary.finished),
+                )
         console.print(table)
         return
     try:

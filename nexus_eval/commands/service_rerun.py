@@ -11,7 +11,9 @@ FAILED = ("unresolved", "empty_patch", "patch_failed", "timeout", "infra_failure
 
 def rerun(
     target: str = typer.Argument(..., help="a job id (with --status/--failed) or an episode id (--interactive)"),
-    statuses: str = typer.Option(None, "--status", help="comma-separated statuses to rerun, e.g. infra_failure,timeout"),
+    statuses: str = typer.Option(
+        None, "--status", help="comma-separated statuses to rerun, e.g. infra_failure,timeout"
+    ),
     failed: bool = typer.Option(False, "--failed", help=f"rerun every {'/'.join(FAILED)}"),
     interactive: bool = typer.Option(False, "--interactive", "-i", help="run one episode live in this terminal"),
     from_turn: int = typer.Option(0, "--from-turn", min=0, help="replay the stored turns before K, then go live"),
@@ -66,14 +68,20 @@ def _interactive(database, episode: str, from_turn: int) -> None:
     console.print(f"episode {source.id} -> new attempt {attempt} ({new_id}); replaying {from_turn} stored turns")
     operator = Operator(replay_turns=from_turn, console=console)
     wrapper = (lambda model, _spec: TeacherForcedReplay(recorded, model)) if from_turn else None
-    outcome = execute_episode(database, new_id, model_wrapper=wrapper, on_turn=operator.show,
-                              intervene=operator.intervene,
-                              open_environment=operator.open_environment(DockerEnvironment.open))  # fmt: skip
+    outcome = execute_episode(
+        database,
+        new_id,
+        model_wrapper=wrapper,
+        on_turn=operator.show,
+        intervene=operator.intervene,
+        open_environment=operator.open_environment(DockerEnvironment.open),
+    )
     if not outcome.ran:
         raise _err(f"could not run {new_id}: {outcome.reason}", 1)
     verdict = grade_stored_episode(database, new_id) if outcome.needs_grade else outcome.status
-    console.print(f"attempt {attempt} ({new_id}) finished: agent {outcome.status}, final [bold]{verdict}[/bold]",
-                  markup=True)  # fmt: skip
+    console.print(
+        f"attempt {attempt} ({new_id}) finished: agent {outcome.status}, final [bold]{verdict}[/bold]", markup=True
+    )
     typer.echo(f"RESULT {new_id} {verdict}")
 
 

@@ -71,24 +71,50 @@ def inspect(
         typer.echo(json.dumps({"episode": info, "turns": turn_rows}, default=str))
         return
     console = Console()
-    console.print(f"[bold]episode {info['id']}[/bold] job {info['job_id']} attempt {info['attempt']}: "
-                  f"{info['task_id']} {info['method']}/{info['scope']}/{info['protocol']} seed {info['seed']}")
-    console.print(f"status [bold]{info['status']}[/bold] (agent exit {info['exit_status']}), {info['n_turns']} turns,"
-                  f" generated {info['generated_tokens']} tokens, peak cache {info['peak_cache_bytes']} bytes")
+    console.print(
+        f"[bold]episode {info['id']}[/bold] job {info['job_id']} attempt {info['attempt']}: "
+        f"{info['task_id']} {info['method']}/{info['scope']}/{info['protocol']} seed {info['seed']}"
+    )
+    console.print(
+        f"status [bold]{info['status']}[/bold] (agent exit {info['exit_status']}), {info['n_turns']} turns,"
+        f" generated {info['generated_tokens']} tokens, peak cache {info['peak_cache_bytes']} bytes"
+    )
     if info["error"]:
         console.print(f"[yellow]{info['error'].splitlines()[0]}[/yellow]")
     table = Table(title="turns")
-    for col in ("turn", "action", "appended", "generated", "logical", "physical before", "physical after",
-                "events", "cache bytes", "prefill s", "decode s", "env s"):
+    for col in (
+        "turn",
+        "action",
+        "appended",
+        "generated",
+        "logical",
+        "physical before",
+        "physical after",
+        "events",
+        "cache bytes",
+        "prefill s",
+        "decode s",
+        "env s",
+    ):
         table.add_column(col, justify="left" if col == "action" else "right")
     for t in turn_rows:
         action = (t["action"] or {}).get("name", "(no call)")
         if (t["extra"] or {}).get("intervened"):
             action += " *"
-        table.add_row(str(t["index"]), action, str(t["tokens_appended"]), str(t["tokens_generated"]),
-                      str(t["logical_length"]), _fmt_stats(t["physical_before"]), _fmt_stats(t["physical_after"]),
-                      str(t["eviction_events"]), str(t["cache_bytes"] or "-"), f"{t['prefill_s']:.2f}",
-                      f"{t['decode_s']:.2f}", f"{t['env_s']:.2f}")  # fmt: skip
+        table.add_row(
+            str(t["index"]),
+            action,
+            str(t["tokens_appended"]),
+            str(t["tokens_generated"]),
+            str(t["logical_length"]),
+            _fmt_stats(t["physical_before"]),
+            _fmt_stats(t["physical_after"]),
+            str(t["eviction_events"]),
+            str(t["cache_bytes"] or "-"),
+            f"{t['prefill_s']:.2f}",
+            f"{t['decode_s']:.2f}",
+            f"{t['env_s']:.2f}",
+        )
     console.print(table)
     if full:
         for t in turn_rows:
@@ -114,8 +140,11 @@ def export(
         with database.session() as s:
             the_job = db_store.get_job(s, job)
             model = ((the_job.config or {}).get("model") or {}).get("name") or (the_job.config or {}).get("backend")
-            rows = [(r.task_id, r.method, r.scope, r.protocol, r.seed, r.patch)
-                    for r in db_store.latest_attempts(s, [the_job.id]) if r.patch is not None]  # fmt: skip
+            rows = [
+                (r.task_id, r.method, r.scope, r.protocol, r.seed, r.patch)
+                for r in db_store.latest_attempts(s, [the_job.id])
+                if r.patch is not None
+            ]
     except LookupError as exc:
         raise _fail(str(exc)) from None
     lines = []

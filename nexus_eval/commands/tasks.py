@@ -62,8 +62,14 @@ def validate(
         for column in ("task", "valid", "gold patch", "base state", "seconds", "problems"):
             table.add_column(column, overflow="fold", no_wrap=column == "task")
         for r in results:
-            table.add_row(r.instance_id, "[green]yes[/green]" if r.valid else "[red]NO[/red]", r.gold_status,
-                          r.base_status, f"{r.seconds:.1f}", "\n".join(r.problems))  # fmt: skip
+            table.add_row(
+                r.instance_id,
+                "[green]yes[/green]" if r.valid else "[red]NO[/red]",
+                r.gold_status,
+                r.base_status,
+                f"{r.seconds:.1f}",
+                "\n".join(r.problems),
+            )
         Console().print(table)
     if not all(r.valid for r in results):
         raise typer.Exit(1)

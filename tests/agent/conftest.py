@@ -28,8 +28,9 @@ class RecordingEnvironment:
     infra path); everything else echoes the call. ``diff_text`` is what ``diff()`` returns.
     """
 
-    def __init__(self, *, fail_on: str | None = None, error: Exception | None = None, diff_text: str = "",
-                 seconds: float = 0.01) -> None:
+    def __init__(
+        self, *, fail_on: str | None = None, error: Exception | None = None, diff_text: str = "", seconds: float = 0.01
+    ) -> None:
         self.calls: list[ToolCall] = []
         self.fail_on, self.error, self.diff_text, self.seconds = fail_on, error, diff_text, seconds
         self.closed = False
@@ -41,8 +42,9 @@ class RecordingEnvironment:
         if call.name in {"finish", "submit"}:
             return ToolResult(observation="<<< Finished >>>", submitted=True, seconds=self.seconds)
         args = " ".join(f"{k}={v}" for k, v in call.arguments.items())
-        return ToolResult(observation=f"Execution output of [{call.name}]:\n{args}", submitted=False,
-                          seconds=self.seconds)
+        return ToolResult(
+            observation=f"Execution output of [{call.name}]:\n{args}", submitted=False, seconds=self.seconds
+        )
 
     def diff(self) -> str:
         return self.diff_text

@@ -38,7 +38,9 @@ def test_submitted_records_every_turn_and_builds_the_r2e_conversation(task, envi
     assert first.thought == "look around" and first.action == ToolCall(name="execute_bash", arguments={"cmd": "ls"})
     assert first.raw == LS and first.steps_remaining == 39 and first.env_s == pytest.approx(0.01)
     assert seen[1].submitted and seen[1].user_message is None
-    assert result.totals.turns == 2 and result.totals.tokens_generated == sum(t.completion.tokens_generated for t in seen)
+    assert result.totals.turns == 2 and result.totals.tokens_generated == sum(
+        t.completion.tokens_generated for t in seen
+    )
     assert result.config["agent"]["seed"] == 7
 
 
@@ -88,6 +90,7 @@ def test_environment_failure_is_infra_failure_with_the_cause(task):
 
 def test_sandbox_infra_error_is_wrapped(task):
     from env import sandbox
+
     env = RecordingEnvironment(fail_on="execute_bash", error=sandbox.InfraError("exec: container gone"))
     result = run_agent(ScriptedModel([LS]), env, task)
     assert result.exit_status == "infra_failure" and "InfraError: exec: container gone" in result.error
@@ -122,7 +125,10 @@ def test_intervene_replaces_the_action_before_it_runs(task, environment):
 def test_resynthesized_history_option(task, environment):
     messy = "<think> x </think> chatter <function= execute_bash >\n<parameter=cmd>  ls </parameter></function> tail"
     result = run_agent(ScriptedModel([messy, FINISH]), environment, task, AgentConfig(history="resynthesized"))
-    assert result.messages[2].content == "<think>\nx\n</think>\n\n<function=execute_bash>\n<parameter=cmd>ls</parameter>\n</function>"
+    assert (
+        result.messages[2].content
+        == "<think>\nx\n</think>\n\n<function=execute_bash>\n<parameter=cmd>ls</parameter>\n</function>"
+    )
 
 
 def test_config_rejects_unknown_and_bad_fields():

@@ -61,8 +61,23 @@ def _check_invariants(result: dict, method: str, scope: str, protocol: str) -> N
 @pytest.mark.parametrize("scope", nexus.SCOPES)
 @pytest.mark.parametrize("method", list(nexus.METHODS))
 def test_tiny_model_every_method_scope_protocol(docker_ready, method, scope, protocol):
-    result = _episode("--model", "tiny", "--method", method, "--scope", scope, "--protocol", protocol,
-                      "--max-steps", "3", "--max-new-tokens", "24", "--no-grade", "--seed", "3")
+    result = _episode(
+        "--model",
+        "tiny",
+        "--method",
+        method,
+        "--scope",
+        scope,
+        "--protocol",
+        protocol,
+        "--max-steps",
+        "3",
+        "--max-new-tokens",
+        "24",
+        "--no-grade",
+        "--seed",
+        "3",
+    )
     assert result["exit_status"] in ("step_limit", "format_error_limit", "submitted")
     _check_invariants(result, method, scope, protocol)
 
@@ -73,7 +88,8 @@ def test_same_seed_reproduces_completions_and_evictions(docker_ready):
     a, b = _episode(*args, "--seed", "11"), _episode(*args, "--seed", "11")
     assert [t["completion"]["text"] for t in a["turns"]] == [t["completion"]["text"] for t in b["turns"]]
     assert [t["completion"]["physical_after"] for t in a["turns"]] == [
-        t["completion"]["physical_after"] for t in b["turns"]]
+        t["completion"]["physical_after"] for t in b["turns"]
+    ]
 
 
 def test_bad_inputs_fail_before_any_container():

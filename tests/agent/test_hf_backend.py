@@ -31,8 +31,11 @@ def _conversation(backend, turns=3, seed=0, forced=None):
     for t in range(turns):
         c = backend.complete(msgs, forced_text=None if forced is None else forced[t])
         out.append(c)
-        msgs = [*msgs, Message(role="assistant", content=c.text),
-                Message(role="user", content=f"Exit code: 0\nobservation {t} " * 12)]
+        msgs = [
+            *msgs,
+            Message(role="assistant", content=c.text),
+            Message(role="user", content=f"Exit code: 0\nobservation {t} " * 12),
+        ]
     return msgs, out
 
 
@@ -53,8 +56,9 @@ def test_true_eviction_keeps_think_content_the_template_drops(host):
     b = _backend(host, method="dense")
     msgs, _ = _conversation(b, turns=2, forced=[think, "ok"])
     held = host.tokenizer.decode(b.stream)
-    rerendered = host.tokenizer.apply_chat_template([m.model_dump() for m in msgs[:-2]], tokenize=False,
-                                                    add_generation_prompt=True)
+    rerendered = host.tokenizer.apply_chat_template(
+        [m.model_dump() for m in msgs[:-2]], tokenize=False, add_generation_prompt=True
+    )
     assert "The bug is in split_row." in held
     assert "The bug is in split_row." not in rerendered  # Qwen3's template drops earlier <think> content
 

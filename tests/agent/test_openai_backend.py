@@ -20,8 +20,12 @@ def reply(content: str, *, prompt: int = 11, completion: int = 7, reasoning: str
     message = {"role": "assistant", "content": content}
     if reasoning is not None:
         message["reasoning_content"] = reasoning
-    return {"id": "cmpl-1", "model": "served", "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
-            "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}}
+    return {
+        "id": "cmpl-1",
+        "model": "served",
+        "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion},
+    }
 
 
 class ChatEndpointDouble:
@@ -83,9 +87,15 @@ def test_request_body_and_parsed_completion(endpoint, monkeypatch):
     request = endpoint.requests[0]
     assert request["path"] == "/v1/chat/completions"
     assert request["headers"]["Authorization"] == "Bearer sekrit"
-    assert request["body"] == {"model": "deepswe", "temperature": 0.6, "top_p": 0.95, "max_tokens": 256, "seed": 5,
-                               "stop": ["</function>"],
-                               "messages": [{"role": "system", "content": "sys"}, {"role": "user", "content": "fix it"}]}
+    assert request["body"] == {
+        "model": "deepswe",
+        "temperature": 0.6,
+        "top_p": 0.95,
+        "max_tokens": 256,
+        "seed": 5,
+        "stop": ["</function>"],
+        "messages": [{"role": "system", "content": "sys"}, {"role": "user", "content": "fix it"}],
+    }
     assert first.text == "<function=finish></function>" and first.finish_reason == "stop"
     assert (first.prompt_tokens, first.tokens_generated, first.logical_length, first.tokens_appended) == (11, 7, 18, 11)
     assert first.extra["attempts"] == 1 and first.decode_s > 0

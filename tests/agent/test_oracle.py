@@ -20,7 +20,10 @@ from tests.conftest import docker_status, require
 
 from .conftest import RecordingEnvironment, TinyTask
 
-PATCH = "diff --git a/calc.py b/calc.py\n--- a/calc.py\n+++ b/calc.py\n@@ -1,2 +1,2 @@\n def add(a, b):\n-    return a + b + 1\n+    return a + b\n \n"
+PATCH = (
+    "diff --git a/calc.py b/calc.py\n--- a/calc.py\n+++ b/calc.py\n@@ -1,2 +1,2 @@\n"
+    " def add(a, b):\n-    return a + b + 1\n+    return a + b\n \n"
+)
 
 
 def test_oracle_script_is_real_r2e_text_that_carries_the_patch_byte_exact():
@@ -42,8 +45,7 @@ def test_oracle_through_the_loop_with_an_environment_double():
     task.patch = PATCH
     env = RecordingEnvironment(diff_text=PATCH)
     model = make_backend("oracle", task=task)
-    result = run_episode(task, model, agent_config=AgentConfig(), grade=False,
-                         open_environment=lambda task, **kw: env)
+    result = run_episode(task, model, agent_config=AgentConfig(), grade=False, open_environment=lambda task, **kw: env)
     assert result.exit_status == "submitted" and result.error is None and result.patch == PATCH
     assert [c.name for c in env.calls] == ["file_editor", "execute_bash", "finish"] and env.closed
     assert len(model.observations) == 2 and result.grade is None
@@ -90,20 +92,30 @@ def _make_local_task(root: Path) -> Path:
     (work / "calc.py").write_text("def add(a, b):\n    return a + b\n")
     patch = subprocess.run([*git, "diff"], check=True, capture_output=True, text=True).stdout
     subprocess.run([*git, "checkout", "-q", "calc.py"], check=True)
-    (work / "tests" / "test_calc.py").write_text(textwrap.dedent("""\
+    (work / "tests" / "test_calc.py").write_text(
+        textwrap.dedent("""\
         from calc import add
 
 
         def test_add():
             assert add(2, 2) == 4
-        """))
+        """)
+    )
     subprocess.run([*git, "add", "-A"], check=True)
     test_patch = subprocess.run([*git, "diff", "--cached"], check=True, capture_output=True, text=True).stdout
-    (task_dir / "task.json").write_text(json.dumps({
-        "instance_id": "demo__calc-1", "repo": "demo/calc", "problem_statement": "add(2, 2) returns 5",
-        "patch": patch, "test_patch": test_patch, "FAIL_TO_PASS": ["tests/test_calc.py::test_add"],
-        "PASS_TO_PASS": [],
-    }))
+    (task_dir / "task.json").write_text(
+        json.dumps(
+            {
+                "instance_id": "demo__calc-1",
+                "repo": "demo/calc",
+                "problem_statement": "add(2, 2) returns 5",
+                "patch": patch,
+                "test_patch": test_patch,
+                "FAIL_TO_PASS": ["tests/test_calc.py::test_add"],
+                "PASS_TO_PASS": [],
+            }
+        )
+    )
     return task_dir
 
 
@@ -133,8 +145,12 @@ def test_submitting_nothing_in_a_real_container_is_an_empty_patch(tmp_path):
     from env.tasks import load_local_task
 
     task = load_local_task(_make_local_task(tmp_path))
-    model = ScriptedModel(["<function=search><parameter=search_term>add</parameter></function>",
-                           "<function=finish><parameter=command>submit</parameter></function>"])
+    model = ScriptedModel(
+        [
+            "<function=search><parameter=search_term>add</parameter></function>",
+            "<function=finish><parameter=command>submit</parameter></function>",
+        ]
+    )
     result = run_episode(task, model)
     assert "calc.py" in result.turns[0].observation  # the real search tool ran in /testbed
     assert result.exit_status == "submitted" and result.patch == ""
@@ -145,7 +161,9 @@ def test_grading_runs_through_env_grading_and_is_skipped_after_an_infra_failure(
     from agent_runner.backends.scripted import ScriptedModel
 
     finish = "<function=finish><parameter=command>submit</parameter></function>"
-    nothing = run_episode(TinyTask(), ScriptedModel([finish]), open_environment=lambda task, **kw: RecordingEnvironment())
+    nothing = run_episode(
+        TinyTask(), ScriptedModel([finish]), open_environment=lambda task, **kw: RecordingEnvironment()
+    )
     assert nothing.grade is not None and nothing.grade.status == "empty_patch" and nothing.status == "empty_patch"
 
     env = RecordingEnvironment(fail_on="execute_bash", diff_text=PATCH)

@@ -22,8 +22,9 @@ def test_typical_completion_gives_thought_and_trimmed_string_parameters():
     parsed = parse_response(TYPICAL)
     assert parsed.thought == "The bug is in add(); let me look."
     assert parsed.error is None
-    assert parsed.call == ToolCall(name="file_editor",
-                                   arguments={"command": "view", "path": "/testbed/calc.py", "view_range": "[1, 50]"})
+    assert parsed.call == ToolCall(
+        name="file_editor", arguments={"command": "view", "path": "/testbed/calc.py", "view_range": "[1, 50]"}
+    )
 
 
 def test_multiline_value_keeps_inner_whitespace():
@@ -38,14 +39,18 @@ def test_no_think_block_means_empty_thought_and_text_outside_is_discarded():
 
 
 def test_closing_think_without_opener_takes_the_text_before_it():
-    parsed = parse_response("reasoning here\n</think>\n<function=finish><parameter=command>submit</parameter></function>")
+    parsed = parse_response(
+        "reasoning here\n</think>\n<function=finish><parameter=command>submit</parameter></function>"
+    )
     assert parsed.thought == "reasoning here"
     assert parsed.call.name == "finish"
 
 
 def test_only_the_first_function_block_counts():
-    text = ("<function=execute_bash><parameter=cmd>ls</parameter></function>"
-            "<function=finish><parameter=command>submit</parameter></function>")
+    text = (
+        "<function=execute_bash><parameter=cmd>ls</parameter></function>"
+        "<function=finish><parameter=command>submit</parameter></function>"
+    )
     assert parse_response(text).call == ToolCall(name="execute_bash", arguments={"cmd": "ls"})
 
 
@@ -61,8 +66,11 @@ def test_no_call_is_a_format_error_with_the_thought_kept():
 
 
 def test_truncated_function_block_is_a_format_error():
-    for text in ("<function=execute_bash><parameter=cmd>ls</parameter>", "<function=execute_bash",
-                 "<function=execute_bash>\n<parameter=cmd>ls -la"):
+    for text in (
+        "<function=execute_bash><parameter=cmd>ls</parameter>",
+        "<function=execute_bash",
+        "<function=execute_bash>\n<parameter=cmd>ls -la",
+    ):
         parsed = parse_response(text)
         assert parsed.call is None and "truncated" in parsed.error, text
 
@@ -73,7 +81,9 @@ def test_bad_function_name_is_a_format_error():
 
 
 def test_unclosed_parameter_is_dropped_and_nested_opener_stays_in_the_outer_value():
-    assert parse_response("<function=f><parameter=a>1</parameter><parameter=b>2</function>").call.arguments == {"a": "1"}
+    assert parse_response("<function=f><parameter=a>1</parameter><parameter=b>2</function>").call.arguments == {
+        "a": "1"
+    }
     nested = parse_response("<function=f><parameter=a>x<parameter=b>y</parameter></parameter></function>")
     assert nested.call.arguments == {"a": "x<parameter=b>y"}
 

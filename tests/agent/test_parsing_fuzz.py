@@ -7,9 +7,33 @@ import time
 
 from agent_runner.parsing import ParsedAction, parse_response
 
-PIECES = ["<think>", "</think>", "<function=", "</function>", "<parameter=", "</parameter>", ">", "<", "=",
-          "execute_bash", "file_editor", "cmd", "path", "\n", " ", "ls -la", "é漢字🙂", "\x00", "\\", "'\"",
-          "<function=finish>", "<parameter=cmd>", "</parameter></parameter>", "<<function=>>", "</function></function>"]
+PIECES = [
+    "<think>",
+    "</think>",
+    "<function=",
+    "</function>",
+    "<parameter=",
+    "</parameter>",
+    ">",
+    "<",
+    "=",
+    "execute_bash",
+    "file_editor",
+    "cmd",
+    "path",
+    "\n",
+    " ",
+    "ls -la",
+    "é漢字🙂",
+    "\x00",
+    "\\",
+    "'\"",
+    "<function=finish>",
+    "<parameter=cmd>",
+    "</parameter></parameter>",
+    "<<function=>>",
+    "</function></function>",
+]
 
 
 def _random_text(rng: random.Random) -> str:
@@ -22,8 +46,11 @@ def _structured(rng: random.Random) -> str:
         key = rng.choice(["cmd", "path", "command", "cmd", " cmd ", ""])
         value = rng.choice([_random_text(rng), "x" * rng.randrange(0, 50), "<parameter=inner>v</parameter>"])
         params.append(f"<parameter={key}>{value}</parameter>")
-    text = f"<think>{_random_text(rng)}</think>\n<function={rng.choice(['execute_bash', 'finish', ' f ', ''])}>" \
-           + "".join(params) + "</function>"
+    text = (
+        f"<think>{_random_text(rng)}</think>\n<function={rng.choice(['execute_bash', 'finish', ' f ', ''])}>"
+        + "".join(params)
+        + "</function>"
+    )
     cut = rng.randrange(0, len(text) + 1)
     return text[:cut] if rng.random() < 0.5 else text  # truncated half of the time
 

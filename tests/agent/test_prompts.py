@@ -22,7 +22,7 @@ def test_system_prompt_documents_every_tool_in_order_with_fences():
 
 
 def test_the_call_example_in_the_system_prompt_parses_as_a_call():
-    example = prompts.CALL_FORMAT[prompts.CALL_FORMAT.index("<function="):]
+    example = prompts.CALL_FORMAT[prompts.CALL_FORMAT.index("<function=") :]
     parsed = parse_response(example)
     assert parsed.call is not None and parsed.call.name == "example_function_name"
     assert parsed.call.arguments["example_parameter_2"] == "A value may span\nseveral lines."
@@ -40,7 +40,9 @@ def test_instance_prompt_has_the_issue_the_workflow_and_the_budget():
 
 def test_step_budget_text_and_observation_message():
     assert prompts.steps_remaining_text(3) == "Steps Remaining: 3"
-    assert "NOW" in prompts.steps_remaining_text(0) and prompts.steps_remaining_text(-5) == prompts.steps_remaining_text(0)
+    assert "NOW" in prompts.steps_remaining_text(0) and prompts.steps_remaining_text(
+        -5
+    ) == prompts.steps_remaining_text(0)
     assert prompts.observation_message("out", 2) == "out\nSteps Remaining: 2"
     assert prompts.NO_FUNCTION_CALL_REMINDER == NO_FUNCTION_CALL_REMINDER
 

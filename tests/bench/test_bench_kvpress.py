@@ -19,8 +19,10 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def parity(parity_script, tmp_path_factory):
-    require(parity_script.venv_ready(parity_script.DEFAULT_VENV),
-            f"kvpress venv missing at {parity_script.DEFAULT_VENV}: run python bench/kvpress_parity.py --setup-only")
+    require(
+        parity_script.venv_ready(parity_script.DEFAULT_VENV),
+        f"kvpress venv missing at {parity_script.DEFAULT_VENV}: run python bench/kvpress_parity.py --setup-only",
+    )
     out = tmp_path_factory.mktemp("parity") / "parity.json"
     parity_script.main(["--tokens", "2048", "--layers", "2", "--repeats", "1", "--threads", "1", "--out", str(out)])
     return json.loads(out.read_text())

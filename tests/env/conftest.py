@@ -50,8 +50,9 @@ new file mode 100644
 """
 
 
-def write_local_task(root: Path, *, instance_id: str = "calc__calc-1", test_cmd: str | None = None,
-                     setup: list[str] | None = None) -> Path:  # fmt: skip
+def write_local_task(
+    root: Path, *, instance_id: str = "calc__calc-1", test_cmd: str | None = None, setup: list[str] | None = None
+) -> Path:
     """A tiny local task: `add` subtracts; the hidden tests in TEST_PATCH fail until the gold patch."""
     task_dir = root / instance_id
     (task_dir / "repo" / "calc").mkdir(parents=True)
@@ -108,8 +109,9 @@ def base_image(docker_client) -> str:
 def sandbox(docker_client, base_image):
     from env.sandbox import Sandbox, SandboxConfig
 
-    box = Sandbox.start(base_image, config=SandboxConfig(max_output_bytes=64 * 1024), job=TEST_JOB,
-                        client=docker_client)  # fmt: skip
+    box = Sandbox.start(
+        base_image, config=SandboxConfig(max_output_bytes=64 * 1024), job=TEST_JOB, client=docker_client
+    )
     try:
         box.check("mkdir -p /testbed", workdir="/")
         yield box

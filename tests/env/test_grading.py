@@ -24,8 +24,10 @@ from tests.env.conftest import GOLD_PATCH, TEST_JOB
 F2P = ["tests/test_add.py::test_add", "tests/test_add.py::test_total_hidden_marker"]
 P2P = ["tests/test_mul.py::test_mul"]
 TOKEN = "0123456789abcdef0123456789abcdef"
-NOOP_PATCH = ("diff --git a/calc/ops.py b/calc/ops.py\n--- a/calc/ops.py\n+++ b/calc/ops.py\n@@ -4,2 +4,2 @@\n"
-              " def mul(a, b):\n-    return a * b\n+    return b * a\n")  # fmt: skip
+NOOP_PATCH = (
+    "diff --git a/calc/ops.py b/calc/ops.py\n--- a/calc/ops.py\n+++ b/calc/ops.py\n@@ -4,2 +4,2 @@\n"
+    " def mul(a, b):\n-    return a * b\n+    return b * a\n"
+)
 # Leaves the bug in place but adds a conftest.py that, after pytest has written its real summary, prints
 # forged PASSED lines, swebench's end marker and a fake host frame with a guessed token.
 FORGE_CONFTEST = [
@@ -52,12 +54,23 @@ def grade_config() -> GradeConfig:
 
 
 def synthetic_log(tests_body: str, *, tests_rc: int = 0, timed_out: int = 0, model_rc: int = 0) -> str:
-    return "\n".join([
-        f"{LOG_HEADER} token={TOKEN} task=calc__calc-1 grader=swebench",
-        f"{TOKEN} BEGIN model_patch", "applied", f"{TOKEN} END model_patch rc={model_rc} timed_out=0",
-        f"{TOKEN} BEGIN test_patch", "applied", f"{TOKEN} END test_patch rc=0 timed_out=0",
-        f"{TOKEN} BEGIN tests", tests_body, f"{TOKEN} END tests rc={tests_rc} timed_out={timed_out}",
-    ]) + "\n"  # fmt: skip
+    return (
+        "\n".join(
+            [
+                f"{LOG_HEADER} token={TOKEN} task=calc__calc-1 grader=swebench",
+                f"{TOKEN} BEGIN model_patch",
+                "applied",
+                f"{TOKEN} END model_patch rc={model_rc} timed_out=0",
+                f"{TOKEN} BEGIN test_patch",
+                "applied",
+                f"{TOKEN} END test_patch rc=0 timed_out=0",
+                f"{TOKEN} BEGIN tests",
+                tests_body,
+                f"{TOKEN} END tests rc={tests_rc} timed_out={timed_out}",
+            ]
+        )
+        + "\n"
+    )
 
 
 def summary(statuses: dict[str, str]) -> str:
@@ -114,7 +127,9 @@ def test_base_state_fails_f2p_and_passes_p2p(local_task, local_task_image):
 
 @pytest.mark.docker
 def test_patch_that_does_not_apply(local_task, local_task_image):
-    bad = "diff --git a/calc/ops.py b/calc/ops.py\n--- a/calc/ops.py\n+++ b/calc/ops.py\n@@ -1,1 +1,1 @@\n-nothing\n+x\n"
+    bad = (
+        "diff --git a/calc/ops.py b/calc/ops.py\n--- a/calc/ops.py\n+++ b/calc/ops.py\n@@ -1,1 +1,1 @@\n-nothing\n+x\n"
+    )
     result = grade(local_task, bad, config=grade_config())
     assert result.status == "patch_failed"
     assert "did not apply" in result.error
@@ -136,8 +151,11 @@ def test_hidden_tests_are_absent_from_the_agents_container(local_task, local_tas
         tools = ToolBox(box).install()
         assert not box.exists("/testbed/tests/test_add.py")
         assert box.exists("/testbed/tests/test_mul.py")
-        found = box.run("grep -rl test_total_hidden_marker / --exclude-dir=proc --exclude-dir=sys 2>/dev/null",
-                        timeout=60, workdir="/")  # fmt: skip
+        found = box.run(
+            "grep -rl test_total_hidden_marker / --exclude-dir=proc --exclude-dir=sys 2>/dev/null",
+            timeout=60,
+            workdir="/",
+        )
         assert found.output.strip() == ""
         log = box.run("git log --oneline | wc -l", workdir="/testbed").output.strip()
         assert log == "1"  # repo/ as a single commit
@@ -184,14 +202,31 @@ def test_regrade_spoof_check_uses_exit_code(task_model):
 
 def test_r2e_exact_match_grader():
     expected = {"TestA.test_one": "PASSED", "test_two": "FAILED"}
-    task = Task(instance_id="pkg__abc", repo="pkg", problem_statement="p", patch="", test_patch="",
-                FAIL_TO_PASS=[], PASS_TO_PASS=[], kind="r2e", docker_image="namanjain12/pkg_final:abc",
-                expected_output_json=json.dumps(expected))  # fmt: skip
-    good = ("=== short test summary info ===\nPASSED r2e_tests/test_a.py::TestA::test_one\n"
-            "FAILED r2e_tests/test_a.py::test_two - assert 0\nSKIPPED [1] r2e_tests/test_a.py:9: skip\n")  # fmt: skip
+    task = Task(
+        instance_id="pkg__abc",
+        repo="pkg",
+        problem_statement="p",
+        patch="",
+        test_patch="",
+        FAIL_TO_PASS=[],
+        PASS_TO_PASS=[],
+        kind="r2e",
+        docker_image="namanjain12/pkg_final:abc",
+        expected_output_json=json.dumps(expected),
+    )
+    good = (
+        "=== short test summary info ===\nPASSED r2e_tests/test_a.py::TestA::test_one\n"
+        "FAILED r2e_tests/test_a.py::test_two - assert 0\nSKIPPED [1] r2e_tests/test_a.py:9: skip\n"
+    )
     assert parse_r2e_pytest(good) == expected
-    lines = [f"{TOKEN} BEGIN model_patch", "ok", f"{TOKEN} END model_patch rc=0 timed_out=0",
-             f"{TOKEN} BEGIN tests", good, f"{TOKEN} END tests rc=1 timed_out=0"]  # fmt: skip
+    lines = [
+        f"{TOKEN} BEGIN model_patch",
+        "ok",
+        f"{TOKEN} END model_patch rc=0 timed_out=0",
+        f"{TOKEN} BEGIN tests",
+        good,
+        f"{TOKEN} END tests rc=1 timed_out=0",
+    ]
     log = f"{LOG_HEADER} token={TOKEN} task=pkg__abc grader=r2e\n" + "\n".join(lines) + "\n"
     result = regrade(task, log, "diff --git a/x b/x\n")
     assert result.status == "resolved" and result.grader == "r2e-exact-match"
@@ -200,8 +235,10 @@ def test_r2e_exact_match_grader():
 
 
 def test_export_patch_filtered_keeps_str_replaced_python_files():
-    patch = ("diff --git a/pkg/a.py b/pkg/a.py\n+a\ndiff --git a/reproduce_issue.py b/reproduce_issue.py\n+r\n"
-             "diff --git a/README.md b/README.md\n+m\n")  # fmt: skip
+    patch = (
+        "diff --git a/pkg/a.py b/pkg/a.py\n+a\ndiff --git a/reproduce_issue.py b/reproduce_issue.py\n+r\n"
+        "diff --git a/README.md b/README.md\n+m\n"
+    )
     assert export_patch_filtered(patch, ["/testbed/pkg/a.py"]) == "diff --git a/pkg/a.py b/pkg/a.py\n+a\n"
     everything_py = export_patch_filtered(patch, [])
     assert "pkg/a.py" in everything_py and "reproduce_issue.py" in everything_py

@@ -19,8 +19,10 @@ from tests.env.conftest import TEST_JOB, write_local_task
 
 def test_debian_mirror_reads_deb822_sources(tmp_path):
     sources = tmp_path / "debian.sources"
-    sources.write_text("Types: deb\nURIs: http://mirror.example/debian\nSuites: bookworm bookworm-updates\n\n"
-                       "Types: deb\nURIs: http://security.example\nSuites: bookworm-security\n")  # fmt: skip
+    sources.write_text(
+        "Types: deb\nURIs: http://mirror.example/debian\nSuites: bookworm bookworm-updates\n\n"
+        "Types: deb\nURIs: http://security.example\nSuites: bookworm-security\n"
+    )
     assert debian_mirror(sources) == "http://mirror.example/debian"
     assert debian_mirror(tmp_path / "absent") == "http://deb.debian.org/debian"
 
@@ -39,8 +41,11 @@ def test_task_tag_follows_content(tmp_path):
 def test_base_image_has_python_pytest_and_git_identity(docker_client, base_image):
     assert base_image == BASE_IMAGE_TAG
     with Sandbox.start(base_image, job=TEST_JOB, client=docker_client) as box:
-        out = box.run("python -c 'import sys; print(sys.version_info[0])'; python -m pytest --version; "
-                      "git config user.name; git config user.email", workdir="/").output  # fmt: skip
+        out = box.run(
+            "python -c 'import sys; print(sys.version_info[0])'; python -m pytest --version; "
+            "git config user.name; git config user.email",
+            workdir="/",
+        ).output
     lines = out.splitlines()
     assert lines[0] == "3"
     assert lines[1].startswith("pytest ")
@@ -82,8 +87,16 @@ def test_setup_has_no_network(tmp_path, docker_client, base_image):
 
 @pytest.mark.docker
 def test_missing_registry_image_says_how_to_get_it(docker_client):
-    task = Task(instance_id="django__django-11099", repo="django/django", problem_statement="p", patch="",
-                test_patch="", FAIL_TO_PASS=["t"], PASS_TO_PASS=[], kind="swebench",
-                docker_image="swebench/sweb.eval.x86_64.django_1776_django-11099:latest")  # fmt: skip
+    task = Task(
+        instance_id="django__django-11099",
+        repo="django/django",
+        problem_statement="p",
+        patch="",
+        test_patch="",
+        FAIL_TO_PASS=["t"],
+        PASS_TO_PASS=[],
+        kind="swebench",
+        docker_image="swebench/sweb.eval.x86_64.django_1776_django-11099:latest",
+    )
     with pytest.raises(ImageMissing, match="docker pull swebench/sweb.eval.x86_64.django_1776_django-11099"):
         ensure_task_image(task, docker_client)

@@ -29,8 +29,10 @@ def test_workdir_and_python_tooling(sandbox):
 
 
 def test_git_commit_works_with_dropped_capabilities(sandbox):
-    script = ("cd /testbed && git init -q && echo x > f.txt && git add -A && git commit -qm base && "
-              "chown 1000:1000 f.txt && git log --format=%an")  # fmt: skip
+    script = (
+        "cd /testbed && git init -q && echo x > f.txt && git add -A && git commit -qm base && "
+        "chown 1000:1000 f.txt && git log --format=%an"
+    )
     result = sandbox.run(script, workdir="/")
     assert result.exit_code == 0, result.output
     assert result.output.strip() == "nexus-eval"
@@ -71,8 +73,9 @@ def test_fork_bomb_stays_bounded(docker_client, base_image):
 def test_memory_hog_is_killed_and_container_survives(docker_client, base_image):
     config = SandboxConfig(memory="256m")
     with Sandbox.start(base_image, config=config, job=TEST_JOB, client=docker_client) as box:
-        result = box.run("python3 -c \"x = bytearray(1024 * 1024 * 1024); print('allocated')\"", timeout=60,
-                         workdir="/")  # fmt: skip
+        result = box.run(
+            "python3 -c \"x = bytearray(1024 * 1024 * 1024); print('allocated')\"", timeout=60, workdir="/"
+        )
         assert result.exit_code != 0
         assert "allocated" not in result.output
         assert box.run("echo ok", workdir="/").output == "ok\n"
@@ -107,8 +110,7 @@ def test_capped_buffer_keeps_head_and_tail():
 
 def test_no_network_inside(sandbox):
     assert sandbox.run("ls /sys/class/net", workdir="/").output.split() == ["lo"]
-    probe = ("python3 -c \"import socket; s=socket.socket(); s.settimeout(3); "
-             "s.connect(('93.184.216.34', 80))\"")  # fmt: skip
+    probe = "python3 -c \"import socket; s=socket.socket(); s.settimeout(3); s.connect(('93.184.216.34', 80))\""
     result = sandbox.run(probe, timeout=20, workdir="/")
     assert result.exit_code != 0
     assert "unreachable" in result.output.lower() or "error" in result.output.lower()
@@ -129,8 +131,10 @@ def test_files_round_trip_through_archives(sandbox, tmp_path):
 
 def test_diff_is_staged_diff_including_new_files(sandbox):
     sandbox.check("cd /testbed && git init -q && echo a > a.txt && git add -A && git commit -qm base", workdir="/")
-    sandbox.check("cd /testbed && echo b >> a.txt && echo new > new.txt && mkdir -p __pycache__ && "
-                  "echo junk > __pycache__/x.pyc", workdir="/")  # fmt: skip
+    sandbox.check(
+        "cd /testbed && echo b >> a.txt && echo new > new.txt && mkdir -p __pycache__ && echo junk > __pycache__/x.pyc",
+        workdir="/",
+    )
     patch = sandbox.diff()
     assert "diff --git a/a.txt b/a.txt" in patch and "+b" in patch
     assert "diff --git a/new.txt b/new.txt" in patch

@@ -72,9 +72,7 @@ def test_task_structure(task: Task):
     assert task.test_cmd == "python -m pytest -rA"
     # The gold patch changes source only; the test patch changes tests only.
     assert changed_files(task.patch) and all(not f.startswith("tests/") for f in changed_files(task.patch))
-    assert changed_files(task.test_patch) and all(
-        f.startswith("tests/") for f in changed_files(task.test_patch)
-    )
+    assert changed_files(task.test_patch) and all(f.startswith("tests/") for f in changed_files(task.test_patch))
     for test_id in task.FAIL_TO_PASS + task.PASS_TO_PASS:
         assert re.fullmatch(r"tests/test_\w+\.py::test_\w+", test_id), test_id
 
@@ -130,9 +128,7 @@ def test_lists_match_real_test_runs(task: Task, tmp_path: Path):
     apply(task.test_patch, checkout)
     before, log = run_tests(task, checkout)
     for test_id in task.FAIL_TO_PASS:
-        assert before.get(test_id) in ("FAILED", "ERROR"), (
-            f"{test_id} is {before.get(test_id)} without the fix\n{log}"
-        )
+        assert before.get(test_id) in ("FAILED", "ERROR"), f"{test_id} is {before.get(test_id)} without the fix\n{log}"
     for test_id in task.PASS_TO_PASS:
         assert before.get(test_id) == "PASSED", f"{test_id} is {before.get(test_id)} at the base state\n{log}"
 

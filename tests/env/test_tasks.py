@@ -24,9 +24,7 @@ def swebench_row(**overrides) -> dict:
         "created_at": "2022-03-03T15:14:54Z",
         "patch": PATCH,
         "test_patch": TEST_PATCH,
-        "FAIL_TO_PASS": json.dumps(
-            ["astropy/modeling/tests/test_separable.py::test_separable[compound_model6]"]
-        ),
+        "FAIL_TO_PASS": json.dumps(["astropy/modeling/tests/test_separable.py::test_separable[compound_model6]"]),
         "PASS_TO_PASS": json.dumps(["astropy/modeling/tests/test_separable.py::test_coord_matrix"]),
         "version": "4.3",
         "environment_setup_commit": "298ccb478e6bf092953bca67a3d29dc6c35f6752",
@@ -194,9 +192,7 @@ def test_hugging_face_name_goes_through_datasets(monkeypatch):
 
     def hub_test_double(name, split):
         calls.append((name, split))
-        return datasets.Dataset.from_list(
-            [swebench_row(docker_image="slimshetty/swebench-verified:sweb.eval.x")]
-        )
+        return datasets.Dataset.from_list([swebench_row(docker_image="slimshetty/swebench-verified:sweb.eval.x")])
 
     monkeypatch.setattr(datasets, "load_dataset", hub_test_double)
     tasks = load_tasks("R2E-Gym/SWE-Bench-Verified", split="test")

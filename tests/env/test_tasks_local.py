@@ -53,9 +53,7 @@ def test_local_task_loads_with_defaults(tmp_path):
 
 
 def test_local_task_optional_fields(tmp_path):
-    folder = write_task(
-        tmp_path, test_cmd="python -m pytest -rA tests", setup=["mkdir -p /data"], version="1.0"
-    )
+    folder = write_task(tmp_path, test_cmd="python -m pytest -rA tests", setup=["mkdir -p /data"], version="1.0")
     task = load_tasks(folder)[0]
     assert (task.test_cmd, task.setup, task.version) == (
         "python -m pytest -rA tests",
@@ -146,9 +144,7 @@ def test_empty_fail_to_pass_is_rejected(tmp_path):
     assert info.value.field == "FAIL_TO_PASS"
 
 
-@pytest.mark.parametrize(
-    "bad_id", ["calc-1", "../etc__x-1", "calc__calc", "calc__calc-1; rm -rf /", "Calc__a b-1"]
-)
+@pytest.mark.parametrize("bad_id", ["calc-1", "../etc__x-1", "calc__calc", "calc__calc-1; rm -rf /", "Calc__a b-1"])
 def test_unsafe_instance_id(tmp_path, bad_id):
     folder = write_task(tmp_path, instance_id=bad_id)
     with pytest.raises(TaskError, match="project__name-N") as info:

@@ -19,8 +19,11 @@ SOURCE = "def f(x):\n    return x + 1\n\n\ndef g(y):\n    return y * 2\n"
 
 @pytest.fixture()
 def toolbox(sandbox):
-    sandbox.check("mkdir -p /testbed/pkg/sub /testbed/.hidden && echo 'notes' > /testbed/README.txt && "
-                  "echo 'X = 1' > /testbed/.hidden/h.py && echo 'Y = 2' > /testbed/pkg/sub/deep.py", workdir="/")  # fmt: skip
+    sandbox.check(
+        "mkdir -p /testbed/pkg/sub /testbed/.hidden && echo 'notes' > /testbed/README.txt && "
+        "echo 'X = 1' > /testbed/.hidden/h.py && echo 'Y = 2' > /testbed/pkg/sub/deep.py",
+        workdir="/",
+    )
     sandbox.write_file("/testbed/pkg/a.py", SOURCE)
     return ToolBox(sandbox).install()
 
@@ -37,8 +40,7 @@ def bash(box: ToolBox, cmd: str):
 
 
 def test_render_command_line_matches_r2e():
-    call = ToolCall(name="file_editor", arguments={"command": "view", "path": "/testbed/x.py",
-                                                   "view_range": "[1, 50]"})  # fmt: skip
+    call = ToolCall(name="file_editor", arguments={"command": "view", "path": "/testbed/x.py", "view_range": "[1, 50]"})
     assert render_command_line(call) == "file_editor view --path /testbed/x.py --view_range '[1, 50]'"
     assert render_command_line(ToolCall(name="execute_bash", arguments={"cmd": "pytest -q"})) == (
         "execute_bash --cmd 'pytest -q'"
@@ -65,12 +67,15 @@ def test_tool_specs_name_the_four_tools_and_required_parameters():
 
 # ------------------------------------------------------------------------------- in the container
 
+
 @pytest.mark.docker
 def test_view_file_uses_cat_n_numbering(toolbox):
     obs = editor(toolbox, command="view", path="/testbed/pkg/a.py")
-    assert obs == ("Execution output of [file_editor]:\nHere's the result of running `cat -n` on the file: "
-                   "/testbed/pkg/a.py:\n     1 def f(x):\n     2     return x + 1\n     3 \n     4 \n"
-                   "     5 def g(y):\n     6     return y * 2\n")  # fmt: skip
+    assert obs == (
+        "Execution output of [file_editor]:\nHere's the result of running `cat -n` on the file: "
+        "/testbed/pkg/a.py:\n     1 def f(x):\n     2     return x + 1\n     3 \n     4 \n"
+        "     5 def g(y):\n     6     return y * 2\n"
+    )
 
 
 @pytest.mark.docker
@@ -96,8 +101,9 @@ def test_view_directory_lists_dirs_and_py_two_levels_excluding_hidden(toolbox):
 @pytest.mark.docker
 def test_view_of_non_python_file_is_refused(toolbox):
     obs = editor(toolbox, command="view", path="/testbed/README.txt")
-    assert ("ERROR: ERROR: Viewing non-Python files is disallowed for saving context. "
-            "File 'README.txt' is not a .py file.") in obs  # fmt: skip
+    assert (
+        "ERROR: ERROR: Viewing non-Python files is disallowed for saving context. File 'README.txt' is not a .py file."
+    ) in obs
 
 
 @pytest.mark.docker
@@ -125,8 +131,10 @@ def test_output_is_clipped_at_10000_characters(toolbox, sandbox):
 @pytest.mark.docker
 def test_create_refuses_to_overwrite_and_undo_history_persists(toolbox, sandbox):
     created = editor(toolbox, command="create", path="/testbed/new.py", file_text="A = 1\n")
-    assert created.startswith("Execution output of [file_editor]:\nFile created at /testbed/new.py. "
-                              "Here's the result of running `cat -n` on /testbed/new.py:\n     1\tA = 1\n")  # fmt: skip
+    assert created.startswith(
+        "Execution output of [file_editor]:\nFile created at /testbed/new.py. "
+        "Here's the result of running `cat -n` on /testbed/new.py:\n     1\tA = 1\n"
+    )
     again = editor(toolbox, command="create", path="/testbed/new.py", file_text="B = 2\n")
     assert "ERROR: File already exists at: /testbed/new.py. Cannot overwrite with 'create'." in again
     assert sandbox.read_file("/testbed/new.py") == b"A = 1\n"
@@ -173,10 +181,13 @@ def test_editor_path_errors(toolbox):
 @pytest.mark.docker
 def test_search_directory_file_and_no_match(toolbox):
     obs = toolbox.call(ToolCall(name="search", arguments={"search_term": "return"})).observation
-    assert obs == ('Execution output of [search]:\nFound 2 matches for "return" in /testbed:\n'
-                   './pkg/a.py (2 matches)\nEnd of matches for "return" in /testbed\n')  # fmt: skip
-    in_file = toolbox.call(ToolCall(name="search", arguments={"search_term": "def g",
-                                                               "path": "/testbed/pkg/a.py"})).observation  # fmt: skip
+    assert obs == (
+        'Execution output of [search]:\nFound 2 matches for "return" in /testbed:\n'
+        './pkg/a.py (2 matches)\nEnd of matches for "return" in /testbed\n'
+    )
+    in_file = toolbox.call(
+        ToolCall(name="search", arguments={"search_term": "def g", "path": "/testbed/pkg/a.py"})
+    ).observation
     assert 'Matches for "def g" in /testbed/pkg/a.py:\n5:def g(y):' in in_file
     none = toolbox.call(ToolCall(name="search", arguments={"search_term": "zzz_absent"})).observation
     assert 'No matches found for "zzz_absent" in /testbed' in none
@@ -185,11 +196,11 @@ def test_search_directory_file_and_no_match(toolbox):
 @pytest.mark.docker
 def test_execute_bash_exit_code_lines(toolbox):
     ok = bash(toolbox, "echo hello")
-    assert ok.observation == ("Exit code: 0\nExecution output of [execute_bash]:\n[STDOUT]\n\nhello \n\n"
-                              "[STDERR]\n\n\n")  # fmt: skip
+    assert ok.observation == ("Exit code: 0\nExecution output of [execute_bash]:\n[STDOUT]\n\nhello \n\n[STDERR]\n\n\n")
     failed = bash(toolbox, "echo oops >&2; exit 3")
-    assert failed.observation.startswith("Exit code: Error: Exit code 3\nExecution output of [execute_bash]:\n"
-                                         "Error executing command:\n")  # fmt: skip
+    assert failed.observation.startswith(
+        "Exit code: Error: Exit code 3\nExecution output of [execute_bash]:\nError executing command:\n"
+    )
     assert "[STDERR]\n\noops" in failed.observation
     assert failed.exit_code == 3
 
@@ -204,8 +215,10 @@ def test_execute_bash_fresh_process_per_call(toolbox):
 @pytest.mark.parametrize("word", ["git", "ipython", "jupyter", "nohup"])
 def test_execute_bash_blocks_first_words(toolbox, word):
     obs = bash(toolbox, f"{word} status").observation
-    assert obs == (f"Exit code: Error: Exit code 1\nExecution output of [execute_bash]:\nBash command '{word}' "
-                   "is not allowed. Please use a different command or tool.\n")  # fmt: skip
+    assert obs == (
+        f"Exit code: Error: Exit code 1\nExecution output of [execute_bash]:\nBash command '{word}' "
+        "is not allowed. Please use a different command or tool.\n"
+    )
 
 
 @pytest.mark.docker
@@ -225,8 +238,9 @@ def test_execute_bash_timeout_kills_and_reports(sandbox):
     box = ToolBox(sandbox, step_timeout_s=2).install()
     result = box.call(ToolCall(name="execute_bash", arguments={"cmd": "sleep 1000"}))
     assert result.timed_out
-    assert result.observation == ("Exit code: -1\nExecution output of [execute_bash]:\n"
-                                  "The command took too long to execute (>2s)")  # fmt: skip
+    assert result.observation == (
+        "Exit code: -1\nExecution output of [execute_bash]:\nThe command took too long to execute (>2s)"
+    )
     assert "sleep 1000" not in sandbox.run("ps -eo args", workdir="/").output
 
 

@@ -35,7 +35,7 @@ def test_validate_path_reports_valid_and_invalid_tasks(tmp_path, docker_client, 
 
     result = runner.invoke(app, ["tasks", "validate", "--path", str(tmp_path), "--json"])
     assert result.exit_code == 1, result.output
-    verdicts = {v["instance_id"]: v for v in json.loads(result.stdout[result.stdout.index("["):])}
+    verdicts = {v["instance_id"]: v for v in json.loads(result.stdout[result.stdout.index("[") :])}
     assert verdicts["calc__good-1"]["valid"] is True
     assert verdicts["calc__good-1"]["gold_status"] == "resolved"
     bad = verdicts["calc__wrong-lists-2"]
@@ -55,7 +55,7 @@ def test_bundled_mini_suite_is_valid(docker_client, base_image):
     if "mini" not in known_suites():
         pytest.skip("env/suites/mini is not bundled in this checkout yet")
     result = runner.invoke(app, ["tasks", "validate", "--suite", "mini", "--json"])
-    verdicts = json.loads(result.stdout[result.stdout.index("["):])
+    verdicts = json.loads(result.stdout[result.stdout.index("[") :])
     invalid = {v["instance_id"]: v["problems"] for v in verdicts if not v["valid"]}
     assert not invalid
     assert len(verdicts) >= 12

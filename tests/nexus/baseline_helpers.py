@@ -97,7 +97,7 @@ def assert_selection_contract(idx: torch.Tensor, view: LayerView, forced: torch.
             n_valid = int(valid[bi, hi].sum())
             real = [i for i in row if i >= 0]
             assert len(real) == min(k, n_valid), (bi, hi, row, n_valid)
-            assert row[len(real):] == [-1] * (k - len(real)), f"-1 must only pad the end: {row}"
+            assert row[len(real) :] == [-1] * (k - len(real)), f"-1 must only pad the end: {row}"
             assert real == sorted(set(real)), f"not strictly ascending: {row}"
             assert all(bool(valid[bi, hi, i]) for i in real), "kept an empty slot"
             if forced is not None:

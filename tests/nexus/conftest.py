@@ -12,8 +12,14 @@ import nexus
 def tiny_qwen3(dtype=torch.float32, layers=3, seed=0, attn="sdpa", vocab=1000) -> Qwen3ForCausalLM:
     torch.manual_seed(seed)
     cfg = Qwen3Config(
-        vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, initializer_range=0.2,
+        vocab_size=vocab,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        initializer_range=0.2,
         attn_implementation=attn,
     )
     model = Qwen3ForCausalLM(cfg).eval().to(dtype)

@@ -85,7 +85,9 @@ def test_dense_generate_multi_turn_equals_fresh_generate(model32):
     cache = nexus.EvictableCache(model32.config, nexus.EvictionConfig(method="dense"))
     out1 = model32.generate(prompt, **{cache_kwarg(model32): cache}, max_new_tokens=6, do_sample=False)
     user2 = torch.randint(0, 1000, (1, 7), generator=torch.Generator().manual_seed(4))
-    out2 = model32.generate(torch.cat([out1, user2], 1), **{cache_kwarg(model32): cache}, max_new_tokens=6, do_sample=False)
+    out2 = model32.generate(
+        torch.cat([out1, user2], 1), **{cache_kwarg(model32): cache}, max_new_tokens=6, do_sample=False
+    )
     fresh = model32.generate(torch.cat([out1, user2], 1), max_new_tokens=6, do_sample=False)
     assert out2.tolist() == fresh.tolist()
     # the last sampled token of each turn is fed by the next call, so the cache is one behind the text
@@ -114,8 +116,9 @@ def test_eviction_exact_with_eager_kernel_fp32():
 
 
 def test_budget_slack_and_bytes(model32):
-    cfg = nexus.EvictionConfig(method="test_random", scope="prefill_decode", density=0.25, window=4, block_size=4,
-                               slack_blocks=2)
+    cfg = nexus.EvictionConfig(
+        method="test_random", scope="prefill_decode", density=0.25, window=4, block_size=4, slack_blocks=2
+    )
     cache = nexus.EvictableCache(model32.config, cfg)
     ids = torch.randint(0, 1000, (1, 200), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
@@ -163,5 +166,7 @@ def test_padding_is_refused(model32):
 def test_prepare_is_idempotent_and_keeps_kernel(model32):
     assert nexus.prepare(model32) is model32
     assert model32.config._attn_implementation == "nexus_sdpa"
-    plain = model32(torch.arange(10).view(1, -1), **{cache_kwarg(model32): DynamicCache()}).logits  # pass-through for other caches
+    plain = model32(
+        torch.arange(10).view(1, -1), **{cache_kwarg(model32): DynamicCache()}
+    ).logits  # pass-through for other caches
     assert torch.isfinite(plain).all()

@@ -22,13 +22,30 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_cache_suite_passes_on_transformers_5_17():
     python = VENV / "bin" / "python"
     require(python.exists(), f"no transformers 5.17 environment at {VENV} (run .ci/parts/40-transformers-5.17.sh)")
-    version = subprocess.run([python, "-c", "import transformers; print(transformers.__version__)"],
-                             capture_output=True, text=True, check=True).stdout.strip()
+    version = subprocess.run(
+        [python, "-c", "import transformers; print(transformers.__version__)"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     assert version == "5.17.0"
     proc = subprocess.run(
-        [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/nexus/test_cache.py",
-         "tests/nexus/test_exactness_matrix.py", "-k", "nexus or snapkv or dense or ragged or random"],
-        cwd=ROOT, capture_output=True, text=True, timeout=900,
+        [
+            python,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "tests/nexus/test_cache.py",
+            "tests/nexus/test_exactness_matrix.py",
+            "-k",
+            "nexus or snapkv or dense or ragged or random",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     sys.stdout.write(proc.stdout[-3000:])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]

@@ -40,7 +40,13 @@ def test_bad_values_are_clear_errors(kwargs, needle):
 def test_defaults_are_the_papers():
     cfg = nexus.EvictionConfig()
     assert (cfg.method, cfg.scope, cfg.density, cfg.block_size, cfg.window, cfg.seed) == (
-        "nexus", "prefill_decode", 0.2, 32, 16, 0)
+        "nexus",
+        "prefill_decode",
+        0.2,
+        32,
+        16,
+        0,
+    )
     p = cfg.policy
     assert (p.walk_steps, p.lam, p.eps_tie, p.reservoir_n) == (3, 0.5, 1e-6, 5)
     assert cfg.slack == 32

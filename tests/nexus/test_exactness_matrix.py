@@ -36,14 +36,17 @@ def _run(model, method, scope, batch=1, seed=1, **extra):
     return rec, cfg, occupancy
 
 
-FAST = {("nexus", "prefill_decode"), ("snapkv", "prefill_only"), ("ada_snapkv", "prefill_decode"), ("dense", "prefill_only")}
+FAST = {
+    ("nexus", "prefill_decode"),
+    ("snapkv", "prefill_only"),
+    ("ada_snapkv", "prefill_decode"),
+    ("dense", "prefill_only"),
+}
 
 
 def _matrix(methods):
     """Every method x scope; a few cells run by default, the rest under the `slow` marker (CI runs all)."""
-    return [
-        pytest.param(m, s, marks=() if (m, s) in FAST else pytest.mark.slow) for m in methods for s in nexus.SCOPES
-    ]
+    return [pytest.param(m, s, marks=() if (m, s) in FAST else pytest.mark.slow) for m in methods for s in nexus.SCOPES]
 
 
 @pytest.mark.parametrize(("method", "scope"), _matrix(nexus.METHODS))

@@ -56,11 +56,19 @@ def make_view(seed: int, slots: int = 60, budget: int = 20, empty: int = 0) -> L
             for hi in range(HKV):
                 n = int(torch.randint(0, empty + 1, (1,), generator=g))
                 if n:
-                    pos[bi, hi, slots - n:] = -1
+                    pos[bi, hi, slots - n :] = -1
     return LayerView(
-        layer_idx=1, num_layers=3, keys=torch.randn(B, HKV, slots, D, generator=g), positions=pos,
-        queries=torch.randn(B, HQ, W, D, generator=g), query_positions=torch.arange(slots - W, slots),
-        scaling=D**-0.5, budget=budget, window=W, block_size=32, phase="prefill",
+        layer_idx=1,
+        num_layers=3,
+        keys=torch.randn(B, HKV, slots, D, generator=g),
+        positions=pos,
+        queries=torch.randn(B, HQ, W, D, generator=g),
+        query_positions=torch.arange(slots - W, slots),
+        scaling=D**-0.5,
+        budget=budget,
+        window=W,
+        block_size=32,
+        phase="prefill",
         generator=torch.Generator().manual_seed(seed),
     )
 
@@ -72,8 +80,12 @@ def np_counts(scores: np.ndarray, forced: np.ndarray, valid: np.ndarray, budget:
     for bi in range(b):
         f = forced[bi] & valid[bi]
         b_prime = max(h * budget - int(f.sum()), 0) // h
-        cands = [(scores[bi, hi, p], hi) for hi in range(h) for p in range(scores.shape[2])
-                 if valid[bi, hi, p] and not f[hi, p]]
+        cands = [
+            (scores[bi, hi, p], hi)
+            for hi in range(h)
+            for p in range(scores.shape[2])
+            if valid[bi, hi, p] and not f[hi, p]
+        ]
         cands.sort(key=lambda t: -t[0])
         winners = np.bincount([hi for _, hi in cands[: h * b_prime]], minlength=h)
         for hi in range(h):
@@ -131,12 +143,14 @@ def test_ragged_selection_is_well_formed():
         for hi in range(HKV):
             row = idx[bi, hi].tolist()
             real = [i for i in row if i >= 0]
-            assert len(real) == int(counts[bi, hi]) and row[len(real):] == [-1] * (len(row) - len(real))
+            assert len(real) == int(counts[bi, hi]) and row[len(real) :] == [-1] * (len(row) - len(real))
             assert real == sorted(set(real)) and all(bool(view.valid[bi, hi, i]) for i in real)
             must = set(torch.nonzero(forced[bi, hi]).flatten().tolist())
             assert must <= set(real)
-            rest = sorted((p for p in range(60) if view.valid[bi, hi, p] and p not in must),
-                          key=lambda p: -float(inner.table[bi, hi, p]))
+            rest = sorted(
+                (p for p in range(60) if view.valid[bi, hi, p] and p not in must),
+                key=lambda p: -float(inner.table[bi, hi, p]),
+            )
             assert set(real) - must == set(rest[: len(real) - len(must)])  # each head's own best slots
 
 

@@ -36,9 +36,18 @@ class LayerCacheDouble:
 
     def view(self, budget: int) -> LayerView:
         return LayerView(
-            layer_idx=0, num_layers=1, keys=self.keys, positions=self.positions,
-            queries=torch.zeros(B, HKV * G, 0, D), query_positions=torch.zeros(0, dtype=torch.int64),
-            scaling=D**-0.5, budget=budget, window=4, block_size=32, phase="decode", state=self.state,
+            layer_idx=0,
+            num_layers=1,
+            keys=self.keys,
+            positions=self.positions,
+            queries=torch.zeros(B, HKV * G, 0, D),
+            query_positions=torch.zeros(0, dtype=torch.int64),
+            scaling=D**-0.5,
+            budget=budget,
+            window=4,
+            block_size=32,
+            phase="decode",
+            state=self.state,
         )
 
     def keep(self, idx: torch.Tensor) -> None:
@@ -87,7 +96,7 @@ class NumpyH2O:
         n_recent = int(self.recent_ratio * budget + 0.5)
         for bh, store in self.keys.items():
             present = sorted(store)
-            recent = set(present[len(present) - n_recent:]) if n_recent else set()
+            recent = set(present[len(present) - n_recent :]) if n_recent else set()
             others = {p: s for p, s in self.score(*bh).items() if p not in recent}
             kept[bh] = recent | np_top(others, budget - len(recent))
             for p in present:
@@ -125,8 +134,18 @@ def run_stream(policy, steps, seed: int = 0):
     return cache
 
 
-STREAM = [("feed", 30), ("evict", 12), ("feed", 1), ("feed", 1), ("feed", 1), ("feed", 7), ("evict", 14),
-          ("feed", 1), ("feed", 1), ("evict", 10)]
+STREAM = [
+    ("feed", 30),
+    ("evict", 12),
+    ("feed", 1),
+    ("feed", 1),
+    ("feed", 1),
+    ("feed", 7),
+    ("evict", 14),
+    ("feed", 1),
+    ("feed", 1),
+    ("evict", 10),
+]
 
 
 @pytest.mark.parametrize("chunking", [{}, {"chunk_rows": 8}, {"chunk_rows": 1}, {"chunk_elements": 700}])
@@ -167,9 +186,14 @@ def test_mismatched_state_is_a_clear_error():
 
 @pytest.mark.parametrize(
     "params,field",
-    [({"recent_ratio": 1.0}, "recent_ratio"), ({"recent_ratio": -0.1}, "recent_ratio"),
-     ({"recent_ratio": "0.5"}, "recent_ratio"), ({"normalize": 1}, "normalize"), ({"chunk_rows": 0}, "chunk_rows"),
-     ({"chunk_elements": 0}, "chunk_elements")],
+    [
+        ({"recent_ratio": 1.0}, "recent_ratio"),
+        ({"recent_ratio": -0.1}, "recent_ratio"),
+        ({"recent_ratio": "0.5"}, "recent_ratio"),
+        ({"normalize": 1}, "normalize"),
+        ({"chunk_rows": 0}, "chunk_rows"),
+        ({"chunk_elements": 0}, "chunk_elements"),
+    ],
 )
 def test_bad_hyperparameters_raise(params, field):
     with pytest.raises(ValueError, match=field):

@@ -29,15 +29,18 @@ def reference(view, fusion: str):
         for h in range(keys.shape[1]):
             valid = sorted((p, s) for s, p in enumerate(pos[b, h]) if p >= 0)
             n_forced = min(view.window + 1, view.budget)
-            forced = {s for _, s in valid[len(valid) - n_forced:]}
+            forced = {s for _, s in valid[len(valid) - n_forced :]}
             old = [s for _, s in valid if s not in forced]
             rows = []
             for i, qp in enumerate(qpos):
-                logits = np.array([
-                    sum(queries[b, h * g_size + g, i] @ keys[b, h, s] for g in range(g_size)) * view.scaling
-                    if pos[b, h, s] <= qp else -np.inf
-                    for s in old
-                ])
+                logits = np.array(
+                    [
+                        sum(queries[b, h * g_size + g, i] @ keys[b, h, s] for g in range(g_size)) * view.scaling
+                        if pos[b, h, s] <= qp
+                        else -np.inf
+                        for s in old
+                    ]
+                )
                 rows.append(np_softmax(logits))
             fused = np.max(rows, axis=0) if fusion == "max" else np.sum(rows, axis=0)
             out[b, h] = (dict(zip(old, fused, strict=True)), forced)

@@ -87,8 +87,9 @@ def np_select(view: LayerView, pol: Nexus, seed: int) -> list[list[int]]:
     k = view.keys.double().numpy().mean(axis=1)
     qpos = view.query_positions.numpy()
     n = math.ceil(view.physical_length / view.block_size)
-    u = torch.rand((view.keys.shape[0], n, pol.reservoir_n), generator=torch.Generator().manual_seed(seed),
-                   dtype=torch.float64).numpy()
+    u = torch.rand(
+        (view.keys.shape[0], n, pol.reservoir_n), generator=torch.Generator().manual_seed(seed), dtype=torch.float64
+    ).numpy()
     out = []
     for bi in range(q.shape[0]):
         kpos = view.positions[bi, 0].numpy()
@@ -111,8 +112,17 @@ def np_select(view: LayerView, pol: Nexus, seed: int) -> list[list[int]]:
 # views
 
 
-def make_view(seed: int, length: int, budget: int, *, dtype=torch.float64, rows: int = W, gen_seed: int = 7,
-              positions: torch.Tensor | None = None, query_positions: torch.Tensor | None = None) -> LayerView:
+def make_view(
+    seed: int,
+    length: int,
+    budget: int,
+    *,
+    dtype=torch.float64,
+    rows: int = W,
+    gen_seed: int = 7,
+    positions: torch.Tensor | None = None,
+    query_positions: torch.Tensor | None = None,
+) -> LayerView:
     g = torch.Generator().manual_seed(seed)
     if positions is None:
         positions = torch.arange(length).expand(B, HKV, length).clone()
@@ -120,12 +130,18 @@ def make_view(seed: int, length: int, budget: int, *, dtype=torch.float64, rows:
         last = int(positions.max())
         query_positions = torch.arange(last - rows + 1, last + 1)
     return LayerView(
-        layer_idx=0, num_layers=2,
+        layer_idx=0,
+        num_layers=2,
         keys=(torch.randn(B, HKV, positions.shape[-1], D, generator=g) * 1.5).to(dtype),
         positions=positions,
         queries=(torch.randn(B, HQ, len(query_positions), D, generator=g) * 1.5).to(dtype),
-        query_positions=query_positions, scaling=D**-0.5, budget=budget, window=W, block_size=BS,
-        phase="prefill", generator=torch.Generator().manual_seed(gen_seed),
+        query_positions=query_positions,
+        scaling=D**-0.5,
+        budget=budget,
+        window=W,
+        block_size=BS,
+        phase="prefill",
+        generator=torch.Generator().manual_seed(gen_seed),
     )
 
 
@@ -165,7 +181,9 @@ def test_block_attention_row_that_sees_nothing_is_zero():
 @pytest.mark.parametrize("steps", [0, 1, 3, 5])
 @pytest.mark.parametrize("w", [2, 16])
 def test_direct_walk_and_weights_match_equations(mode, steps, w):
-    rows = torch.softmax(torch.randn(3, w, 11, generator=torch.Generator().manual_seed(steps + w), dtype=torch.float64) * 2, -1)
+    rows = torch.softmax(
+        torch.randn(3, w, 11, generator=torch.Generator().manual_seed(steps + w), dtype=torch.float64) * 2, -1
+    )
     order = walk_row_indices(w, steps, mode)
     assert len(order) == min(steps, w) and order == sorted(order)
     a, c = direct_score(rows), walk_score(rows, order)
@@ -219,8 +237,10 @@ def test_select_blocks_is_top_k_by_direct_priority():
 # the whole selection
 
 
-@pytest.mark.parametrize(("length", "budget", "mode"), [(150, 128, "recent"), (300, 150, "recent"),
-                                                         (257, 200, "spread"), (640, 128, "recent")])
+@pytest.mark.parametrize(
+    ("length", "budget", "mode"),
+    [(150, 128, "recent"), (300, 150, "recent"), (257, 200, "spread"), (640, 128, "recent")],
+)
 @pytest.mark.parametrize("seed", range(3))
 def test_select_matches_numpy_reference(length, budget, mode, seed):
     view = make_view(seed, length, budget, gen_seed=100 + seed)
@@ -264,7 +284,7 @@ def test_blocks_stay_aligned_over_a_stream_of_events():
         pos = torch.cat([pos, torch.arange(length, length + 45)])  # the next forward's tokens
         length += 45
         for j in range(math.ceil(len(pos) / BS)):
-            run = pos[j * BS:(j + 1) * BS].tolist()
+            run = pos[j * BS : (j + 1) * BS].tolist()
             assert run == list(range(run[0], run[0] + len(run))) and len({p // BS for p in run}) == 1, (event, j)
 
 
@@ -309,10 +329,21 @@ def test_budget_below_min_and_ragged_heads_are_refused():
         Nexus().select(make_view(0, 300, 200, positions=pos))
 
 
-@pytest.mark.parametrize(("field", "value"), [
-    ("walk_steps", -1), ("walk_steps", 1.5), ("walk_steps", True), ("lam", -0.1), ("lam", float("nan")),
-    ("eps_tie", -1e-6), ("eps_tie", "x"), ("reservoir_n", 0), ("reservoir_n", 2.0), ("walk_rows", "last"),
-])
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("walk_steps", -1),
+        ("walk_steps", 1.5),
+        ("walk_steps", True),
+        ("lam", -0.1),
+        ("lam", float("nan")),
+        ("eps_tie", -1e-6),
+        ("eps_tie", "x"),
+        ("reservoir_n", 0),
+        ("reservoir_n", 2.0),
+        ("walk_rows", "last"),
+    ],
+)
 def test_bad_hyperparameters_raise(field, value):
     with pytest.raises(ValueError, match=field):
         Nexus(**{field: value})
@@ -331,7 +362,7 @@ def test_registered_by_name():
 
 def np_head_weights(view: LayerView, bi: int, hi: int, pol: Nexus) -> np.ndarray:
     g = HQ // HKV
-    q = view.queries[bi, hi * g:(hi + 1) * g].double().numpy().mean(axis=0)
+    q = view.queries[bi, hi * g : (hi + 1) * g].double().numpy().mean(axis=0)
     k = view.keys[bi, hi].double().numpy()
     rows = np_block_rows(q, k, view.query_positions.numpy(), view.positions[bi, hi].numpy(), view.scaling, BS)
     return np_weights(rows, walk_row_indices(len(rows), pol.walk_steps, pol.walk_rows), pol.lam, pol.eps_tie)

@@ -81,8 +81,12 @@ def test_selection_is_snapkv_at_the_layer_budget():
 
 @pytest.mark.parametrize(
     "params,field",
-    [({"beta": 0}, "beta"), ({"beta": 2.5}, "beta"), ({"cap_to_length": "yes"}, "cap_to_length"),
-     ({"pooling": "min"}, "pooling")],
+    [
+        ({"beta": 0}, "beta"),
+        ({"beta": 2.5}, "beta"),
+        ({"cap_to_length": "yes"}, "cap_to_length"),
+        ({"pooling": "min"}, "pooling"),
+    ],
 )
 def test_bad_hyperparameters_raise(params, field):
     with pytest.raises(ValueError, match=field):

@@ -20,7 +20,7 @@ from tests.nexus.baseline_helpers import (
 def reference_forced(pos: np.ndarray, n: int) -> set[int]:
     """Slots of the n highest valid logical positions."""
     valid = [(p, s) for s, p in enumerate(pos) if p >= 0]
-    return {s for _, s in sorted(valid)[len(valid) - n:]} if n > 0 else set()
+    return {s for _, s in sorted(valid)[len(valid) - n :]} if n > 0 else set()
 
 
 def reference_pool(x: np.ndarray, k: int, pooling: str) -> np.ndarray:
@@ -128,8 +128,13 @@ def test_deterministic():
 
 @pytest.mark.parametrize(
     "params,field",
-    [({"kernel_size": 4}, "kernel_size"), ({"kernel_size": 0}, "kernel_size"), ({"pooling": "mean"}, "pooling"),
-     ({"kernel_size": 7.0}, "kernel_size"), ({"pool_per_query_head": 1}, "pool_per_query_head")],
+    [
+        ({"kernel_size": 4}, "kernel_size"),
+        ({"kernel_size": 0}, "kernel_size"),
+        ({"pooling": "mean"}, "pooling"),
+        ({"kernel_size": 7.0}, "kernel_size"),
+        ({"pool_per_query_head": 1}, "pool_per_query_head"),
+    ],
 )
 def test_bad_hyperparameters_raise(params, field):
     with pytest.raises(ValueError, match=field):

@@ -20,7 +20,7 @@ def reference_kept(positions: list[int], budget: int, n_sink: int) -> set[int]:
     valid = sorted((pos, slot) for slot, pos in enumerate(positions) if pos >= 0)
     sinks = valid[: min(n_sink, budget)]
     rest = [v for v in valid if v not in sinks]
-    recent = rest[len(rest) - max(budget - len(sinks), 0):] if budget > len(sinks) else []
+    recent = rest[len(rest) - max(budget - len(sinks), 0) :] if budget > len(sinks) else []
     return {slot for _, slot in sinks + recent}
 
 

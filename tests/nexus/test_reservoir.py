@@ -62,7 +62,9 @@ def test_same_seed_same_selection_different_seeds_differ():
     cand = torch.ones(40, dtype=torch.bool)
 
     def pick(seed):
-        return select_top(reservoir_log_priorities(w, draw_uniforms((40,), 5, torch.Generator().manual_seed(seed), "cpu")), cand, 10)
+        return select_top(
+            reservoir_log_priorities(w, draw_uniforms((40,), 5, torch.Generator().manual_seed(seed), "cpu")), cand, 10
+        )
 
     assert torch.equal(pick(3), pick(3))
     assert sum(not torch.equal(pick(3), pick(s)) for s in range(4, 14)) >= 8
@@ -97,8 +99,9 @@ def test_float32_direct_underflows_where_log_space_stays_correct():
 
 
 def test_zero_weight_candidate_ranks_last_but_above_non_candidates():
-    lp = reservoir_log_priorities(torch.tensor([0.0, 0.5, 0.0, 0.3], dtype=torch.float64),
-                                  torch.full((4, 5), 0.5, dtype=torch.float64))
+    lp = reservoir_log_priorities(
+        torch.tensor([0.0, 0.5, 0.0, 0.3], dtype=torch.float64), torch.full((4, 5), 0.5, dtype=torch.float64)
+    )
     assert lp[0] == float("-inf") and lp[2] == float("-inf")
     cand = torch.tensor([True, True, False, True])
     assert select_top(lp, cand, 3).tolist() == [True, True, False, True]

@@ -1,10 +1,10 @@
 """Database fixtures for the service tests: a fresh SQLite file, or a throw-away PostgreSQL database.
 
 Import the fixtures into a test module (``from tests.service.db_fixtures import any_db_fixture``; the
-fixture is then requested as ``any_db``) or from the area's conftest. PostgreSQL comes from ``$NEXUS_TEST_PG_URL`` (default
-``postgresql+psycopg://nexus:nexus@127.0.0.1:5432/nexus_test``, started by .ci/parts/30-services.sh); the
-session gets its own database ``<name>_<random>``, migrated to head once and dropped at the end; each
-test starts from empty tables.
+fixture is then requested as ``any_db``) or from the area's conftest. PostgreSQL comes from
+``$NEXUS_TEST_PG_URL`` (default ``postgresql+psycopg://nexus:nexus@127.0.0.1:5432/nexus_test``, started by
+.ci/parts/30-services.sh); the session gets its own database ``<name>_<random>``, migrated to head once and
+dropped at the end; each test starts from empty tables.
 """
 
 from __future__ import annotations

@@ -55,14 +55,22 @@ def _finished_job(db, statuses=("resolved", "unresolved")):
         with db.session() as s:
             claim = db_store.claim_episode(s, episode_id)
         with db.session() as s:
-            db_store.record_turn(s, claim, 0, tokens_generated=7, completion="<think>x</think>",
-                                 action={"name": "finish", "arguments": {}}, physical_after={"min": 1, "mean": 2,
-                                 "max": 3}, observation="done")  # fmt: skip
+            db_store.record_turn(
+                s,
+                claim,
+                0,
+                tokens_generated=7,
+                completion="<think>x</think>",
+                action={"name": "finish", "arguments": {}},
+                physical_after={"min": 1, "mean": 2, "max": 3},
+                observation="done",
+            )
         with db.session() as s:
             db_store.finish_episode(s, claim, "submitted", patch="" if status == "empty_patch" else PATCH)
         with db.session() as s:
-            db_store.record_grade(s, episode_id, "unresolved" if status == "empty_patch" else status,
-                                  test_log="log", grader="test")  # fmt: skip
+            db_store.record_grade(
+                s, episode_id, "unresolved" if status == "empty_patch" else status, test_log="log", grader="test"
+            )
     return job_id, ids
 
 
@@ -114,8 +122,9 @@ def test_compare_inspect_export_and_status_read_the_database(local):
 
     lines = [json.loads(x) for x in read_cli("export", job_id, db=db).splitlines()]
     assert {x["instance_id"] for x in lines} == {"humanfmt__humanfmt-1", "dslib__dslib-1"}
-    assert all(set(x) == {"instance_id", "model_name_or_path", "model_patch"} and x["model_patch"] == PATCH
-               for x in lines)  # fmt: skip
+    assert all(
+        set(x) == {"instance_id", "model_name_or_path", "model_patch"} and x["model_patch"] == PATCH for x in lines
+    )
     assert job_id in read_cli("status", db=db)
     assert "nexus" in read_cli("status", job_id, db=db)
 
@@ -149,8 +158,9 @@ def test_cancelled_job_episodes_do_nothing_when_their_message_arrives(local):
     done = cli("cancel", job_id, env=env)
     assert done.returncode == 0, done.stderr
     outcome = execute_episode(db, ids[0])
-    assert outcome == ExecutionOutcome(ids[0], ran=False, reason="not claimed (episode is cancelled)",
-                                       timings=outcome.timings)  # fmt: skip
+    assert outcome == ExecutionOutcome(
+        ids[0], ran=False, reason="not claimed (episode is cancelled)", timings=outcome.timings
+    )
     with db.session() as s:
         assert {r.status for r in db_store.episodes_for_job(s, job_id)} == {"cancelled"}
         assert db_store.get_job(s, job_id).status == "cancelled"
@@ -169,8 +179,23 @@ def test_embedded_run_goes_through_the_tasks_and_prints_the_compare_table(tmp_pa
     require(*docker_status())
     env = {k: v for k, v in os.environ.items() if k != "NEXUS_EVAL_BROKER"}
     db_path = tmp_path / "runs" / "nexus-eval.db"
-    done = cli("run", "--backend", "oracle", "--methods", "dense,nexus", "--protocols", "true_eviction",
-               "--tasks", "humanfmt__humanfmt-1", "--db", str(db_path), "--format", "json", env=env, timeout=300)
+    done = cli(
+        "run",
+        "--backend",
+        "oracle",
+        "--methods",
+        "dense,nexus",
+        "--protocols",
+        "true_eviction",
+        "--tasks",
+        "humanfmt__humanfmt-1",
+        "--db",
+        str(db_path),
+        "--format",
+        "json",
+        env=env,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     table = json.loads(done.stdout)
     assert table["rows"][0]["cells"]["nexus"]["resolved"] == 1

@@ -87,19 +87,21 @@ def test_layout_and_numbers(table):
     assert fcn.p_value == pytest.approx(0.5)  # 2 * (1/2)^2
     assert table.tasks[:3] == ["t1", "t2", "t3"] and table.tasks[-1] == "t11"
     assert table.grid[("prefill_only", "full_context", "nexus")]["t10"] == ["infra_failure"]
-    assert table.grid[("prefill_only", "full_context", "dense")]["t9"] == [
-        "unresolved"
-    ]  # reused in the grid too
+    assert table.grid[("prefill_only", "full_context", "dense")]["t9"] == ["unresolved"]  # reused in the grid too
     assert any("reused" in n for n in table.notes)
 
 
 def test_several_seeds_pass_at_1_and_pass_at_k():
-    statuses = {("A", 0): "resolved", ("A", 1): "resolved", ("A", 2): "unresolved",
-                ("B", 0): "unresolved", ("B", 1): "empty_patch", ("B", 2): "unresolved"}  # fmt: skip
+    statuses = {
+        ("A", 0): "resolved",
+        ("A", 1): "resolved",
+        ("A", 2): "unresolved",
+        ("B", 0): "unresolved",
+        ("B", 1): "empty_patch",
+        ("B", 2): "unresolved",
+    }
     rows = [Outcome(t, "snapkv", "prefill_decode", "true_eviction", s, v) for (t, s), v in statuses.items()]
-    dense = [
-        Outcome(t, "dense", "prefill_decode", "true_eviction", s, "resolved") for t in "AB" for s in range(3)
-    ]
+    dense = [Outcome(t, "dense", "prefill_decode", "true_eviction", s, "resolved") for t in "AB" for s in range(3)]
     cell = summarize_cell("snapkv", rows, dense, seed=0)
     assert (cell.n, cell.resolved, cell.n_tasks, cell.n_seeds, cell.ci_method) == (6, 2, 2, 3, "bootstrap")
     assert cell.rate == pytest.approx((2 / 3 + 0) / 2)
@@ -115,9 +117,7 @@ def test_json(table):
     assert data["job_ids"] == ["job1"] and data["methods"] == ["dense", "nexus"]
     te = data["rows"][0]
     assert (te["scope"], te["protocol"]) == ("prefill_only", "true_eviction")
-    assert te["cells"]["nexus"]["resolved"] == 4 and te["cells"]["nexus"]["p_value"] == pytest.approx(
-        0.5078125
-    )
+    assert te["cells"]["nexus"]["resolved"] == 4 and te["cells"]["nexus"]["p_value"] == pytest.approx(0.5078125)
     assert data["rows"][1]["cells"]["dense"]["reused_dense"] is True
     t10 = next(t for t in data["grid"] if t["task_id"] == "t10")
     assert {(c["protocol"], c["method"]): c["statuses"] for c in t10["cells"]}[("full_context", "nexus")] == [
@@ -132,26 +132,26 @@ def test_csv(table):
     assert (by[("true_eviction", "nexus")]["resolved"], by[("true_eviction", "nexus")]["n"]) == ("4", "10")
     assert float(by[("true_eviction", "nexus")]["p_value_vs_dense"]) == pytest.approx(0.507812, abs=1e-6)
     assert float(by[("true_eviction", "dense")]["ci_low"]) == pytest.approx(0.396778, abs=1e-6)
-    assert (
-        by[("full_context", "dense")]["reused_dense"] == "true"
-        and by[("full_context", "nexus")]["pending"] == "1"
-    )
+    assert by[("full_context", "dense")]["reused_dense"] == "true" and by[("full_context", "nexus")]["pending"] == "1"
     grid = list(csv.DictReader(io.StringIO(to_csv(table, grid=True))))
     assert len(grid) == 10 * 4 + 1  # 10 tasks x 4 cells + t11 running
-    assert {"task_id": "t11", "scope": "prefill_only", "protocol": "full_context", "method": "nexus",
-            "seed_index": "0", "status": "running"} in grid  # fmt: skip
+    assert {
+        "task_id": "t11",
+        "scope": "prefill_only",
+        "protocol": "full_context",
+        "method": "nexus",
+        "seed_index": "0",
+        "status": "running",
+    } in grid
 
 
 def test_markdown(table):
     text = render(table, "markdown")
     assert "| scope | protocol | dense | nexus |" in text
+    assert "| prefill_only | true_eviction | 7/10 70.0% [39.7–89.2] | 4/10 40.0% [16.8–68.7] p=0.508 (3:6) |" in text
     assert (
-        "| prefill_only | true_eviction | 7/10 70.0% [39.7–89.2] | 4/10 40.0% [16.8–68.7] p=0.508 (3:6) |"
-        in text
-    )
-    assert (
-        "| prefill_only | full_context | 7/10 70.0% [39.7–89.2] (reused) | 9/10 90.0% [59.6–98.2] p=0.5 (2:0) +1 pending |"
-        in text
+        "| prefill_only | full_context | 7/10 70.0% [39.7–89.2] (reused) | "
+        "9/10 90.0% [59.6–98.2] p=0.5 (2:0) +1 pending |" in text
     )
     assert "| t10 | ✗ | ✓ | ✗ | ! |" in text and "| t11 |   |   |   | … |" in text
 
@@ -166,8 +166,10 @@ def test_rich_table(table):
 
 def test_merge_jobs_later_job_wins():
     a = [Outcome("t1", "nexus", "prefill_only", "true_eviction", 0, "unresolved", job_id="a")]
-    b = [Outcome("t1", "nexus", "prefill_only", "true_eviction", 0, "resolved", job_id="b"),
-         Outcome("t2", "nexus", "prefill_only", "true_eviction", 0, "resolved", job_id="b")]  # fmt: skip
+    b = [
+        Outcome("t1", "nexus", "prefill_only", "true_eviction", 0, "resolved", job_id="b"),
+        Outcome("t2", "nexus", "prefill_only", "true_eviction", 0, "resolved", job_id="b"),
+    ]
     merged, notes = merge_jobs([a, b])
     assert sorted((o.task_id, o.status, o.job_id) for o in merged) == [
         ("t1", "resolved", "b"),
@@ -186,8 +188,12 @@ def test_compare_jobs_from_database_uses_latest_attempts(sqlite_db):
         job = st.create_job(s, config=spec.model_dump(mode="json"), config_hash=spec.config_hash())
         rows = st.add_episodes(s, job.id, spec.episodes(["t1", "t2"]))
         ids = {(r.task_id, r.method): r.id for r in rows}
-    verdicts = {("t1", "dense"): "resolved", ("t2", "dense"): "resolved", ("t1", "nexus"): "infra_failure",
-                ("t2", "nexus"): "unresolved"}  # fmt: skip
+    verdicts = {
+        ("t1", "dense"): "resolved",
+        ("t2", "dense"): "resolved",
+        ("t1", "nexus"): "infra_failure",
+        ("t2", "nexus"): "unresolved",
+    }
     for key, verdict in verdicts.items():
         with sqlite_db.session() as s:
             claim = st.claim_episode(s, ids[key])
@@ -215,7 +221,9 @@ def test_compare_jobs_from_database_uses_latest_attempts(sqlite_db):
 def test_compare_jobs_warns_when_merged_jobs_differ_in_density(sqlite_db):
     ids = []
     for density, method in ((0.2, "dense"), (0.1, "nexus")):
-        spec = JobSpec.from_dict({"backend": "oracle", "methods": [method], "density": density, "tasks": {"suite": "m"}})
+        spec = JobSpec.from_dict(
+            {"backend": "oracle", "methods": [method], "density": density, "tasks": {"suite": "m"}}
+        )
         with sqlite_db.session() as s:
             job = st.create_job(s, config=spec.model_dump(mode="json"), config_hash=spec.config_hash())
             st.add_episodes(s, job.id, spec.episodes(["t1"]))

@@ -64,9 +64,16 @@ def test_claim_record_finish(any_db):
     for i, (gen, cache) in enumerate([(10, 1000), (20, 3000), (5, 2000)]):
         with any_db.session() as s:
             st.record_turn(
-                s, claim, i, tokens_generated=gen, tokens_appended=100, prompt_tokens=100 * (i + 1),
-                cache_bytes=cache, completion=f"turn {i}", action={"name": "bash", "arguments": {"cmd": "ls"}},
-            )  # fmt: skip
+                s,
+                claim,
+                i,
+                tokens_generated=gen,
+                tokens_appended=100,
+                prompt_tokens=100 * (i + 1),
+                cache_bytes=cache,
+                completion=f"turn {i}",
+                action={"name": "bash", "arguments": {"cmd": "ls"}},
+            )
     with any_db.session() as s, pytest.raises(TypeError, match="unknown turn field"):
         st.record_turn(s, claim, 3, tokens=1)
     with any_db.session() as s:
@@ -97,8 +104,11 @@ def test_grade_once_then_regrade(any_db):
         assert st.record_grade(s, ep, "resolved", test_log="again") is False  # redelivered grade task
         row = s.get(Episode, ep)
         assert (row.status, row.exit_status, row.test_log, row.result) == (
-            "unresolved", "step_limit", "FAILED", {"grade": {"f2p": [0, 1]}},
-        )  # fmt: skip
+            "unresolved",
+            "step_limit",
+            "FAILED",
+            {"grade": {"f2p": [0, 1]}},
+        )
     with any_db.session() as s:
         assert st.record_grade(s, ep, "resolved", test_log="PASSED", regrade=True)
         assert s.get(Episode, ep).status == "resolved"
@@ -125,8 +135,11 @@ def test_takeover_of_dead_worker(any_db):
     with any_db.session() as s:
         row = s.get(Episode, ep)
         assert (row.patch, row.worker, row.n_claims, [t.completion for t in row.turns]) == (
-            "fresh", "gpu-node-8/1", 2, ["fresh"],
-        )  # fmt: skip
+            "fresh",
+            "gpu-node-8/1",
+            2,
+            ["fresh"],
+        )
 
 
 def test_takeover_after_stale_heartbeat(sqlite_db):

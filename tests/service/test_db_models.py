@@ -61,9 +61,15 @@ def test_round_trip_json_and_aware_datetimes(any_db):
         s.add(job)
         s.flush()
         ep = Episode(
-            job_id=job.id, task_id="t1", method="nexus", scope="prefill_only", protocol="true_eviction",
-            seed=0, episode_key="k", config={"density": 0.2, "nested": {"a": [1, 2]}},
-        )  # fmt: skip
+            job_id=job.id,
+            task_id="t1",
+            method="nexus",
+            scope="prefill_only",
+            protocol="true_eviction",
+            seed=0,
+            episode_key="k",
+            config={"density": 0.2, "nested": {"a": [1, 2]}},
+        )
         s.add(ep)
         s.flush()
         s.add(Turn(episode_id=ep.id, index=0, physical_before={"min": 1.0, "mean": 2.5, "max": 4.0}))

@@ -53,7 +53,9 @@ def test_fan_out_and_keys(any_db):
     with any_db.session() as s:
         rows = st.episodes_for_job(s, job_id)
         assert len(rows) == 4 == len(set(ids))
-        assert {r.episode_key for r in rows} == {f"{t}|{m}|prefill_only|true_eviction|0" for t in "ab" for m in ("dense", "nexus")}
+        assert {r.episode_key for r in rows} == {
+            f"{t}|{m}|prefill_only|true_eviction|0" for t in "ab" for m in ("dense", "nexus")
+        }
         assert all(r.status == "queued" and r.attempt == 1 and r.config == {"density": 0.2} for r in rows)
         assert [j.id for j in st.list_jobs(s)] == [job_id]
         summary = st.job_summary(s, job_id[:5])  # a unique prefix works
@@ -126,7 +128,9 @@ def test_fail_job(sqlite_db):
 def test_job_is_done_only_after_grading_unless_it_does_not_grade(sqlite_db):
     for grades in (True, False):
         with sqlite_db.session() as s:
-            job = st.create_job(s, config={"grade": grades}, config_hash="g" * 64, package_versions={}, git_revision="x")
+            job = st.create_job(
+                s, config={"grade": grades}, config_hash="g" * 64, package_versions={}, git_revision="x"
+            )
             (ep,) = st.add_episodes(s, job.id, [Key("a", "nexus")])
         with sqlite_db.session() as s:
             claim = st.claim_episode(s, ep.id)

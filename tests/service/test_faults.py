@@ -58,10 +58,17 @@ def test_sigkilled_worker_mid_episode_is_redelivered_with_exactly_one_result(pg_
     require(*docker_status())
     env = service_env(fresh_redis_url(), pg_db.url)
     # the tiny model makes each turn take a second or two: a wide window to kill the process mid-episode
-    job = write_job(tmp_path / "job.yaml", backend="hf", model={"name": "tiny", "device": "cpu"}, methods=["nexus"],
-                    scopes=["prefill_only"], protocols=["true_eviction"], tasks={"suite": "mini", "ids": TASKS[:1]},
-                    limits={"max_steps": 4, "soft_step_limit": 4, "max_new_tokens": 24},
-                    sampling={"max_new_tokens": 24})  # fmt: skip
+    job = write_job(
+        tmp_path / "job.yaml",
+        backend="hf",
+        model={"name": "tiny", "device": "cpu"},
+        methods=["nexus"],
+        scopes=["prefill_only"],
+        protocols=["true_eviction"],
+        tasks={"suite": "mini", "ids": TASKS[:1]},
+        limits={"max_steps": 4, "soft_step_limit": 4, "max_new_tokens": 24},
+        sampling={"max_new_tokens": 24},
+    )
     gpu = Worker(env, "gpu", tmp_path / "gpu.log")
     grade = Worker(env, "grade,default", tmp_path / "grade.log")
     try:
@@ -102,8 +109,22 @@ def _free_port() -> int:
 
 
 def _start_redis(port: int, data_dir) -> subprocess.Popen:
-    process = subprocess.Popen(["redis-server", "--bind", "127.0.0.1", "--port", str(port), "--dir", str(data_dir),
-                                "--appendonly", "yes", "--save", ""], stdout=subprocess.DEVNULL)  # fmt: skip
+    process = subprocess.Popen(
+        [
+            "redis-server",
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--dir",
+            str(data_dir),
+            "--appendonly",
+            "yes",
+            "--save",
+            "",
+        ],
+        stdout=subprocess.DEVNULL,
+    )
     wait_until(lambda: redis_ping(f"redis://127.0.0.1:{port}/0"), 20, "redis-server")
     return process
 
@@ -114,8 +135,13 @@ def test_redis_restarted_mid_job_and_the_job_completes(pg_db, tmp_path):
     port, data = _free_port(), tmp_path / "redis"
     data.mkdir()
     redis = _start_redis(port, data)
-    env = service_env(f"redis://127.0.0.1:{port}/0", pg_db.url, NEXUS_EVAL_SOFT_TIME_LIMIT="40",
-                      NEXUS_EVAL_HARD_TIME_LIMIT="50", NEXUS_EVAL_VISIBILITY_TIMEOUT="60")  # fmt: skip
+    env = service_env(
+        f"redis://127.0.0.1:{port}/0",
+        pg_db.url,
+        NEXUS_EVAL_SOFT_TIME_LIMIT="40",
+        NEXUS_EVAL_HARD_TIME_LIMIT="50",
+        NEXUS_EVAL_VISIBILITY_TIMEOUT="60",
+    )
     job = write_job(tmp_path / "job.yaml", **oracle_job(TASKS, ["dense", "nexus"], ["true_eviction"]))
     gpu = Worker(env, "gpu", tmp_path / "gpu.log")
     grade = Worker(env, "grade,default", tmp_path / "grade.log")
@@ -131,8 +157,9 @@ def test_redis_restarted_mid_job_and_the_job_completes(pg_db, tmp_path):
         redis.wait(20)
         time.sleep(3)  # the workers see the broker gone
         redis = _start_redis(port, data)
-        wait_until(lambda: job_done(pg_db, job_id), 300, f"job {job_id} after the restart",
-                   lambda: gpu.tail() + grade.tail())  # fmt: skip
+        wait_until(
+            lambda: job_done(pg_db, job_id), 300, f"job {job_id} after the restart", lambda: gpu.tail() + grade.tail()
+        )
         lost = gpu.tail(10**6) + grade.tail(10**6)
         assert "Connection to broker lost" in lost or "Cannot connect to redis" in lost, lost[-3000:]
     finally:
@@ -158,9 +185,17 @@ def test_two_workers_never_run_the_same_episode_twice(pg_db, tmp_path):
         job_id = _submit(job, env)
         # a second message for every episode, as a redelivery or a double submit would produce
         dup = subprocess.run(
-            ["python", "-c", f"from db import connect; from workers.tasks import enqueue_pending; "
-                             f"print(enqueue_pending(connect({pg_db.url!r}), {job_id!r}))"],
-            env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
+            [
+                "python",
+                "-c",
+                f"from db import connect; from workers.tasks import enqueue_pending; "
+                f"print(enqueue_pending(connect({pg_db.url!r}), {job_id!r}))",
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert dup.returncode == 0, dup.stderr
         wait_until(lambda: job_done(pg_db, job_id), 300, f"job {job_id}", lambda: workers[0].tail())
     finally:
@@ -196,12 +231,24 @@ def test_malformed_job_file_is_a_clear_error_and_nothing_is_enqueued(pg_db, tmp_
 
 def test_soft_time_limit_keeps_the_partial_trajectory_and_marks_timeout(pg_db, tmp_path):
     require(*docker_status())
-    env = service_env(fresh_redis_url(), pg_db.url, NEXUS_EVAL_SOFT_TIME_LIMIT="20",
-                      NEXUS_EVAL_HARD_TIME_LIMIT="120", NEXUS_EVAL_VISIBILITY_TIMEOUT="180")  # fmt: skip
-    job = write_job(tmp_path / "job.yaml", backend="hf", model={"name": "tiny", "device": "cpu"}, methods=["nexus"],
-                    scopes=["prefill_only"], protocols=["true_eviction"], tasks={"suite": "mini", "ids": TASKS[:1]},
-                    limits={"max_steps": 100, "soft_step_limit": 40, "max_new_tokens": 24,
-                            "max_format_errors": 100}, sampling={"max_new_tokens": 24})  # fmt: skip
+    env = service_env(
+        fresh_redis_url(),
+        pg_db.url,
+        NEXUS_EVAL_SOFT_TIME_LIMIT="20",
+        NEXUS_EVAL_HARD_TIME_LIMIT="120",
+        NEXUS_EVAL_VISIBILITY_TIMEOUT="180",
+    )
+    job = write_job(
+        tmp_path / "job.yaml",
+        backend="hf",
+        model={"name": "tiny", "device": "cpu"},
+        methods=["nexus"],
+        scopes=["prefill_only"],
+        protocols=["true_eviction"],
+        tasks={"suite": "mini", "ids": TASKS[:1]},
+        limits={"max_steps": 100, "soft_step_limit": 40, "max_new_tokens": 24, "max_format_errors": 100},
+        sampling={"max_new_tokens": 24},
+    )
     gpu = Worker(env, "gpu", tmp_path / "gpu.log")
     try:
         job_id = _submit(job, env)

@@ -17,14 +17,17 @@ from workers.interactive import TeacherForcedReplay, parse_edit
 from workers.spec import JobSpec
 from workers.submit import create_job_rows
 
-EDITED = ("base64 -d /tmp/gold.patch.b64 > /tmp/gold.patch && cd /testbed && "
-          "git apply /tmp/gold.patch && echo EDITED_BY_OPERATOR")  # fmt: skip
+EDITED = (
+    "base64 -d /tmp/gold.patch.b64 > /tmp/gold.patch && cd /testbed && "
+    "git apply /tmp/gold.patch && echo EDITED_BY_OPERATOR"
+)
 
 
 def test_parse_edit_takes_a_bash_command_or_a_function_call():
     assert parse_edit("ls -la", "t").call.model_dump() == {"name": "execute_bash", "arguments": {"cmd": "ls -la"}}
-    call = parse_edit("<function=file_editor><parameter=command>view</parameter>"
-                      "<parameter=path>/testbed</parameter></function>", "t").call  # fmt: skip
+    call = parse_edit(
+        "<function=file_editor><parameter=command>view</parameter><parameter=path>/testbed</parameter></function>", "t"
+    ).call
     assert (call.name, call.arguments) == ("file_editor", {"command": "view", "path": "/testbed"})
 
 
@@ -54,9 +57,15 @@ def test_interactive_rerun_edit_continue_finish_in_a_real_terminal(tmp_path):
     assert grade_stored_episode(db, source_id) == "resolved"
 
     env = {**os.environ, "NO_COLOR": "1", "TERM": "dumb", "COLUMNS": "200", "NEXUS_EVAL_DB": url}
-    child = pexpect.spawn(sys.executable, ["-m", "nexus_eval.cli", "rerun", source_id, "--interactive",
-                                           "--from-turn", "1"], cwd=str(ROOT), env=env, encoding="utf-8",
-                          timeout=120, dimensions=(50, 200))  # fmt: skip
+    child = pexpect.spawn(
+        sys.executable,
+        ["-m", "nexus_eval.cli", "rerun", source_id, "--interactive", "--from-turn", "1"],
+        cwd=str(ROOT),
+        env=env,
+        encoding="utf-8",
+        timeout=120,
+        dimensions=(50, 200),
+    )
     child.logfile_read = open(tmp_path / "terminal.log", "w")  # noqa: SIM115
     child.expect_exact("--- turn 0 (replayed) ---")
     child.expect_exact("--- turn 1 ---")

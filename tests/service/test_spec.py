@@ -125,17 +125,17 @@ def test_config_hash_is_stable_and_ignores_name_and_order():
 
 def test_fan_out_counts_with_dense_once_per_task_and_seed():
     s = spec(
-        methods=["dense", "snapkv", "nexus"], scopes=["prefill_only", "prefill_decode"],
-        protocols=["true_eviction", "full_context"], seeds=[0, 1, 2],
-    )  # fmt: skip
+        methods=["dense", "snapkv", "nexus"],
+        scopes=["prefill_only", "prefill_decode"],
+        protocols=["true_eviction", "full_context"],
+        seeds=[0, 1, 2],
+    )
     eps = s.episodes(["t1", "t2"])
     # per task: dense 1 cell x 3 seeds + 2 evicting methods x 4 cells x 3 seeds = 3 + 24
     assert len(eps) == 2 * (3 + 24) == len(set(eps))
     dense = [e for e in eps if e.method == "dense"]
     assert {(e.scope, e.protocol) for e in dense} == {("prefill_only", "true_eviction")}
-    per_cell = spec(
-        methods=["dense"], scopes=["prefill_only", "prefill_decode"], dense_per_cell=True
-    ).episodes(["t"])
+    per_cell = spec(methods=["dense"], scopes=["prefill_only", "prefill_decode"], dense_per_cell=True).episodes(["t"])
     assert [(e.scope, e.seed) for e in per_cell] == [("prefill_only", 0), ("prefill_decode", 0)]
 
 
@@ -180,11 +180,19 @@ def test_vocabulary_matches_the_libraries():
         for name, info in mine.model_fields.items():  # same defaults, so an omitted field means the same
             assert info.is_required() or info.default == theirs.model_fields[name].default, (mine, name)
     # Every fanned-out episode config is a valid EpisodeSpec, with the job's values in it.
-    job = JobSpec.from_dict({
-        "model": {"name": "tiny", "revision": "r1"}, "methods": ["dense", "nexus"], "density": 0.5,
-        "protocols": ["true_eviction", "full_context"], "seeds": [3], "method_params": {"nexus": {"walk_steps": 2}},
-        "limits": {"max_steps": 7}, "sampling": {"temperature": 0.0}, "tasks": {"suite": "mini"},
-    })  # fmt: skip
+    job = JobSpec.from_dict(
+        {
+            "model": {"name": "tiny", "revision": "r1"},
+            "methods": ["dense", "nexus"],
+            "density": 0.5,
+            "protocols": ["true_eviction", "full_context"],
+            "seeds": [3],
+            "method_params": {"nexus": {"walk_steps": 2}},
+            "limits": {"max_steps": 7},
+            "sampling": {"temperature": 0.0},
+            "tasks": {"suite": "mini"},
+        }
+    )
     for ep in job.episodes(["t1"]):
         spec = EpisodeSpec.model_validate(ep.config)
         assert (spec.task_id, spec.method, spec.protocol, spec.seed, spec.density) == (

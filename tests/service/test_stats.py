@@ -28,9 +28,14 @@ def test_z_value():
 # (Wilson score, no continuity correction), to 4 decimals; 5/10 from Agresti & Coull (1998).
 @pytest.mark.parametrize(
     ("successes", "n", "low", "high"),
-    [(81, 263, 0.2553, 0.3662), (15, 148, 0.0624, 0.1605), (0, 20, 0.0, 0.1611), (1, 29, 0.0061, 0.1718),
-     (5, 10, 0.2366, 0.7634)],
-)  # fmt: skip
+    [
+        (81, 263, 0.2553, 0.3662),
+        (15, 148, 0.0624, 0.1605),
+        (0, 20, 0.0, 0.1611),
+        (1, 29, 0.0061, 0.1718),
+        (5, 10, 0.2366, 0.7634),
+    ],
+)
 def test_wilson_reference_values(successes, n, low, high):
     lo, hi = wilson_interval(successes, n)
     assert (round(lo, 4), round(hi, 4)) == (low, high)
@@ -89,9 +94,15 @@ def test_mcnemar_paired_counts_discordant_pairs():
 
 @pytest.mark.parametrize(
     ("n", "c", "k", "expected"),
-    [(10, 3, 1, 0.3), (10, 3, 5, 1 - 21 / 252), (10, 3, 8, 1.0), (5, 0, 3, 0.0), (5, 2, 2, 1 - 3 / 10),
-     (200, 1, 1, 0.005)],
-)  # fmt: skip
+    [
+        (10, 3, 1, 0.3),
+        (10, 3, 5, 1 - 21 / 252),
+        (10, 3, 8, 1.0),
+        (5, 0, 3, 0.0),
+        (5, 2, 2, 1 - 3 / 10),
+        (200, 1, 1, 0.005),
+    ],
+)
 def test_pass_at_k(n, c, k, expected):
     assert pass_at_k(n, c, k) == pytest.approx(expected)
 

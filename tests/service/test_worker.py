@@ -30,11 +30,17 @@ def test_tiny_model_job_runs_through_redis_workers_into_postgresql(pg_db, tmp_pa
     require(*docker_status())
     env = service_env(fresh_redis_url(), pg_db.url)
     job_file = write_job(
-        tmp_path / "job.yaml", name="tiny-2x2x2", backend="hf", model={"name": "tiny", "device": "cpu"},
-        methods=["dense", "nexus"], scopes=["prefill_only"], protocols=["true_eviction", "full_context"],
-        tasks={"suite": "mini", "ids": TASKS}, limits={"max_steps": 2, "soft_step_limit": 2, "max_new_tokens": 24},
+        tmp_path / "job.yaml",
+        name="tiny-2x2x2",
+        backend="hf",
+        model={"name": "tiny", "device": "cpu"},
+        methods=["dense", "nexus"],
+        scopes=["prefill_only"],
+        protocols=["true_eviction", "full_context"],
+        tasks={"suite": "mini", "ids": TASKS},
+        limits={"max_steps": 2, "soft_step_limit": 2, "max_new_tokens": 24},
         sampling={"max_new_tokens": 24},
-    )  # fmt: skip
+    )
     gpu = Worker(env, "gpu", tmp_path / "gpu.log")
     grade = Worker(env, "grade,default", tmp_path / "grade.log", concurrency=2)
     try:
@@ -51,16 +57,21 @@ def test_tiny_model_job_runs_through_redis_workers_into_postgresql(pg_db, tmp_pa
         # dense runs once per task (it evicts nothing), nexus in both protocols: 2 x (1 + 2) episodes
         assert len(rows) == 6 and all(r.attempt == 1 for r in rows)
         assert {(r.method, r.protocol) for r in rows} == {
-            ("dense", "true_eviction"), ("nexus", "true_eviction"), ("nexus", "full_context")}
+            ("dense", "true_eviction"),
+            ("nexus", "true_eviction"),
+            ("nexus", "full_context"),
+        }
         # every episode was graded (the tiny model's patches are empty or fail) and its turns were stored
         assert all(r.status in {"resolved", "unresolved", "empty_patch", "patch_failed"} for r in rows), [
-            (r.status, r.error) for r in rows]
+            (r.status, r.error) for r in rows
+        ]
         for r in rows:
             n_turns = s.execute(select(func.count(Turn.id)).where(Turn.episode_id == r.id)).scalar_one()
             assert n_turns == r.n_turns == 2
             assert r.worker and r.n_claims == 1 and r.celery_task_id
-        nexus_turn = s.execute(select(Turn).join(Episode).where(Episode.job_id == job_id, Episode.method == "nexus")
-                               .limit(1)).scalar_one()  # fmt: skip
+        nexus_turn = s.execute(
+            select(Turn).join(Episode).where(Episode.job_id == job_id, Episode.method == "nexus").limit(1)
+        ).scalar_one()
         assert nexus_turn.tokens_generated > 0 and nexus_turn.physical_after is not None
 
     compared = cli("compare", job_id, "--format", "json", env=env)

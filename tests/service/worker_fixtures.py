@@ -43,8 +43,15 @@ def fresh_redis_url(base: str = REDIS_URL) -> str:
 
 
 def service_env(broker: str, db_url: str, **extra: str) -> dict[str, str]:
-    env = {**os.environ, "NEXUS_EVAL_BROKER": broker, "NEXUS_EVAL_DB": db_url, "PYTHONUNBUFFERED": "1",
-           "OMP_NUM_THREADS": "1", "NEXUS_EVAL_DEVICE": "cpu", **extra}  # fmt: skip
+    env = {
+        **os.environ,
+        "NEXUS_EVAL_BROKER": broker,
+        "NEXUS_EVAL_DB": db_url,
+        "PYTHONUNBUFFERED": "1",
+        "OMP_NUM_THREADS": "1",
+        "NEXUS_EVAL_DEVICE": "cpu",
+        **extra,
+    }
     env.pop("NEXUS_EVAL_RESULT_BACKEND", None)
     return env
 
@@ -52,15 +59,47 @@ def service_env(broker: str, db_url: str, **extra: str) -> dict[str, str]:
 class Worker:
     """A ``celery worker`` subprocess; ``log`` is its output file."""
 
-    def __init__(self, env: dict[str, str], queues: str, log: Path, *, pool: str = "prefork",
-                 concurrency: int = 1, name: str | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        env: dict[str, str],
+        queues: str,
+        log: Path,
+        *,
+        pool: str = "prefork",
+        concurrency: int = 1,
+        name: str | None = None,
+    ) -> None:
         name = name or f"w{random.randint(0, 10**6)}"
-        cmd = [sys.executable, "-m", "celery", "-A", "workers.app", "worker", "-Q", queues, "--pool", pool,
-               "--concurrency", str(concurrency), "--loglevel", "INFO", "-n", f"{name}@%h", "--without-gossip",
-               "--without-mingle", "--without-heartbeat"]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "workers.app",
+            "worker",
+            "-Q",
+            queues,
+            "--pool",
+            pool,
+            "--concurrency",
+            str(concurrency),
+            "--loglevel",
+            "INFO",
+            "-n",
+            f"{name}@%h",
+            "--without-gossip",
+            "--without-mingle",
+            "--without-heartbeat",
+        ]
         self.log = log
-        self.process = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=open(log, "ab"), stderr=subprocess.STDOUT,  # noqa: SIM115
-                                        start_new_session=True)  # fmt: skip
+        self.process = subprocess.Popen(
+            cmd,
+            env=env,
+            cwd=ROOT,
+            stdout=open(log, "ab"),  # noqa: SIM115 - the child owns the file for its whole life
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
     def children(self) -> list[int]:
         """The pool's child processes (prefork): where the episodes run."""
@@ -86,13 +125,25 @@ def write_job(path: Path, **spec) -> Path:
 
 
 def oracle_job(task_ids: list[str], methods: list[str], protocols: list[str], **extra) -> dict:
-    return {"backend": "oracle", "methods": methods, "scopes": ["prefill_only"], "protocols": protocols,
-            "tasks": {"suite": "mini", "ids": task_ids}, **extra}  # fmt: skip
+    return {
+        "backend": "oracle",
+        "methods": methods,
+        "scopes": ["prefill_only"],
+        "protocols": protocols,
+        "tasks": {"suite": "mini", "ids": task_ids},
+        **extra,
+    }
 
 
 def cli(*args: str, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "nexus_eval.cli", *args], env=env, cwd=ROOT, capture_output=True,
-                          text=True, timeout=timeout)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "nexus_eval.cli", *args],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def wait_until(condition: Callable[[], bool], timeout: float, what: str, on_timeout: Callable[[], str] = str) -> None:

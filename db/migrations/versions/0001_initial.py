@@ -33,9 +33,7 @@ def upgrade() -> None:
         sa.Column("package_versions", JSON, nullable=False),
         sa.Column("git_revision", sa.String(length=64), nullable=True),
         sa.Column("error", sa.Text(), nullable=True),
-        sa.CheckConstraint(
-            "status IN ('pending', 'running', 'done', 'cancelled', 'failed')", name="ck_jobs_status"
-        ),
+        sa.CheckConstraint("status IN ('pending', 'running', 'done', 'cancelled', 'failed')", name="ck_jobs_status"),
         sa.PrimaryKeyConstraint("id"),
     )
     op.create_index(op.f("ix_jobs_config_hash"), "jobs", ["config_hash"], unique=False)
@@ -78,7 +76,9 @@ def upgrade() -> None:
         sa.Column("config", JSON, nullable=False),
         sa.Column("result", JSON, nullable=True),
         sa.CheckConstraint(
-            "status IN ('queued', 'running', 'resolved', 'unresolved', 'empty_patch', 'patch_failed', 'submitted', 'step_limit', 'context_limit', 'time_limit', 'format_error_limit', 'timeout', 'infra_failure', 'cancelled')",
+            "status IN ('queued', 'running', 'resolved', 'unresolved', 'empty_patch', 'patch_failed', "
+            "'submitted', 'step_limit', 'context_limit', 'time_limit', 'format_error_limit', 'timeout', "
+            "'infra_failure', 'cancelled')",
             name="ck_episodes_status",
         ),
         sa.CheckConstraint("attempt >= 1", name="ck_episodes_attempt"),
