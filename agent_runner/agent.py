@@ -12,35 +12,16 @@ from __future__ import annotations
 import time
 import traceback
 from collections.abc import Callable
-from typing import Any, ClassVar, Literal, Protocol
-
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Any, ClassVar, Protocol
 
 from agent_runner import prompts
 from agent_runner.backends import Model, ModelError
+from agent_runner.config import AgentConfig
 from agent_runner.environment import Environment
 from agent_runner.parsing import ParsedAction, parse_response, resynthesize
 from agent_runner.records import Completion, EpisodeResult, EpisodeTotals, Message, TurnRecord
-from env.sandbox import InfraError as SandboxInfraError
+from env.sandbox import SandboxError
 from env.tools import ToolCall, ToolResult
-
-
-class AgentConfig(BaseModel):
-    """Limits and formatting of one agent run (DeepSWE's evaluation values by default)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    max_steps: int = Field(100, ge=1, description="absolute turn limit (R2E max_steps_absolute)")
-    soft_step_limit: int = Field(40, ge=1, description="the step budget shown as 'Steps Remaining'")
-    max_context_tokens: int = Field(65536, ge=1, description="logical tokens (prompt + generated)")
-    wall_time_s: float = Field(50_000.0, gt=0, description="model + env time for the whole run")
-    max_format_errors: int | None = Field(10, ge=1, description="consecutive turns without a call; None: off")
-    max_new_tokens: int | None = Field(None, ge=1, description="per-turn cap passed to the backend")
-    seed: int = 0
-    history: Literal["raw", "resynthesized"] = Field(
-        "raw", description="assistant messages as generated (rLLM default) or R2E's thought + canonical call"
-    )
-    duplicate_params: Literal["last", "first"] = "last"
 
 
 class AgentExit(Exception):
@@ -69,8 +50,8 @@ class FormatErrorLimit(AgentExit):
     exit_status = "format_error_limit"
 
 
-class InfraError(AgentExit):
-    """The model host or the sandbox failed (wraps env.sandbox.InfraError, ModelError and anything else)."""
+class InfraFailure(AgentExit):
+    """The model host or the sandbox failed (wraps env.sandbox.SandboxError, ModelError and anything else)."""
 
     exit_status = "infra_failure"
 
@@ -97,74 +78,91 @@ class Agent:
         on_turn: Callable[[TurnRecord], Any] | None = None,
         intervene: Intervene | None = None,
     ):
-        self.model, self.env, self.config = model, environment, config or AgentConfig()
-        self.on_turn, self.intervene = on_turn, intervene
+        self.model = model
+        self.env = environment
+        self.config = config or AgentConfig()
+        self.on_turn = on_turn
+        self.intervene = intervene
         self.messages: list[Message] = []
         self.turns: list[TurnRecord] = []
+        self.started = 0.0
+        self.format_errors = 0
 
     def run(self, task: TaskLike) -> EpisodeResult:
-        cfg, started = self.config, time.monotonic()
+        """The whole episode: turns until an exit; every outcome, even a crash, is a returned status."""
+        cfg = self.config
+        self.started = time.monotonic()
+        self.format_errors = 0
         self.messages = [
             Message(role="system", content=prompts.system_prompt()),
             Message(role="user", content=prompts.instance_prompt(task, cfg.soft_step_limit)),
         ]
-        exit_status, error, format_errors = "infra_failure", None, 0
+        exit_status, error, unexpected = "infra_failure", None, None
         try:
             self.model.reset(seed=cfg.seed)
             for index in range(cfg.max_steps):
-                completion, model_s = self._complete()
-                parsed = parse_response(completion.text, duplicates=cfg.duplicate_params)
-                parsed, intervened = self._intervene(index, parsed)
-                self.messages.append(Message(role="assistant", content=self._history(completion, parsed, intervened)))
-                result = self._step(parsed.call, completion)
-                format_errors = 0 if parsed.call else format_errors + 1
-                turn = TurnRecord(
-                    index=index,
-                    completion=completion,
-                    thought=parsed.thought,
-                    action=parsed.call,
-                    parse_error=parsed.error,
-                    format_error=parsed.call is None,
-                    intervened=intervened,
-                    observation=result.observation,
-                    submitted=result.submitted,
-                    env_s=result.seconds,
-                    model_s=model_s,
-                    steps_remaining=cfg.soft_step_limit - index - 1,
-                )
-                stop = self._exit_after(turn, time.monotonic() - started, format_errors)
-                if stop is None:
-                    turn.user_message = prompts.observation_message(result.observation, turn.steps_remaining)
-                    self.messages.append(Message(role="user", content=turn.user_message))
-                self.turns.append(turn)
-                if self.on_turn is not None:
-                    self.on_turn(turn)
-                if stop is not None:
-                    raise stop
-            raise StepLimit(f"reached max_steps={cfg.max_steps}")  # only when max_steps loop ran out
+                self._turn(index)  # raises an AgentExit when the model submits or a limit is reached
+            raise StepLimit(f"reached max_steps={cfg.max_steps}")
         except AgentExit as exc:
-            exit_status, error = exc.exit_status, _describe(exc)
-        except Exception as exc:  # a bug or an on_turn failure: recorded with its traceback, turns kept
+            exit_status = exc.exit_status
+            error = _describe(exc)
+            unexpected = exc.__cause__ if isinstance(exc, InfraFailure) else None  # e.g. a time limit in decode
+        except Exception as exc:  # a bug, an on_turn failure or a time limit raised into the loop: turns kept
+            unexpected = exc
             error = "unexpected " + "".join(traceback.format_exception(exc)).strip()
-        return EpisodeResult(
+        result = EpisodeResult(
             task_id=task.instance_id,
             exit_status=exit_status,
             error=error,
             turns=self.turns,
             messages=self.messages,
             config={"agent": cfg.model_dump(mode="json")},
-            timings={"agent_s": time.monotonic() - started},
+            timings={"agent_s": time.monotonic() - self.started},
             totals=EpisodeTotals.of(self.turns),
         )
+        result.exception = unexpected
+        return result
+
+    def _turn(self, index: int) -> None:
+        """One turn: complete, parse, (intervene), act, record; then raise the exit if this turn ends the run."""
+        completion, model_s = self._complete()
+        parsed = parse_response(completion.text, duplicates=self.config.duplicate_params)
+        parsed, intervened = self._intervene(index, parsed)
+        self.messages.append(Message(role="assistant", content=self._history(completion, parsed, intervened)))
+        result = self._step(parsed.call, completion)
+        self.format_errors = 0 if parsed.call else self.format_errors + 1
+        turn = TurnRecord(
+            index=index,
+            completion=completion,
+            thought=parsed.thought,
+            action=parsed.call,
+            parse_error=parsed.error,
+            format_error=parsed.call is None,
+            intervened=intervened,
+            observation=result.observation,
+            submitted=result.submitted,
+            env_s=result.seconds,
+            model_s=model_s,
+            steps_remaining=self.config.soft_step_limit - index - 1,
+        )
+        stop = self._exit_after(turn, time.monotonic() - self.started)
+        if stop is None:
+            turn.user_message = prompts.observation_message(result.observation, turn.steps_remaining)
+            self.messages.append(Message(role="user", content=turn.user_message))
+        self.turns.append(turn)
+        if self.on_turn is not None:
+            self.on_turn(turn)
+        if stop is not None:
+            raise stop
 
     def _complete(self) -> tuple[Completion, float]:
         t0 = time.monotonic()
         try:
             completion = self.model.complete(list(self.messages), max_new_tokens=self.config.max_new_tokens)
         except ModelError as exc:
-            raise InfraError(f"model: {exc}") from exc
+            raise InfraFailure(f"model: {exc}") from exc
         except Exception as exc:
-            raise InfraError(f"model raised {type(exc).__name__}: {exc}") from exc
+            raise InfraFailure(f"model raised {type(exc).__name__}: {exc}") from exc
         return completion, time.monotonic() - t0
 
     def _intervene(self, index: int, parsed: ParsedAction) -> tuple[ParsedAction, bool]:
@@ -181,11 +179,13 @@ class Agent:
             return ToolResult(observation=prompts.NO_FUNCTION_CALL_REMINDER, submitted=False, seconds=0.0)
         try:
             return self.env.step(call)
-        except Exception as exc:  # SandboxInfraError (container died) and anything else the sandbox raises
-            raise InfraError(f"environment: {call.name} failed: {type(exc).__name__}: {exc}") from exc
+        except Exception as exc:  # SandboxError (container died) and anything else the sandbox raises
+            raise InfraFailure(f"environment: {call.name} failed: {type(exc).__name__}: {exc}") from exc
 
-    def _exit_after(self, turn: TurnRecord, elapsed_s: float, format_errors: int) -> AgentExit | None:
-        cfg, steps_done, logical = self.config, turn.index + 1, turn.completion.logical_length
+    def _exit_after(self, turn: TurnRecord, elapsed_s: float) -> AgentExit | None:
+        cfg = self.config
+        steps_done = turn.index + 1
+        logical = turn.completion.logical_length
         if turn.submitted:
             return Submitted(f"submitted at step {steps_done}")
         if turn.completion.prompt_tokens >= cfg.max_context_tokens or logical >= cfg.max_context_tokens:
@@ -194,8 +194,8 @@ class Agent:
             return StepLimit(f"reached max_steps={cfg.max_steps}")
         if elapsed_s >= cfg.wall_time_s:
             return TimeLimit(f"{elapsed_s:.1f}s >= wall_time_s={cfg.wall_time_s}")
-        if cfg.max_format_errors is not None and format_errors >= cfg.max_format_errors:
-            return FormatErrorLimit(f"{format_errors} consecutive turns without a function call")
+        if cfg.max_format_errors is not None and self.format_errors >= cfg.max_format_errors:
+            return FormatErrorLimit(f"{self.format_errors} consecutive turns without a function call")
         return None
 
 
@@ -204,7 +204,7 @@ def _describe(exc: AgentExit) -> str | None:
     if isinstance(exc, Submitted):
         return None
     cause = exc.__cause__
-    if cause is None or isinstance(cause, ModelError | SandboxInfraError):
+    if cause is None or isinstance(cause, ModelError | SandboxError):
         return str(exc)
     return f"{exc}\n" + "".join(traceback.format_exception(cause)).strip()
 

@@ -52,7 +52,7 @@ class DockerEnvironment:
         client: Any = None,
     ) -> DockerEnvironment:
         """Ensure the task image, start its sandbox and install the tools. ``job``/``episode`` go into the
-        container's labels (``reap`` uses them). Raises env's ImageMissing / ImageBuildFailed / InfraError
+        container's labels (``reap`` uses them). Raises env's ImageMissing / ImageBuildFailed / SandboxError
         (the caller records them); a half-started sandbox is closed before re-raising."""
         from env.images import ensure_task_image
         from env.sandbox import Sandbox, SandboxConfig

@@ -20,8 +20,9 @@ import traceback
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from agent_runner.agent import AgentConfig, Intervene, run_agent
+from agent_runner.agent import Intervene, run_agent
 from agent_runner.backends import Model
+from agent_runner.config import AgentConfig
 from agent_runner.environment import DockerEnvironment, Environment
 from agent_runner.records import EpisodeResult, TurnRecord
 
@@ -75,14 +76,16 @@ def run_episode(
     timings: dict[str, float] = {}
     try:
         environment = opener(task, labels=dict(labels or {}), sandbox_config=sandbox_config)
-    except Exception as exc:  # ImageMissing, InfraError, docker errors: recorded, nothing started
-        return EpisodeResult(
+    except Exception as exc:  # ImageMissing, SandboxError, docker errors: recorded, nothing started
+        failed = EpisodeResult(
             task_id=task.instance_id,
             exit_status="infra_failure",
             config=config,
             error=f"opening the environment failed: {_failure(exc)}",
             timings={"setup_s": time.monotonic() - started},
         )
+        failed.exception = exc
+        return failed
     timings["setup_s"] = time.monotonic() - started
     try:  # run_agent records its own failures; only KeyboardInterrupt & co. pass through (after close)
         result = run_agent(model, environment, task, agent_config, on_turn=on_turn, intervene=intervene)
@@ -91,6 +94,7 @@ def run_episode(
             result.patch = environment.diff()
         except Exception as exc:
             _note(result, f"taking the diff failed: {_failure(exc)}")
+            result.exception = result.exception or exc
             if result.exit_status == "submitted":
                 result.exit_status = "infra_failure"
         timings["diff_s"] = time.monotonic() - t0

@@ -14,26 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 
 import nexus
+from agent_runner.config import TINY, ModelSpec
 
 DEFAULT_MODEL = "agentica-org/DeepSWE-Preview"
-TINY = "tiny"
-
-
-class ModelSpec(BaseModel):
-    """Which model to host and how."""
-
-    model_config = ConfigDict(frozen=True, protected_namespaces=())
-
-    name: str = Field(TINY, description="'tiny', a Hugging Face id or a local path")
-    revision: str | None = None
-    dtype: str = Field("auto", description="auto (bf16 on GPU, fp32 on CPU) | bfloat16 | float16 | float32")
-    device: str = Field("auto", description="auto | cpu | cuda | cuda:N")
-    attn: str = Field("auto", description="auto (flash_attention_2 if installed on GPU, else sdpa) | sdpa | eager")
-    seed: int = 0  # tiny preset: weight init seed
-    tiny_layers: int = 2
 
 
 @dataclass

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from env.grading import GradeResult
 from env.tools import ToolCall
@@ -149,6 +149,17 @@ class EpisodeResult(BaseModel):
     config: dict[str, Any] = Field(default_factory=dict)
     timings: dict[str, float] = Field(default_factory=dict)  # e.g. setup_s, agent_s, diff_s, grade_s, total_s
     totals: EpisodeTotals = Field(default_factory=EpisodeTotals)
+    # the exception behind an infra_failure or an unexpected end (never stored): callers tell a time limit
+    # raised into the loop (in the model, a tool or a hook) from a crash by its type, not by reading ``error``
+    _exception: BaseException | None = PrivateAttr(None)
+
+    @property
+    def exception(self) -> BaseException | None:
+        return self._exception
+
+    @exception.setter
+    def exception(self, exc: BaseException | None) -> None:
+        self._exception = exc
 
     @property
     def status(self) -> str:

@@ -3,18 +3,8 @@
 from __future__ import annotations
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 
-
-class SamplingConfig(BaseModel):
-    """DeepSWE's evaluation used temperature 1.0 and a 64K context; top_p/top_k were left to the server."""
-
-    model_config = ConfigDict(frozen=True)
-
-    temperature: float = Field(1.0, ge=0.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int = Field(0, ge=0, description="0 = off")
-    max_new_tokens: int = Field(4096, ge=1, description="per-turn generation cap")
+from agent_runner.config import SamplingConfig
 
 
 def sample_next(logits: torch.Tensor, cfg: SamplingConfig, generator: torch.Generator) -> torch.Tensor:

@@ -26,10 +26,11 @@ from rich.table import Table
 from transformers import Qwen3Config
 
 import nexus
+import nexus.methods
 
 HQ, HKV, D = 64, 8, 128  # Qwen3-32B attention: 64 query heads, 8 KV heads, head_dim 128
 SCALING = D**-0.5
-METHODS = ["snapkv", "pyramidkv", "streaming_llm", "h2o", "morphkv", "nexus", "ada_snapkv", "ada_nexus"]
+EVICTING = [m for m in nexus.METHODS if m != nexus.methods.DENSE]  # every method that evicts, in table order
 
 
 def _config() -> Qwen3Config:
@@ -113,7 +114,7 @@ def measure(t: int, methods: list[str], repeats: int, decode_steps: int, dtype) 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lengths", type=int, nargs="+", default=[4096, 16384, 65536])
-    ap.add_argument("--methods", nargs="+", default=METHODS)
+    ap.add_argument("--methods", nargs="+", default=EVICTING, choices=EVICTING)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--decode-steps", type=int, default=96, help="decode steps timed per repeat (3 slack periods)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch default)")

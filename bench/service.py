@@ -26,12 +26,13 @@ import os
 import platform
 import statistics
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
+
+from workers.embedded import worker_command
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "bench" / "out"
@@ -39,24 +40,7 @@ TASKS = ["humanfmt__humanfmt-1", "dslib__dslib-1", "argkit__argkit-1", "tinypars
 
 
 def start_worker(env: dict[str, str], queues: str, log: Path) -> subprocess.Popen:
-    cmd = [
-        sys.executable,
-        "-m",
-        "celery",
-        "-A",
-        "workers.app",
-        "worker",
-        "-Q",
-        queues,
-        "--pool",
-        "solo",
-        "--loglevel",
-        "WARNING",
-        "--without-gossip",
-        "--without-mingle",
-        "-n",
-        f"bench-{queues}@%h",
-    ]
+    cmd = worker_command(queues, name=f"bench-{queues}@%h")
     return subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=open(log, "ab"), stderr=subprocess.STDOUT)  # noqa: SIM115
 
 

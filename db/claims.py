@@ -34,9 +34,13 @@ from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session
 
 from db.connection import begin_write
+from db.job_status import refresh_job_status
 from db.models import (
     AGENT_EXIT_STATUSES,
+    FINISH_STATUSES,
     GRADE_STATUSES,
+    RUN_FAILURE_STATUSES,
+    VERDICT_STATUSES,
     Episode,
     EpisodeStatus,
     Job,
@@ -45,8 +49,6 @@ from db.models import (
     utcnow,
 )
 
-# What a finished run may report. Agent exits wait for a grade; grade statuses mean it was graded in-line.
-FINISH_STATUSES = AGENT_EXIT_STATUSES | GRADE_STATUSES | {"timeout", "infra_failure"}
 TURN_FIELDS = frozenset(c.name for c in Turn.__table__.columns) - {"id", "episode_id", "index", "created_at"}
 
 
@@ -292,8 +294,6 @@ def finish_episode(session: Session, claim: Claim, status: str, **fields: Any) -
     if written.rowcount != 1:
         return False
     expire_loaded(session, {claim.episode_id})
-    from db.store import refresh_job_status  # store builds on this module
-
     refresh_job_status(session, claim.job_id)
     return True
 
@@ -304,7 +304,7 @@ def fail_running_episode(
     """Record ``status`` (``timeout``/``infra_failure``) with ``error`` for an episode that is still
     ``running`` (and, if given, still under ``claim_token``). For failure handlers that run outside the
     worker that held the claim, e.g. after a hard time limit killed it. ``True`` when written."""
-    if status not in {"timeout", "infra_failure"}:
+    if status not in RUN_FAILURE_STATUSES:
         raise ValueError(f"fail_running_episode: status must be timeout or infra_failure, not {status!r}")
     begin_write(session)
     job_id = session.execute(select(Episode.job_id).where(Episode.id == episode_id)).scalar_one_or_none()
@@ -321,8 +321,6 @@ def fail_running_episode(
     if written.rowcount != 1:
         return False
     expire_loaded(session, {episode_id})
-    from db.store import refresh_job_status
-
     refresh_job_status(session, job_id)
     return True
 
@@ -344,9 +342,8 @@ def record_grade(
     ``infra_failure`` when grading itself failed) over an agent exit status. With ``regrade=True`` an
     earlier verdict is replaced (``regrade JOB``). ``report`` is stored as ``result["grade"]``.
     Returns ``False`` (and writes nothing) when the episode is not awaiting a grade."""
-    allowed_verdicts = GRADE_STATUSES | {"infra_failure"}
-    if status not in allowed_verdicts:
-        raise ValueError(f"record_grade: status {status!r} is not one of {sorted(allowed_verdicts)}")
+    if status not in VERDICT_STATUSES:
+        raise ValueError(f"record_grade: status {status!r} is not one of {sorted(VERDICT_STATUSES)}")
     begin_write(session)
     job_id = session.execute(select(Episode.job_id).where(Episode.id == episode_id)).scalar_one_or_none()
     if job_id is None:
@@ -354,7 +351,7 @@ def record_grade(
     lock_job(session, job_id)
     gradable = set(AGENT_EXIT_STATUSES)
     if regrade:
-        gradable |= GRADE_STATUSES | {"infra_failure"}
+        gradable |= VERDICT_STATUSES
     row = session.execute(
         select(Episode).where(Episode.id == episode_id).execution_options(populate_existing=True)
     ).scalar_one()
@@ -382,7 +379,5 @@ def record_grade(
     if written.rowcount != 1:
         return False
     expire_loaded(session, {episode_id})
-    from db.store import refresh_job_status
-
     refresh_job_status(session, job_id)
     return True

@@ -61,9 +61,20 @@ class EpisodeStatus(StrEnum):
     cancelled = "cancelled"
 
 
+# The sets every reader and writer uses; the words themselves are EpisodeStatus's.
 GRADE_STATUSES = frozenset({"resolved", "unresolved", "empty_patch", "patch_failed"})
 AGENT_EXIT_STATUSES = frozenset({"submitted", "step_limit", "context_limit", "time_limit", "format_error_limit"})
-SERVICE_FAILURE_STATUSES = frozenset({"timeout", "infra_failure", "cancelled"})
+# the run itself broke: final, and counted as "not resolved" (as SWE-bench counts an error)
+RUN_FAILURE_STATUSES = frozenset({"timeout", "infra_failure"})
+SERVICE_FAILURE_STATUSES = RUN_FAILURE_STATUSES | {"cancelled"}
+# what a finished run may report: an agent exit (a grade follows), a verdict graded in-line, or a failure
+FINISH_STATUSES = AGENT_EXIT_STATUSES | GRADE_STATUSES | RUN_FAILURE_STATUSES
+# what grading may record: a verdict, or infra_failure when grading itself could not run
+VERDICT_STATUSES = GRADE_STATUSES | {"infra_failure"}
+# counted in compare's n: verdicts and run failures
+COUNTED_STATUSES = GRADE_STATUSES | RUN_FAILURE_STATUSES
+# what `rerun --failed` reruns: every final outcome but resolved (cancelled is a choice, not a failure)
+FAILED_STATUSES = (GRADE_STATUSES - {"resolved"}) | RUN_FAILURE_STATUSES
 # Terminal = nothing more will happen to the row by itself. Agent exits are terminal for the agent stage
 # (a grade may still be recorded on top of them).
 TERMINAL_STATUSES = GRADE_STATUSES | AGENT_EXIT_STATUSES | SERVICE_FAILURE_STATUSES

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Collection, Iterable, Sequence
-from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Protocol
 
@@ -44,7 +43,8 @@ from db.claims import (
     worker_identity,
 )
 from db.connection import begin_write
-from db.models import ACTIVE_STATUSES, AGENT_EXIT_STATUSES, Episode, EpisodeStatus, Job, JobStatus, utcnow
+from db.job_status import JobSummary, job_grades, refresh_job_status
+from db.models import ACTIVE_STATUSES, Episode, EpisodeStatus, Job, JobStatus, utcnow
 from db.provenance import git_revision as current_git_revision
 from db.provenance import package_versions as current_package_versions
 
@@ -235,22 +235,6 @@ def latest_attempts(session: Session, job_ids: Sequence[str]) -> list[Episode]:
     return sorted(session.execute(query).scalars(), key=lambda r: (r.job_id, r.episode_key))
 
 
-def _latest_statuses(session: Session, job_id: str) -> list[str]:
-    """The status of the newest attempt of each of the job's episode keys, read as plain columns."""
-    newest = (
-        select(Episode.episode_key, func.max(Episode.attempt).label("attempt"))
-        .where(Episode.job_id == job_id)
-        .group_by(Episode.episode_key)
-        .subquery()
-    )
-    query = (
-        select(Episode.status)
-        .join(newest, and_(Episode.episode_key == newest.c.episode_key, Episode.attempt == newest.c.attempt))
-        .where(Episode.job_id == job_id)
-    )
-    return list(session.execute(query).scalars())
-
-
 def new_attempt(session: Session, episode_id: str, *, config_overrides: dict[str, Any] | None = None) -> Episode:
     """A new ``queued`` row for the same key with attempt = newest attempt + 1. The source must have
     finished (not queued/running). ``config_overrides`` are merged over the source's config."""
@@ -298,36 +282,6 @@ def rerun_job(session: Session, job_id: str, statuses: Collection[str]) -> list[
     return [new_attempt(session, r.id) for r in targets]
 
 
-def job_grades(job: Job) -> bool:
-    """Whether the job's agent exits (``submitted``, ``step_limit`` ...) still wait for a grade: its config's
-    ``grade`` flag (``JobSpec.grade``), on unless the config says otherwise."""
-    return bool((job.config or {}).get("grade", True))
-
-
-@dataclass
-class JobSummary:
-    """Counts over the newest attempt of each episode key. ``active`` = queued + running (+ agent exits
-    waiting for their grade, when the job grades); ``finished`` = the rest."""
-
-    job_id: str
-    status: str
-    total: int
-    counts: dict[str, int] = field(default_factory=dict)  # status -> number of episode keys
-    grades: bool = True
-
-    @property
-    def awaiting_grade(self) -> int:
-        return sum(self.counts.get(s, 0) for s in AGENT_EXIT_STATUSES) if self.grades else 0
-
-    @property
-    def active(self) -> int:
-        return sum(self.counts.get(s, 0) for s in ACTIVE_STATUSES) + self.awaiting_grade
-
-    @property
-    def finished(self) -> int:
-        return self.total - self.active
-
-
 def job_summary(session: Session, job_id: str) -> JobSummary:
     job = get_job(session, job_id)
     counts = Counter(r.status for r in latest_attempts(session, [job.id]))
@@ -338,26 +292,6 @@ def job_summary(session: Session, job_id: str) -> JobSummary:
         counts=dict(counts),
         grades=job_grades(job),
     )
-
-
-def refresh_job_status(session: Session, job_id: str) -> str:
-    """Recompute and store the job's status from its episodes (cancelled/failed jobs stay as they are):
-    ``done`` once nothing is queued, running or (when the job grades) waiting for a grade."""
-    job = session.execute(select(Job).where(Job.id == job_id).execution_options(populate_existing=True)).scalar_one()
-    if job.status in (JobStatus.cancelled, JobStatus.failed):
-        return job.status
-    summary = JobSummary(job.id, job.status, 0, dict(Counter(_latest_statuses(session, job_id))))
-    summary.total, summary.grades = sum(summary.counts.values()), job_grades(job)
-    if summary.total > 0 and summary.active == 0:
-        new = JobStatus.done
-    elif summary.counts.get("running") or summary.active < summary.total:
-        new = JobStatus.running
-    else:  # everything still queued
-        new = JobStatus.pending if job.status == JobStatus.pending else JobStatus.running
-    if job.status != new:
-        job.status = new.value
-        session.flush()
-    return job.status
 
 
 def stale_episodes(session: Session, stale_after_s: float, *, job_id: str | None = None) -> list[Episode]:

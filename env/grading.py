@@ -31,7 +31,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from env.sandbox import InfraError, Sandbox, SandboxConfig
+from env.sandbox import Sandbox, SandboxConfig, SandboxError
 
 Status = Literal["resolved", "unresolved", "empty_patch", "patch_failed", "timeout", "infra_failure"]
 SWEBENCH_GRADER = "swebench"
@@ -185,7 +185,7 @@ def _run_in_fresh_container(task, patch: str | None, config: GradeConfig) -> str
                 ok = section(box, "test_patch", _reset_and_apply_tests(test_files), config.apply_timeout_s)
             if ok:
                 section(box, "tests", _test_command(task, test_files), config.test_timeout_s)
-    except (ImageError, InfraError) as exc:
+    except (ImageError, SandboxError) as exc:
         log.append(f"{token} INFRA {type(exc).__name__}: {exc}")
     return "\n".join(log) + "\n"
 

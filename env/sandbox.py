@@ -46,7 +46,7 @@ LABEL_PREFIX = "nexus-eval"
 TRUNCATION_MARK = "\n[... output truncated: {dropped} bytes omitted from the middle ...]\n"
 
 
-class InfraError(RuntimeError):
+class SandboxError(RuntimeError):
     """The container could not be started, or died / stopped answering."""
 
 
@@ -137,7 +137,7 @@ class Sandbox:
         episode: str | None = None,
         client=None,
     ) -> Sandbox:
-        """Create and start a container from `image`; raise InfraError if it cannot run a command."""
+        """Create and start a container from `image`; raise SandboxError if it cannot run a command."""
         import docker
 
         config = config or SandboxConfig()
@@ -145,15 +145,15 @@ class Sandbox:
             try:
                 client = docker.from_env(timeout=300)
             except docker.errors.DockerException as exc:
-                raise InfraError(f"cannot reach the Docker engine: {exc}") from exc
+                raise SandboxError(f"cannot reach the Docker engine: {exc}") from exc
         all_labels = episode_labels(job, episode or uuid.uuid4().hex[:12], config.ttl_s)
         all_labels.update(labels or {})
         try:
             client.images.get(image)  # containers.run would try to pull a missing image: never pull
         except docker.errors.ImageNotFound as exc:
-            raise InfraError(f"image {image} is not present locally (images are never pulled): {exc}") from exc
+            raise SandboxError(f"image {image} is not present locally (images are never pulled): {exc}") from exc
         except docker.errors.DockerException as exc:
-            raise InfraError(f"cannot inspect image {image}: {exc}") from exc
+            raise SandboxError(f"cannot inspect image {image}: {exc}") from exc
         container = None
         try:
             container = client.containers.create(
@@ -179,12 +179,12 @@ class Sandbox:
             if container is not None:
                 with contextlib.suppress(docker.errors.DockerException):
                     container.remove(force=True)
-            raise InfraError(f"container from {image} failed to start: {exc}") from exc
+            raise SandboxError(f"container from {image} failed to start: {exc}") from exc
         box = cls(client, container, config)
         try:
             probe = box.run("true", timeout=30, workdir="/")
             if probe.exit_code != 0:
-                raise InfraError(f"container from {image} cannot run commands: {probe.output[-500:]}")
+                raise SandboxError(f"container from {image} cannot run commands: {probe.output[-500:]}")
         except BaseException:
             box.close()
             raise
@@ -214,7 +214,7 @@ class Sandbox:
     def run(self, cmd: str, *, timeout: float | None = None, workdir: str = "/testbed") -> ExecResult:
         """Run `cmd` with `/bin/sh -c` in `workdir`; the timeout is enforced inside the container."""
         if self._closed:
-            raise InfraError("sandbox is closed")
+            raise SandboxError("sandbox is closed")
         timeout = float(timeout if timeout is not None else self.config.default_timeout_s)
         exec_tag = uuid.uuid4().hex
         # exec 2>&1 merges in the container, so the order of stdout/stderr lines is the real one.
@@ -233,7 +233,7 @@ class Sandbox:
             )["Id"]
             stream = api.exec_start(exec_id, stream=True, demux=False)
         except Exception as exc:
-            raise InfraError(f"exec in container {self.container.short_id} failed: {self._why(exc)}") from exc
+            raise SandboxError(f"exec in container {self.container.short_id} failed: {self._why(exc)}") from exc
         buffer = _CappedBuffer(self.config.max_output_bytes)
         failure: list[BaseException] = []
 
@@ -253,7 +253,7 @@ class Sandbox:
             self._kill_tagged(exec_tag)
             reader.join(10)
         if failure:
-            raise InfraError(f"reading command output failed: {self._why(failure[0])}")
+            raise SandboxError(f"reading command output failed: {self._why(failure[0])}")
         exit_code = api.exec_inspect(exec_id).get("ExitCode")
         exit_code = -1 if exit_code is None else int(exit_code)
         # timeout(1) kills its whole process group with KILL, itself included: 137 after ~timeout seconds.
@@ -282,10 +282,10 @@ class Sandbox:
             return f"{exc} (container gone)"
 
     def check(self, cmd: str, *, timeout: float | None = None, workdir: str = "/testbed") -> str:
-        """`run`, but a non-zero exit or a timeout raises InfraError (for our own plumbing commands)."""
+        """`run`, but a non-zero exit or a timeout raises SandboxError (for our own plumbing commands)."""
         result = self.run(cmd, timeout=timeout, workdir=workdir)
         if result.exit_code != 0 or result.timed_out:
-            raise InfraError(f"`{cmd[:200]}` failed (exit {result.exit_code}): {result.output[-1500:]}")
+            raise SandboxError(f"`{cmd[:200]}` failed (exit {result.exit_code}): {result.output[-1500:]}")
         return result.output
 
     # ------------------------------------------------------------------------------------ files
@@ -306,7 +306,7 @@ class Sandbox:
                 info.size, info.mode, info.mtime = len(raw), mode, int(time.time())
                 tar.addfile(info, io.BytesIO(raw))
         if not self.container.put_archive(directory, buf.getvalue()):
-            raise InfraError(f"writing {sorted(files)} into {directory} failed")
+            raise SandboxError(f"writing {sorted(files)} into {directory} failed")
 
     def read_file(self, path: str) -> bytes:
         """Read one regular file through `get_archive`; FileNotFoundError if it does not exist."""
@@ -335,7 +335,7 @@ class Sandbox:
         with tarfile.open(fileobj=buf, mode="w") as tar:
             tar.add(str(host_path), arcname=host_path.name)
         if not self.container.put_archive(container_dir, buf.getvalue()):
-            raise InfraError(f"copying {host_path} into {container_dir} failed")
+            raise SandboxError(f"copying {host_path} into {container_dir} failed")
 
     def copy_out(self, container_path: str, host_dir: str | Path) -> Path:
         """Copy a container file or directory into `host_dir`; return the host path of the copy."""
@@ -361,7 +361,7 @@ class Sandbox:
         cmd = f"git add -A && git -c core.quotepath=off diff --cached --binary --no-color > {out}"
         result = self.run(cmd, timeout=120, workdir=repo)
         if result.exit_code != 0 or result.timed_out:
-            raise InfraError(f"git diff in {repo} failed (exit {result.exit_code}): {result.output[-800:]}")
+            raise SandboxError(f"git diff in {repo} failed (exit {result.exit_code}): {result.output[-800:]}")
         try:
             return self.read_file(out).decode("utf-8", errors="replace")
         finally:

@@ -369,3 +369,28 @@ def load_suite(name_or_path: str | Path) -> list[Task]:
         str(name_or_path),
         f"unknown suite (bundled: {', '.join(known_suites()) or 'none'}; or pass a folder of local tasks)",
     )
+
+
+class TaskNotFound(LookupError, ValueError):
+    """No task with that id in the source (a LookupError for the service, a ValueError for the CLI)."""
+
+
+def load_source(*, suite: str | Path | None = None, file: str | Path | None = None, split: str = "test") -> list[Task]:
+    """The tasks of exactly one source: a bundled suite or task folder (``suite``), or a task file or Hugging
+    Face dataset (``file``, with ``split``)."""
+    if (suite is None) == (file is None):
+        raise ValueError("give exactly one task source: a suite or a file")
+    return load_suite(suite) if suite is not None else load_tasks(file, split=split)  # type: ignore[arg-type]
+
+
+def find_task(
+    task_id: str, *, suite: str | Path | None = None, file: str | Path | None = None, split: str = "test"
+) -> Task:
+    """The task ``task_id`` of one source (see :func:`load_source`); :class:`TaskNotFound` names the source and
+    some of the ids it does have."""
+    tasks = load_source(suite=suite, file=file, split=split)
+    for task in tasks:
+        if task.instance_id == task_id:
+            return task
+    known = ", ".join(t.instance_id for t in tasks[:20]) + (", ..." if len(tasks) > 20 else "")
+    raise TaskNotFound(f"no task {task_id!r} in {file or suite}; known: {known}")

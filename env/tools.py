@@ -27,7 +27,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from env.sandbox import InfraError, Sandbox
+from env.sandbox import Sandbox, SandboxError
 
 TOOL_NAMES = ("file_editor", "search", "execute_bash", "finish")
 FINISH_NAMES = ("finish", "submit")
@@ -219,7 +219,7 @@ class ToolBox:
         )
         result = self.sandbox.run(script, timeout=60, workdir="/")
         if result.exit_code != 0 or not result.output.strip():
-            raise InfraError("no Python >= 3.6 in the container to run the tools (looked at " + candidates + ")")
+            raise SandboxError("no Python >= 3.6 in the container to run the tools (looked at " + candidates + ")")
         return result.output.strip().splitlines()[-1]
 
     def call(self, call: ToolCall) -> ToolResult:

@@ -72,6 +72,7 @@ def validate_task(task, *, config: GradeConfig | None = None) -> TaskValidation:
 def validate_tasks(
     tasks, *, config: GradeConfig | None = None, on_done: Callable[[TaskValidation], None] | None = None
 ) -> list[TaskValidation]:
+    """Validate each task in turn; ``on_done`` sees each verdict as it is made (a progress bar)."""
     results = []
     for task in tasks:
         verdict = validate_task(task, config=config)

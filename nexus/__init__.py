@@ -1,17 +1,48 @@
 """nexus: a persistent, evictable KV cache for transformers, with Nexus Sampling and the baselines.
 
-import nexus
-nexus.prepare(model)                                   # once: installs the capture attention
-cache = nexus.EvictableCache(model.config, nexus.EvictionConfig(method="nexus", density=0.2))
-model.generate(ids, cache=cache, max_new_tokens=64)    # eviction happens inside the forward
-cache.logical_length, cache.physical_length(0), cache.retained_positions(0), cache.nbytes(), cache.events
+    import nexus
+    nexus.prepare(model)                                   # once: installs the capture attention
+    cache = nexus.EvictableCache(model.config, nexus.EvictionConfig(method="nexus", density=0.2))
+    model.generate(ids, cache=cache, max_new_tokens=64)    # eviction happens inside the forward
+    cache.logical_length, cache.physical_length(0), cache.retained_positions(0), cache.nbytes(), cache.events
+
+``import nexus`` needs no torch: the vocabulary (``METHODS``, ``SCOPES``) and ``EvictionConfig`` are plain
+Python, and the tensor parts below are imported on first attribute access.
 """
 
-from nexus.attention import cache_kwarg, prepare
-from nexus.budget import prefill_budget, should_evict
-from nexus.cache import EvictableCache, EvictionEvent
-from nexus.config import SCOPES, EvictionConfig
-from nexus.policies import METHODS, make_policy
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from nexus.config import EvictionConfig
+from nexus.methods import METHODS, SCOPES
+
+if TYPE_CHECKING:
+    from nexus.attention import cache_kwarg, prepare
+    from nexus.budget import prefill_budget, should_evict
+    from nexus.cache import EvictableCache, EvictionEvent
+    from nexus.policies import make_policy
+
+#: name -> the module that defines it (imported when the name is first used)
+_LAZY = {
+    "EvictableCache": "nexus.cache",
+    "EvictionEvent": "nexus.cache",
+    "cache_kwarg": "nexus.attention",
+    "prepare": "nexus.attention",
+    "prefill_budget": "nexus.budget",
+    "should_evict": "nexus.budget",
+    "make_policy": "nexus.policies",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'nexus' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_LAZY[name]), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "METHODS",

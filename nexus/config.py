@@ -1,21 +1,28 @@
-"""`EvictionConfig`: which method, when it runs, and how much it keeps."""
+"""`EvictionConfig`: which method, when it runs, and how much it keeps.
+
+Importing this module (and building a config from stored JSON) needs no torch: the settings are checked
+against the vocabulary of ``nexus.methods``; the policy itself, with its own hyperparameters, is built on
+first use of ``config.policy``.
+"""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import MISSING, dataclass, field, fields
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
 
-from nexus.policies import METHODS, Policy, make_policy
+from nexus.methods import SCOPES, check_method, check_scope
 
-SCOPES = ("prefill_only", "prefill_decode")
+if TYPE_CHECKING:
+    from nexus.policies.base import Policy
 
 
 @dataclass(frozen=True, init=False)
 class EvictionConfig:
     """Validated eviction settings. Defaults are the paper's (density 20%, b=32, W=16, seed 0).
 
-    method:        a name from `nexus.policies.METHODS`.
+    method:        a name from `nexus.methods.METHODS`.
     scope:         "prefill_only" (evict once at the end of each prefill) or "prefill_decode" (also while
                    decoding, whenever a layer reaches budget + slack).
     density:       kept fraction of the logical length at the end of each prefill, in (0, 1].
@@ -26,72 +33,72 @@ class EvictionConfig:
                    evicted back down to the budget; this amortises the per-event cost.
     seed:          seeds every random choice (Nexus reservoir) together with the layer and event number.
     method_params: the method's own hyperparameters (e.g. `walk_steps=3` for nexus), validated by it.
+
+    ``EvictionConfig(method="nexus", walk_steps=3)``: keywords that are not fields go to ``method_params``.
+    Built this way the policy is built at once, so a bad hyperparameter fails here. A pydantic model that
+    holds an ``EvictionConfig`` (the service's episode spec) validates the fields without torch and leaves the
+    method's own parameters to the first use of ``policy``.
     """
 
-    method: str
-    scope: str
-    density: float
-    budget_tokens: int | None
-    block_size: int
-    window: int
-    slack_blocks: int
-    seed: int
+    method: str = "nexus"
+    scope: str = "prefill_decode"
+    density: float = 0.2
+    budget_tokens: int | None = None
+    block_size: int = 32
+    window: int = 16
+    slack_blocks: int = 1
+    seed: int = 0
     method_params: dict[str, Any] = field(default_factory=dict)
-    policy: Policy = field(repr=False, compare=False, default=None)  # type: ignore[assignment]
 
-    def __init__(
-        self,
-        method: str = "nexus",
-        scope: str = "prefill_decode",
-        density: float = 0.2,
-        budget_tokens: int | None = None,
-        block_size: int = 32,
-        window: int = 16,
-        seed: int = 0,
-        slack_blocks: int = 1,
-        **method_params: Any,
-    ) -> None:
-        if method not in METHODS:
-            raise ValueError(f"unknown eviction method {method!r}; known: {', '.join(METHODS)}")
-        if scope not in SCOPES:
-            raise ValueError(f"unknown scope {scope!r}; use one of {', '.join(SCOPES)}")
+    # for pydantic models that hold one: a key that is not a field is an error, not silently dropped
+    __pydantic_config__ = {"extra": "forbid"}
+
+    def __init__(self, **values: Any) -> None:
+        names = {f.name for f in fields(self)}
+        params = {**(values.pop("method_params", None) or {})}
+        params.update({key: values.pop(key) for key in list(values) if key not in names})
+        for f in fields(self):
+            default = f.default_factory() if f.default is MISSING else f.default  # type: ignore[misc]
+            object.__setattr__(self, f.name, values.get(f.name, default))
+        object.__setattr__(self, "method_params", params)
+        self.__post_init__()
+        _ = self.policy  # a bad method parameter fails now, not at the first eviction
+
+    def __post_init__(self) -> None:
+        """The checks that need no torch (pydantic calls only this one)."""
+        check_method(self.method)
+        check_scope(self.scope)
+        density = self.density
         if isinstance(density, bool) or not isinstance(density, int | float) or not math.isfinite(density):
             raise ValueError(f"density must be a number in (0, 1], got {density!r}")
         if not 0.0 < float(density) <= 1.0:
             raise ValueError(f"density must be in (0, 1], got {density}")
-        for name, value, lo in (
-            ("block_size", block_size, 1),
-            ("window", window, 1),
-            ("slack_blocks", slack_blocks, 0),
-        ):
+        object.__setattr__(self, "density", float(density))
+        for name, lo in (("block_size", 1), ("window", 1), ("slack_blocks", 0)):
+            value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < lo:
                 raise ValueError(f"{name} must be an integer >= {lo}, got {value!r}")
-        if budget_tokens is not None and (
-            isinstance(budget_tokens, bool) or not isinstance(budget_tokens, int) or budget_tokens < 1
-        ):
-            raise ValueError(f"budget_tokens must be a positive integer or None, got {budget_tokens!r}")
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise ValueError(f"seed must be an integer, got {seed!r}")
-        policy = make_policy(method, **method_params)
-        floor = policy.min_budget(window, block_size)
-        if budget_tokens is not None and policy.evicts and budget_tokens < floor:
+        budget = self.budget_tokens
+        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
+            raise ValueError(f"budget_tokens must be a positive integer or None, got {budget!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise ValueError(f"seed must be an integer, got {self.seed!r}")
+        if not isinstance(self.method_params, dict):
+            raise ValueError(f"method_params must be a mapping, got {self.method_params!r}")
+
+    @cached_property
+    def policy(self) -> Policy:
+        """The method's policy object (imports torch); ValueError for a bad hyperparameter or budget."""
+        from nexus.policies import make_policy
+
+        policy = make_policy(self.method, **self.method_params)
+        floor = policy.min_budget(self.window, self.block_size)
+        if self.budget_tokens is not None and policy.evicts and self.budget_tokens < floor:
             raise ValueError(
-                f"budget_tokens={budget_tokens} is below what {method} must keep (sink/recency: {floor}); "
-                f"raise it or lower window/block_size"
+                f"budget_tokens={self.budget_tokens} is below what {self.method} must keep (sink/recency: "
+                f"{floor}); raise it or lower window/block_size"
             )
-        for k, v in dict(
-            method=method,
-            scope=scope,
-            density=float(density),
-            budget_tokens=budget_tokens,
-            block_size=block_size,
-            window=window,
-            slack_blocks=slack_blocks,
-            seed=seed,
-            method_params=dict(method_params),
-            policy=policy,
-        ).items():
-            object.__setattr__(self, k, v)
+        return policy
 
     @property
     def slack(self) -> int:
@@ -103,13 +110,19 @@ class EvictionConfig:
         return self.policy.evicts
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON-able form; `EvictionConfig(**cfg.to_dict())` rebuilds it."""
-        d = {
-            k: getattr(self, k)
-            for k in ("method", "scope", "density", "budget_tokens", "block_size", "window", "seed", "slack_blocks")
-        }
+        """Plain JSON-able form with the method parameters flattened; `EvictionConfig(**cfg.to_dict())`
+        rebuilds it."""
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "method_params"}
         d.update(self.method_params)
         return d
 
     def __hash__(self) -> int:
         return hash(tuple(sorted((k, repr(v)) for k, v in self.to_dict().items())))
+
+
+#: the fields every method shares (a job sets them once for all its methods)
+SHARED_FIELDS: tuple[str, ...] = tuple(
+    f.name for f in fields(EvictionConfig) if f.name not in ("method", "scope", "seed", "method_params")
+)
+
+__all__ = ["SCOPES", "SHARED_FIELDS", "EvictionConfig"]

@@ -1,5 +1,9 @@
 """The Celery app: queues, the settings long GPU episodes need, and where the broker and results live.
 
+Nothing is built at import: :func:`make_app` builds an app from :class:`ServiceSettings`, and :func:`get_app`
+keeps this process's one app (built from the settings a command passes, or from the environment). The
+``celery`` command line loads ``workers.celery_app``, which builds it from the environment.
+
 Queues (``task_routes``): ``gpu`` runs episodes (the model lives in the worker process, loaded lazily on the
 first task; one process per GPU: ``--pool prefork --concurrency 1`` or ``--pool solo``), ``grade`` grades
 patches in fresh containers (CPU nodes), ``default`` takes the small bookkeeping tasks.
@@ -159,4 +163,14 @@ def make_app(settings: ServiceSettings | None = None) -> Celery:
     return app
 
 
-app = make_app()
+_APP: list[Celery] = []  # this process's app, once built
+
+
+def get_app(settings: ServiceSettings | None = None) -> Celery:
+    """This process's app: built on the first call from ``settings`` (default: the environment), then the same
+    one. Asking again with other settings is a programming error (one process talks to one broker)."""
+    if not _APP:
+        _APP.append(make_app(settings))
+    elif settings is not None and settings != _APP[0].conf.nexus_settings:
+        raise RuntimeError("this process's Celery app was already built with other settings")
+    return _APP[0]

@@ -18,8 +18,8 @@ Dense evicts nothing, so a job runs it in one cell only (see ``workers.spec``): 
 dense episodes reuses the dense episodes of another cell, and the cell says ``reused_dense``.
 
 Everything here is a pure function over :class:`Outcome` rows (testable without a database), except
-:func:`compare_jobs`, the database entry point. Render with :func:`render` (``table``, ``json``, ``csv``,
-``markdown``).
+:func:`compare_jobs`, the database entry point. ``workers.compare_render.render`` turns a table into text
+(``table``, ``json``, ``csv``, ``markdown``).
 """
 
 from __future__ import annotations
@@ -31,11 +31,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from db.models import ACTIVE_STATUSES, AGENT_EXIT_STATUSES, GRADE_STATUSES
-from workers.spec import DENSE, METHODS, PROTOCOLS, SCOPES
+from agent_runner.config import PROTOCOLS
+from db.models import ACTIVE_STATUSES, AGENT_EXIT_STATUSES, COUNTED_STATUSES, RUN_FAILURE_STATUSES, EpisodeStatus
+from nexus.methods import DENSE, METHODS, SCOPES
 from workers.stats import bootstrap_mean_ci, mcnemar_paired, pass_at_k, wilson_interval
 
-COUNTED = GRADE_STATUSES | {"timeout", "infra_failure"}
 PENDING = ACTIVE_STATUSES | AGENT_EXIT_STATUSES
 
 
@@ -54,11 +54,11 @@ class Outcome:
 
     @property
     def counted(self) -> bool:
-        return self.status in COUNTED
+        return self.status in COUNTED_STATUSES
 
     @property
     def resolved(self) -> bool:
-        return self.status == "resolved"
+        return self.status == EpisodeStatus.resolved
 
 
 @dataclass
@@ -179,8 +179,8 @@ def summarize_cell(
     cell = Cell(method=method)
     counted = [o for o in outcomes if o.counted]
     cell.pending = sum(o.status in PENDING for o in outcomes)
-    cell.cancelled = sum(o.status == "cancelled" for o in outcomes)
-    cell.failures = sum(o.status in ("timeout", "infra_failure") for o in counted)
+    cell.cancelled = sum(o.status == EpisodeStatus.cancelled for o in outcomes)
+    cell.failures = sum(o.status in RUN_FAILURE_STATUSES for o in counted)
     cell.n, cell.resolved = len(counted), sum(o.resolved for o in counted)
     per_task: dict[str, list[bool]] = defaultdict(list)
     for o in counted:
@@ -291,10 +291,3 @@ def setting_notes(jobs: Sequence[Any]) -> list[str]:
         if len(set(values.values())) > 1:
             notes.append(f"jobs differ in {key}: " + ", ".join(f"{j}={v}" for j, v in values.items()))
     return notes
-
-
-def render(table: CompareTable, fmt: str = "table", *, width: int = 140) -> str:
-    """The table as text in ``fmt`` (``table``, ``json``, ``csv`` or ``markdown``); see :mod:`workers.compare_render`."""
-    from workers.compare_render import render as _render
-
-    return _render(table, fmt, width=width)

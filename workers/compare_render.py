@@ -15,17 +15,18 @@ import io
 import json
 from typing import Any
 
+from db.models import EpisodeStatus
 from workers.compare import Cell, CompareTable
 
 FORMATS = ("table", "json", "csv", "markdown")
 SYMBOLS = {
-    "resolved": "✓",
-    "unresolved": "✗",
-    "empty_patch": "∅",
-    "patch_failed": "P",
-    "timeout": "T",
-    "infra_failure": "!",
-    "cancelled": "-",
+    EpisodeStatus.resolved: "✓",
+    EpisodeStatus.unresolved: "✗",
+    EpisodeStatus.empty_patch: "∅",
+    EpisodeStatus.patch_failed: "P",
+    EpisodeStatus.timeout: "T",
+    EpisodeStatus.infra_failure: "!",
+    EpisodeStatus.cancelled: "-",
 }
 LEGEND = "✓ resolved  ✗ unresolved  ∅ empty patch  P patch failed  T timeout  ! infra failure  … pending  - cancelled"
 

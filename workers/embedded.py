@@ -26,6 +26,17 @@ from db.models import ACTIVE_STATUSES
 WORKER_QUEUES = "gpu,grade,default"
 
 
+def worker_command(
+    queues: str, *, name: str, pool: str = "solo", concurrency: int = 1, loglevel: str = "WARNING", extra=()
+) -> list[str]:
+    """The command line of a ``celery worker`` child process on this project's app (``workers.celery_app``)."""
+    return [
+        *(sys.executable, "-m", "celery", "-A", "workers.celery_app", "worker", "-Q", queues, "-n", name),
+        *("--pool", pool, "--concurrency", str(concurrency), "--loglevel", loglevel),
+        *("--without-gossip", "--without-mingle", *extra),
+    ]
+
+
 class EmbeddedWorker:
     """A ``celery worker`` child process for the embedded broker; use as a context manager."""
 
@@ -45,24 +56,7 @@ class EmbeddedWorker:
     def command(self) -> list[str]:
         # solo pool: one process, the model loaded once in it; the soft deadline is enforced by
         # workers.execution at turn boundaries (Celery's own time limits need the prefork pool)
-        return [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "workers.app",
-            "worker",
-            "-Q",
-            self.queues,
-            "--pool",
-            "solo",
-            "--loglevel",
-            "WARNING",
-            "--without-gossip",
-            "--without-mingle",
-            "-n",
-            f"embedded-{os.getpid()}@%h",
-        ]
+        return worker_command(self.queues, name=f"embedded-{os.getpid()}@%h")
 
     def start(self) -> EmbeddedWorker:
         env = {**os.environ, "NEXUS_EVAL_DB": self.db_url, **self.extra_env}

@@ -14,17 +14,43 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from agent_runner.config import EpisodeSpec
 from db import Database
 from db import store as db_store
-from db.models import AGENT_EXIT_STATUSES
+from db.models import AGENT_EXIT_STATUSES, EpisodeStatus
 
-Progress = Callable[[dict[str, Any]], None]
+if TYPE_CHECKING:
+    from agent_runner.agent import Intervene
+    from agent_runner.backends import Model
+    from agent_runner.environment import Environment
+    from agent_runner.records import TurnRecord
 
 
 class SoftTimeout(Exception):
     """Raised into the agent loop (from ``on_turn``) when the episode's own soft deadline has passed."""
+
+
+@dataclass(frozen=True)
+class EpisodeHooks:
+    """What a caller may add around one run; every field is optional.
+
+    progress:         receives ``{"turn", "max_steps", "action"}`` after each stored turn (Celery's PROGRESS).
+    wrap_model:       ``wrap_model(model, spec)`` returns the backend to use (``--from-turn`` replay).
+    on_turn:          sees each TurnRecord after it is stored (the interactive operator prints it).
+    intervene:        may replace an action before it runs (``agent_runner.agent.Intervene``).
+    open_environment: replaces ``DockerEnvironment.open`` (the interactive rerun wraps it).
+    time_limits:      exception types that mean "out of time" when raised into the run (Celery's
+                      ``SoftTimeLimitExceeded``); the run is then stored as ``timeout``, like :class:`SoftTimeout`.
+    """
+
+    progress: Callable[[dict[str, Any]], None] | None = None
+    wrap_model: Callable[[Model, EpisodeSpec], Model] | None = None
+    on_turn: Callable[[TurnRecord], Any] | None = None
+    intervene: Intervene | None = None
+    open_environment: Callable[..., Environment] | None = None
+    time_limits: tuple[type[BaseException], ...] = ()
 
 
 @dataclass
@@ -43,14 +69,12 @@ class ExecutionOutcome:
         return self.written and self.status in AGENT_EXIT_STATUSES
 
 
-def episode_spec_from_config(config: dict[str, Any]):  # -> agent_runner.episode.EpisodeSpec
-    """The stored per-episode config (``workers.spec.JobSpec.episode_config``: EpisodeSpec's keys) -> the
-    EpisodeSpec a worker runs, with grading left to the ``grade`` queue.
+def episode_spec_from_config(config: dict[str, Any]) -> EpisodeSpec:
+    """The stored per-episode config (an ``EpisodeSpec`` dump, see ``workers.spec.JobSpec.episode_config``) ->
+    the EpisodeSpec a worker runs, with grading left to the ``grade`` queue.
 
     ``$NEXUS_EVAL_DEVICE`` (e.g. ``cuda:1``), when set, overrides the model's device: it belongs to the
     worker host, not to the job."""
-    from agent_runner.episode import EpisodeSpec
-
     spec = EpisodeSpec.model_validate(config)
     device = os.environ.get("NEXUS_EVAL_DEVICE")
     update: dict[str, Any] = {"grade": False}
@@ -107,20 +131,15 @@ def execute_episode(
     episode_id: str,
     *,
     celery_task_id: str | None = None,
-    progress: Progress | None = None,
     soft_deadline_s: float | None = None,
     stale_after_s: float | None = None,
-    model_wrapper: Callable[[Any, Any], Any] | None = None,
-    on_turn: Callable[[Any], Any] | None = None,
-    intervene: Any = None,
-    open_environment: Callable[..., Any] | None = None,
+    hooks: EpisodeHooks = EpisodeHooks(),
 ) -> ExecutionOutcome:
     """Claim, run and finish ``episode_id``. Never raises for episode failures (they become statuses).
 
     ``soft_deadline_s``: seconds from now after which the run stops at its next turn and is stored as
-    ``timeout`` with its partial trajectory (Celery's SoftTimeLimitExceeded gets the same treatment).
-    ``model_wrapper(model, spec)`` may wrap the backend (``--from-turn`` replay); ``on_turn``/``intervene``
-    are extra hooks for the interactive rerun. ``progress`` receives ``{"turn", "max_steps", ...}``.
+    ``timeout`` with its partial trajectory (so does any of ``hooks.time_limits`` raised into the run).
+    ``stale_after_s``: a running row whose heartbeat is older is taken over (see ``db.claims``).
     """
     started = time.monotonic()
     timings: dict[str, float] = {}
@@ -134,10 +153,11 @@ def execute_episode(
     if claim.took_over_from:
         _reap_episode_containers(job_id, episode_id)
 
-    state = {"db_s": 0.0, "timed_out": False, "claim_lost": None}
+    out_of_time = (SoftTimeout, *hooks.time_limits)
+    state = {"db_s": 0.0, "claim_lost": None}
     deadline = None if soft_deadline_s is None else time.monotonic() + soft_deadline_s
 
-    def persist(turn: Any) -> None:
+    def persist(turn: TurnRecord) -> None:
         t0 = time.monotonic()
         try:
             with db.session() as s:
@@ -147,21 +167,15 @@ def execute_episode(
             raise
         finally:
             state["db_s"] += time.monotonic() - t0
-        if progress is not None:
-            progress(
-                {
-                    "turn": turn.index + 1,
-                    "max_steps": spec.agent.max_steps,
-                    "action": turn.action.name if turn.action else None,
-                }
-            )
-        if on_turn is not None:
-            on_turn(turn)
+        if hooks.progress is not None:
+            action = turn.action.name if turn.action else None
+            hooks.progress({"turn": turn.index + 1, "max_steps": spec.agent.max_steps, "action": action})
+        if hooks.on_turn is not None:
+            hooks.on_turn(turn)
         if deadline is not None and time.monotonic() > deadline:
-            state["timed_out"] = True
             raise SoftTimeout(f"soft deadline of {soft_deadline_s:.0f}s passed after turn {turn.index}")
 
-    result, error = None, None
+    result, error, interrupted = None, None, None
     try:
         from agent_runner.episode import build_model, load_task
         from agent_runner.episode_core import run_episode
@@ -170,8 +184,8 @@ def execute_episode(
         task = load_task(spec)
         t0 = time.monotonic()
         model = build_model(spec, task)  # the worker process loads its model once (host_for caches it)
-        if model_wrapper is not None:
-            model = model_wrapper(model, spec)
+        if hooks.wrap_model is not None:
+            model = hooks.wrap_model(model, spec)
         timings["model_s"] = time.monotonic() - t0
         labels = {"nexus-eval.job": job_id, "nexus-eval.episode": episode_id}
         result = run_episode(
@@ -181,33 +195,26 @@ def execute_episode(
             grade=False,
             labels=labels,
             on_turn=persist,
-            intervene=intervene,
-            open_environment=open_environment,
+            intervene=hooks.intervene,
+            open_environment=hooks.open_environment,
         )
-    except BaseException as exc:  # noqa: BLE001 - SoftTimeLimitExceeded, a bad config, a broken model host
+        interrupted = result.exception
+    except BaseException as exc:  # noqa: BLE001 - a time limit, a bad config, a broken model host
         error = f"{type(exc).__name__}: {exc}\n" + "".join(traceback.format_exception(exc)).strip()
-        if type(exc).__name__ == "SoftTimeLimitExceeded":
-            state["timed_out"] = True
-        elif not isinstance(exc, Exception):
+        interrupted = exc
+        if not isinstance(exc, Exception | out_of_time):
             raise  # KeyboardInterrupt / SystemExit (warm shutdown): the message is redelivered
     timings["run_s"] = time.monotonic() - started - timings["claim_s"]
-    text = (result.error if result is not None else error) or ""
-    if "SoftTimeLimitExceeded" in text or "SoftTimeout" in text:
-        state["timed_out"] = True
 
     fields: dict[str, Any] = {"wall_s": time.monotonic() - started}
     if result is not None:
         status = result.exit_status
-        fields.update(
-            exit_status=result.exit_status,
-            error=result.error,
-            patch=result.patch,
-            agent_s=result.timings.get("agent_s"),
-        )
+        agent_s = result.timings.get("agent_s")
+        fields.update(exit_status=result.exit_status, error=result.error, patch=result.patch, agent_s=agent_s)
     else:
-        status, fields["error"] = "infra_failure", error
-    if state["timed_out"]:
-        status = "timeout"
+        status, fields["error"] = EpisodeStatus.infra_failure, error
+    if isinstance(interrupted, out_of_time):
+        status = EpisodeStatus.timeout
         fields["error"] = f"soft time limit reached; partial trajectory kept\n{fields.get('error') or ''}".strip()
     timings["db_turns_s"] = state["db_s"]
     fields["result"] = {
@@ -223,18 +230,6 @@ def execute_episode(
     return ExecutionOutcome(episode_id, ran=True, status=status, reason=reason, written=written, timings=timings)
 
 
-def _task_for(config: dict[str, Any]):
-    """The episode's task from its stored config, without importing the model stack (grading needs none)."""
-    from env.tasks import load_suite, load_tasks
-
-    source = config.get("tasks_file") or config.get("suite") or "mini"
-    tasks = load_tasks(source) if config.get("tasks_file") else load_suite(source)
-    for task in tasks:
-        if task.instance_id == config["task_id"]:
-            return task
-    raise LookupError(f"no task {config['task_id']!r} in {source}")
-
-
 def grade_stored_episode(db: Database, episode_id: str) -> str | None:
     """Grade the stored patch of an episode awaiting its grade; returns the verdict, or None when there was
     nothing to grade (already graded: a redelivered grade message)."""
@@ -248,7 +243,7 @@ def grade_stored_episode(db: Database, episode_id: str) -> str | None:
 
         if patch is None:
             raise RuntimeError("the agent stage left no patch (the diff could not be taken)")
-        graded = grade(_task_for(config), patch)
+        graded = grade(EpisodeSpec.model_validate(config).load_task(), patch)
     except Exception as exc:  # grading infrastructure broke: recorded, the agent's patch stays for a regrade
         with db.session() as s:
             db_store.record_grade(s, episode_id, "infra_failure", error=f"grading failed: {type(exc).__name__}: {exc}")
@@ -284,7 +279,7 @@ def regrade_job(db: Database, job_id: str) -> list[tuple[str, str | None, str]]:
     for episode_id, old, patch, log, config in rows:
         if not log and not (patch is not None and not patch.strip()):
             continue
-        graded = regrade(_task_for(config), log or "", patch or "")
+        graded = regrade(EpisodeSpec.model_validate(config).load_task(), log or "", patch or "")
         report = {"tests": graded.tests, "fail_to_pass": graded.fail_to_pass, "pass_to_pass": graded.pass_to_pass}
         with db.session() as s:
             db_store.record_grade(

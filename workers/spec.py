@@ -9,6 +9,7 @@ A job file (YAML) looks like::
     scopes: [prefill_only, prefill_decode]
     protocols: [true_eviction, full_context]
     density: 0.2
+    eviction: {block_size: 32, window: 16}   # nexus.EvictionConfig's shared fields, for every method
     method_params: {nexus: {walk_steps: 3}}
     seeds: [0, 1, 2]
     limits: {max_steps: 100, soft_step_limit: 40, max_context_tokens: 65536}
@@ -19,6 +20,10 @@ A job file (YAML) looks like::
 on the scope or the protocol; its single episode is stored under the first listed scope and protocol, and
 ``workers.compare`` reuses it for the dense column of every scope x protocol row (marked as reused). Set
 ``dense_per_cell: true`` to run it in every cell anyway (e.g. to measure run-to-run noise).
+
+The parts are the runner's own configs (``agent_runner.config``): ``model`` is a ``ModelSpec``, ``limits`` an
+``AgentConfig``, ``sampling`` a ``SamplingConfig``, and each episode an ``EpisodeSpec`` holding the method's
+``nexus.EvictionConfig``. None of them imports torch, so validating a job does not either.
 
 ``config_hash()`` is the sha256 of the canonical JSON of the spec without ``name`` and with set-like lists
 (methods, scopes, protocols, seeds, task ids) sorted: two submissions that would run the same episodes with
@@ -33,31 +38,30 @@ import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
 
-Method = Literal[
-    "dense",
-    "snapkv",
-    "pyramidkv",
-    "ada_snapkv",
-    "ada_pyramidkv",
-    "h2o",
-    "morphkv",
-    "streaming_llm",
-    "nexus",
-    "ada_nexus",
-]
-Scope = Literal["prefill_only", "prefill_decode"]
-Protocol = Literal["true_eviction", "full_context"]
-Backend = Literal["hf", "openai", "oracle"]
-METHODS: tuple[str, ...] = Method.__args__  # type: ignore[attr-defined]
-SCOPES: tuple[str, ...] = Scope.__args__  # type: ignore[attr-defined]
-PROTOCOLS: tuple[str, ...] = Protocol.__args__  # type: ignore[attr-defined]
-DENSE = "dense"
+from agent_runner.config import (
+    PROTOCOLS,
+    AgentConfig,
+    BackendName,
+    EpisodeSpec,
+    MethodName,
+    ModelSpec,
+    ProtocolName,
+    SamplingConfig,
+    ScopeName,
+)
+from nexus.config import SHARED_FIELDS, EvictionConfig
+from nexus.methods import DENSE
+
 _GLOB_CHARS = set("*?[")
+#: the keys of a job's ``eviction`` mapping (density has its own top-level key)
+EVICTION_KEYS: tuple[str, ...] = tuple(name for name in SHARED_FIELDS if name != "density")
+_EVICTION_DEFAULTS = {name: EvictionConfig.__dataclass_fields__[name].default for name in EVICTION_KEYS}
+_EVICTION = TypeAdapter(EvictionConfig)
 
 
 class JobSpecError(ValueError):
@@ -72,44 +76,6 @@ class JobSpecError(ValueError):
 
 class _Frozen(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class ModelRef(_Frozen):
-    """Which weights to host; field names match ``agent_runner.model_host.ModelSpec``."""
-
-    name: str = Field(min_length=1, description="'tiny', a Hugging Face id, a local path, or a served name")
-    revision: str | None = Field(None, description="commit/tag of the weights; recorded with the results")
-    dtype: str = Field("auto", description="auto | bfloat16 | float16 | float32")
-    device: str = Field("auto", description="auto | cpu | cuda | cuda:N")
-    attn: str = Field("auto", description="auto | sdpa | eager | flash_attention_2")
-
-
-class AgentLimits(_Frozen):
-    """The agent loop's limits; field names and defaults match ``agent_runner.agent.AgentConfig``."""
-
-    max_steps: int = Field(100, ge=1, description="absolute turn limit")
-    soft_step_limit: int = Field(40, ge=1, description="the budget shown to the model as 'Steps Remaining'")
-    max_context_tokens: int = Field(65536, ge=1, description="logical tokens (prompt + generated)")
-    wall_time_s: float = Field(50_000.0, gt=0, description="model + env time for one episode")
-    max_format_errors: int | None = Field(10, ge=1, description="consecutive turns without a tool call")
-    max_new_tokens: int | None = Field(None, ge=1, description="per-turn cap the loop passes to the backend")
-
-
-class Sampling(_Frozen):
-    """Decoding settings; names and defaults match ``agent_runner.sampling.SamplingConfig``."""
-
-    temperature: float = Field(1.0, ge=0)
-    top_p: float = Field(1.0, gt=0, le=1)
-    top_k: int = Field(0, ge=0, description="0 = off")
-    max_new_tokens: int = Field(4096, ge=1, description="per-turn generation cap of the hf backend")
-
-
-class EvictionSettings(_Frozen):
-    """Settings shared by every method (``nexus.config.EvictionConfig`` names)."""
-
-    block_size: int = Field(32, ge=1)
-    window: int = Field(16, ge=1)
-    budget_tokens: int | None = Field(None, ge=1, description="absolute per-head budget; overrides density")
 
 
 class TaskSelection(_Frozen):
@@ -153,9 +119,9 @@ class TaskSelection(_Frozen):
 
     def load(self) -> list[Any]:
         """Load the source's tasks (``env.tasks.Task`` objects) and apply the selection."""
-        from env.tasks import load_suite, load_tasks
+        from env.tasks import load_source
 
-        tasks = load_suite(self.suite) if self.suite is not None else load_tasks(str(self.file), split=self.split)
+        tasks = load_source(suite=self.suite, file=self.file, split=self.split)
         chosen = set(self.select([t.instance_id for t in tasks]))
         return [t for t in tasks if t.instance_id in chosen]
 
@@ -190,17 +156,21 @@ class JobSpec(_Frozen):
     """A whole job. Immutable; ``model_dump(mode="json")`` is what the ``jobs.config`` column stores."""
 
     name: str | None = Field(None, max_length=200)
-    model: ModelRef | None = None
-    backend: Backend = "hf"
-    methods: list[Method] = Field(min_length=1)
-    scopes: list[Scope] = Field(default_factory=lambda: ["prefill_decode"], min_length=1)
-    protocols: list[Protocol] = Field(default_factory=lambda: ["true_eviction"], min_length=1)
+    model: ModelSpec | None = None
+    backend: BackendName = "hf"
+    methods: list[MethodName] = Field(min_length=1)
+    scopes: list[ScopeName] = Field(default_factory=lambda: ["prefill_decode"], min_length=1)
+    protocols: list[ProtocolName] = Field(default_factory=lambda: ["true_eviction"], min_length=1)
     density: float = Field(0.2, gt=0, le=1, description="kept fraction of the logical tokens")
-    method_params: dict[Method, dict[str, Any]] = Field(default_factory=dict)
-    eviction: EvictionSettings = EvictionSettings()
+    eviction: dict[str, Any] = Field(
+        default_factory=dict,
+        validate_default=True,
+        description=f"EvictionConfig fields shared by every method: {', '.join(EVICTION_KEYS)}",
+    )
+    method_params: dict[MethodName, dict[str, Any]] = Field(default_factory=dict)
     seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
-    limits: AgentLimits = AgentLimits()
-    sampling: Sampling = Sampling()
+    limits: AgentConfig = AgentConfig()
+    sampling: SamplingConfig = SamplingConfig()
     tasks: TaskSelection
     openai: dict[str, Any] = Field(default_factory=dict, description="OpenAIConfig fields for backend=openai")
     grade: bool = True
@@ -211,6 +181,19 @@ class JobSpec(_Frozen):
     def _unique(cls, values: list[Any], info: Any) -> list[Any]:
         _no_duplicates(info.field_name, values)
         return values
+
+    @field_validator("eviction")
+    @classmethod
+    def _shared_eviction_fields(cls, values: dict[str, Any]) -> dict[str, Any]:
+        unknown = sorted(set(values) - set(EVICTION_KEYS))
+        if unknown:
+            hint = " (density has its own top-level key)" if "density" in unknown else ""
+            raise ValueError(f"unknown field(s) {unknown}; known: {', '.join(EVICTION_KEYS)}{hint}")
+        try:  # the same checks as every method's EvictionConfig, without torch
+            _EVICTION.validate_python({**values, "method": DENSE})
+        except ValidationError as exc:
+            raise ValueError("; ".join(e["msg"].removeprefix("Value error, ") for e in exc.errors())) from None
+        return {**_EVICTION_DEFAULTS, **values}  # stored whole, so two jobs compare field by field
 
     @model_validator(mode="after")
     def _consistent(self) -> JobSpec:
@@ -252,23 +235,12 @@ class JobSpec(_Frozen):
         return cls.from_dict(data, source=str(path))
 
     def check_with_library(self, *, source: str = "<spec>") -> None:
-        """Build each method's ``nexus.EvictionConfig`` so a bad ``method_params`` entry (an unknown or
-        out-of-range hyperparameter) fails at submit time, before anything is enqueued. Imports torch."""
-        from nexus import EvictionConfig
-
+        """Build each method's policy so a bad ``method_params`` entry (an unknown or out-of-range
+        hyperparameter) fails before anything is enqueued. Imports torch."""
         errors = []
         for method in self.methods:
-            params = self.method_params.get(method, {})  # type: ignore[call-overload]
             try:
-                EvictionConfig(
-                    method=method,
-                    scope=self.scopes[0],
-                    density=self.density,
-                    budget_tokens=self.eviction.budget_tokens,
-                    block_size=self.eviction.block_size,
-                    window=self.eviction.window,
-                    **params,
-                )
+                _ = self.eviction_config(method, self.scopes[0], self.seeds[0]).policy
             except (TypeError, ValueError) as exc:
                 errors.append((f"method_params.{method}", str(exc)))
         if errors:
@@ -308,7 +280,7 @@ class JobSpec(_Frozen):
                 scope,
                 protocol,
                 seed,
-                config=self.episode_config(task, method, scope, protocol, seed),
+                config=self.episode_config(task, method, scope, protocol, seed).model_dump(mode="json"),
             )
             for task in tasks
             for method in self.methods
@@ -316,29 +288,30 @@ class JobSpec(_Frozen):
             for seed in self.seeds
         ]
 
-    def episode_config(self, task_id: str, method: str, scope: str, protocol: str, seed: int) -> dict[str, Any]:
-        """The merged config one episode runs with, stored whole in ``episodes.config``. Its keys are
-        ``agent_runner.episode.EpisodeSpec``'s, so a worker runs it with ``EpisodeSpec.model_validate(config)``."""
-        config: dict[str, Any] = {
-            "suite": self.tasks.suite,
-            "tasks_file": self.tasks.file,
-            "task_id": task_id,
-            "backend": self.backend,
-            "method": method,
-            "scope": scope,
-            "protocol": protocol,
-            "density": self.density,
-            **self.eviction.model_dump(mode="json"),
-            "method_params": dict(self.method_params.get(method, {})),  # type: ignore[call-overload]
-            "seed": seed,
-            "sampling": self.sampling.model_dump(mode="json"),
-            "agent": self.limits.model_dump(mode="json"),
-            "openai": dict(self.openai),
-            "grade": self.grade,
-        }
-        if self.model is not None:
-            config["model"] = self.model.model_dump(mode="json")
-        return config
+    def eviction_config(self, method: str, scope: str, seed: int) -> EvictionConfig:
+        """``method``'s ``nexus.EvictionConfig`` in this job (validated without torch; its policy is built on
+        first use)."""
+        settings = {"method": method, "scope": scope, "density": self.density, "seed": seed, **self.eviction}
+        return _EVICTION.validate_python({**settings, "method_params": dict(self.method_params.get(method, {}))})
+
+    def episode_config(self, task_id: str, method: str, scope: str, protocol: str, seed: int) -> EpisodeSpec:
+        """The one episode's ``EpisodeSpec``; its JSON dump is stored whole in ``episodes.config``, and a
+        worker runs ``EpisodeSpec.model_validate(config)``."""
+        return EpisodeSpec(
+            suite=self.tasks.suite,
+            tasks_file=self.tasks.file,
+            split=self.tasks.split,
+            task_id=task_id,
+            backend=self.backend,
+            model=self.model or ModelSpec(),
+            eviction=self.eviction_config(method, scope, seed),
+            protocol=protocol,
+            seed=seed,
+            sampling=self.sampling,
+            agent=self.limits,
+            openai=dict(self.openai),
+            grade=self.grade,
+        )
 
 
 def _loc(loc: tuple[Any, ...]) -> str:
@@ -348,10 +321,8 @@ def _loc(loc: tuple[Any, ...]) -> str:
 def _message(error: dict[str, Any]) -> str:
     """pydantic's message, made specific for the vocabulary fields (unknown method and so on)."""
     loc, kind, value = error["loc"], error["type"], error.get("input")
-    vocab = {"methods": METHODS, "scopes": SCOPES, "protocols": PROTOCOLS, "method_params": METHODS}
-    if kind == "literal_error" and loc and loc[0] in vocab:
-        noun = {"methods": "method", "scopes": "scope", "protocols": "protocol", "method_params": "method"}[loc[0]]
-        return f"unknown {noun} {value!r}; known: {', '.join(vocab[loc[0]])}"
+    if kind == "literal_error" and loc and loc[0] == "protocols":
+        return f"unknown protocol {value!r}; known: {', '.join(PROTOCOLS)}"
     if loc == ("density",) and kind in ("greater_than", "less_than_equal"):
         return f"density must be in (0, 1], got {value!r}"
     if kind == "extra_forbidden":

@@ -7,10 +7,14 @@ the first row is written, so a rejected job leaves nothing behind: no job row, n
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from db import Database
 from db import store as db_store
 from workers.spec import JobSpec, JobSpecError
+
+if TYPE_CHECKING:
+    from celery import Celery
 
 
 def load_spec(path: str | Path) -> JobSpec:
@@ -40,8 +44,9 @@ def create_job_rows(db: Database, spec: JobSpec) -> tuple[str, list[str]]:
         return job.id, [r.id for r in rows]
 
 
-def submit(db: Database, spec: JobSpec) -> tuple[str, int]:
-    """Store the job and send its episodes to the ``gpu`` queue; returns (job id, number enqueued).
+def submit(db: Database, spec: JobSpec, *, app: Celery | None = None) -> tuple[str, int]:
+    """Store the job and send its episodes to the ``gpu`` queue through ``app`` (default: the process's app,
+    ``workers.app.get_app``); returns (job id, number enqueued).
 
     If the broker cannot be reached the job is marked ``failed`` with the reason (its rows stay, so
     ``nexus-eval rerun``/``resume`` can send them later) and the error is raised."""
@@ -49,7 +54,7 @@ def submit(db: Database, spec: JobSpec) -> tuple[str, int]:
 
     job_id, _ = create_job_rows(db, spec)
     try:
-        counts = enqueue_pending(db, job_id)
+        counts = enqueue_pending(db, job_id, app=app)
     except Exception as exc:
         with db.session() as s:
             db_store.fail_job(s, job_id, f"enqueueing failed: {type(exc).__name__}: {exc}")

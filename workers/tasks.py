@@ -9,6 +9,9 @@
 
 The task arguments are ids only: the episode's config lives in its database row, so a message can never
 carry a stale copy. Each worker process opens the database once (lazily, after the fork).
+
+The tasks are ``shared_task``s: they bind to whichever app the process built (``workers.app.get_app``), so
+importing this module builds nothing. Senders publish by task name through an explicit app.
 """
 
 from __future__ import annotations
@@ -16,25 +19,31 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from celery import Celery, Task, shared_task
+from celery.exceptions import SoftTimeLimitExceeded, TimeLimitExceeded
+
 from db import Database, connect
 from db import store as db_store
-from db.models import AGENT_EXIT_STATUSES
-from workers.app import app
-from workers.execution import execute_episode, grade_stored_episode
+from db.models import AGENT_EXIT_STATUSES, EpisodeStatus
+from workers.app import get_app
+from workers.execution import EpisodeHooks, execute_episode, grade_stored_episode
 
 log = logging.getLogger(__name__)
+RUN_EPISODE = "nexus.run_episode"
+GRADE_EPISODE = "nexus.grade_episode"
+RESUME_JOB = "nexus.resume_job"
 _DB: dict[str, Database] = {}
 
 
-def database() -> Database:
-    """This process's connection to the results database (``$NEXUS_EVAL_DB``), migrated on first use."""
+def database(app: Celery) -> Database:
+    """This process's connection to ``app``'s results database, migrated on first use."""
     url = app.conf.nexus_settings.db_url
     if url not in _DB:
         _DB[url] = connect(url)
     return _DB[url]
 
 
-def _progress_reporter(task: Any):
+def _progress_reporter(task: Task):
     def report(meta: dict[str, Any]) -> None:
         try:
             task.update_state(state="PROGRESS", meta=meta)
@@ -44,40 +53,39 @@ def _progress_reporter(task: Any):
     return report
 
 
-class EpisodeTask(app.Task):
+class EpisodeTask(Task):
     """Records what the task body could not: the hard time limit killed the process (Celery calls
     ``on_failure`` in the worker's main process then), or the body itself raised."""
 
     def on_failure(self, exc, task_id, args, kwargs, einfo):  # noqa: ANN001 - Celery's signature
         if not args:
             return
-        status = "timeout" if type(exc).__name__ == "TimeLimitExceeded" else "infra_failure"
+        status = EpisodeStatus.timeout if isinstance(exc, TimeLimitExceeded) else EpisodeStatus.infra_failure
         try:
-            with database().session() as s:
+            with database(self.app).session() as s:
                 db_store.fail_running_episode(s, args[0], status, f"{type(exc).__name__}: {exc} (task {task_id})")
         except Exception as db_exc:  # the row stays running; a later claim takes it over (dead worker)
             log.error("could not record %s for episode %s: %s", status, args[0], db_exc)
 
 
-@app.task(name="nexus.run_episode", bind=True, base=EpisodeTask, acks_late=True, reject_on_worker_lost=True)
-def run_episode_task(self: Any, episode_id: str) -> dict[str, Any]:
-    settings = app.conf.nexus_settings
-    db = database()
+@shared_task(name=RUN_EPISODE, bind=True, base=EpisodeTask, acks_late=True, reject_on_worker_lost=True)
+def run_episode_task(self: Task, episode_id: str) -> dict[str, Any]:
+    settings = self.app.conf.nexus_settings
     # our own deadline before Celery's soft limit (10%, at most 5 min), so that a turn boundary usually ends
     # the run cleanly and the diff is taken; Celery's SoftTimeLimitExceeded (raised wherever the code is) is
     # the backstop and also ends as `timeout` with the turns stored so far
     soft = self.request.timelimit[1] if self.request.timelimit and self.request.timelimit[1] else None
     soft = soft or settings.soft_time_limit_s
     outcome = execute_episode(
-        db,
+        database(self.app),
         episode_id,
         celery_task_id=self.request.id,
-        progress=_progress_reporter(self),
         soft_deadline_s=soft - min(0.1 * soft, 300.0),
         stale_after_s=settings.stale_after_s,
+        hooks=EpisodeHooks(progress=_progress_reporter(self), time_limits=(SoftTimeLimitExceeded,)),
     )
     if outcome.needs_grade:
-        grade_episode_task.apply_async((episode_id,), retry=True)
+        self.app.send_task(GRADE_EPISODE, (episode_id,), retry=True)
     return {
         "episode_id": episode_id,
         "ran": outcome.ran,
@@ -87,52 +95,54 @@ def run_episode_task(self: Any, episode_id: str) -> dict[str, Any]:
     }
 
 
-@app.task(name="nexus.grade_episode", bind=True, acks_late=True, reject_on_worker_lost=True)
-def grade_episode_task(self: Any, episode_id: str) -> dict[str, Any]:
-    return {"episode_id": episode_id, "status": grade_stored_episode(database(), episode_id)}
+@shared_task(name=GRADE_EPISODE, bind=True, acks_late=True, reject_on_worker_lost=True)
+def grade_episode_task(self: Task, episode_id: str) -> dict[str, Any]:
+    return {"episode_id": episode_id, "status": grade_stored_episode(database(self.app), episode_id)}
 
 
-@app.task(name="nexus.resume_job", acks_late=True)
-def resume_job_task(job_id: str) -> dict[str, int]:
-    return enqueue_pending(database(), job_id)
+@shared_task(name=RESUME_JOB, bind=True, acks_late=True)
+def resume_job_task(self: Task, job_id: str) -> dict[str, int]:
+    return enqueue_pending(database(self.app), job_id, app=self.app)
 
 
-@app.task(name="nexus.ping")
+@shared_task(name="nexus.ping")
 def ping() -> str:
     return "pong"
 
 
-def enqueue_episode(db: Database, episode_id: str) -> str:
-    """Send one episode to the ``gpu`` queue and remember the Celery task id on its row."""
-    sent = run_episode_task.apply_async((episode_id,), retry=True)
+def enqueue_episode(db: Database, episode_id: str, *, app: Celery | None = None) -> str:
+    """Send one episode to the ``gpu`` queue and remember the Celery task id on its row.
+    ``app``: the process's app by default (``workers.app.get_app``)."""
+    sent = (app or get_app()).send_task(RUN_EPISODE, (episode_id,), retry=True)
     with db.session() as s:
         db_store.assign_celery_task(s, episode_id, sent.id)
     return sent.id
 
 
-def enqueue_pending(db: Database, job_id: str) -> dict[str, int]:
+def enqueue_pending(db: Database, job_id: str, *, app: Celery | None = None) -> dict[str, int]:
     """Send every latest attempt of ``job_id`` that is queued (to ``gpu``) or awaiting a grade (to ``grade``)."""
+    app = app or get_app()
     with db.session() as s:
         rows = [(r.id, r.status) for r in db_store.latest_attempts(s, [db_store.get_job(s, job_id).id])]
     counts = {"episodes": 0, "grades": 0}
     for episode_id, status in rows:
-        if status == "queued":
-            enqueue_episode(db, episode_id)
+        if status == EpisodeStatus.queued:
+            enqueue_episode(db, episode_id, app=app)
             counts["episodes"] += 1
         elif status in AGENT_EXIT_STATUSES:
-            grade_episode_task.apply_async((episode_id,), retry=True)
+            app.send_task(GRADE_EPISODE, (episode_id,), retry=True)
             counts["grades"] += 1
     return counts
 
 
-def cancel(db: Database, job_id: str, reason: str = "cancelled by user") -> list[str]:
+def cancel(db: Database, job_id: str, reason: str = "cancelled by user", *, app: Celery | None = None) -> list[str]:
     """Cancel a job: its queued/running episodes become ``cancelled`` in the database (what every worker
     checks), and their Celery messages are revoked. A running episode stops at its next turn."""
     with db.session() as s:
         task_ids = db_store.cancel_job(s, job_id, reason)
     if task_ids:
         try:
-            app.control.revoke(task_ids)
+            (app or get_app()).control.revoke(task_ids)
         except Exception as exc:  # the database already says cancelled; revoking only saves a no-op delivery
             log.warning("revoke failed (episodes are cancelled in the database anyway): %s", exc)
     return task_ids

@@ -78,7 +78,7 @@ def backend_class(name: str) -> type:
             raise  # the backend exists but one of ITS imports is missing: show the real cause
         raise ValueError(
             f"backend {name!r} is registered as {BACKENDS[name]} but {module_name} does not exist "
-            "(not built yet in this checkout)"
+            "(an incomplete installation? reinstall with `pip install -e .`)"
         ) from exc
     try:
         return getattr(module, class_name)

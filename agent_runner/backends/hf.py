@@ -18,18 +18,15 @@ next turn). The loop is a dozen lines.
 from __future__ import annotations
 
 import time
-from typing import Literal
 
 import torch
 
 import nexus
 from agent_runner.backends import ModelError
-from agent_runner.model_host import ModelHost, ModelSpec, load_host, render_chat
+from agent_runner.config import PROTOCOLS, ModelSpec, ProtocolName, SamplingConfig
+from agent_runner.model_host import ModelHost, load_host, render_chat
 from agent_runner.records import Completion, LayerStats, Message
-from agent_runner.sampling import SamplingConfig, sample_next
-
-PROTOCOLS = ("true_eviction", "full_context")
-Protocol = Literal["true_eviction", "full_context"]
+from agent_runner.sampling import sample_next
 
 
 def _as_dicts(messages: list[Message]) -> list[dict]:
@@ -45,7 +42,7 @@ class HFBackend:
         *,
         model: ModelSpec | str | None = None,
         eviction: nexus.EvictionConfig | None = None,
-        protocol: Protocol = "true_eviction",
+        protocol: ProtocolName = "true_eviction",
         sampling: SamplingConfig | None = None,
         max_context_tokens: int = 65536,
     ):

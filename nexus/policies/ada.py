@@ -1,7 +1,7 @@
 """Ada-KV: head-adaptive per-layer budgets on top of any `ScorePolicy` (ada_snapkv, ada_pyramidkv, ada_nexus).
 
-Allocation (FFY0/AdaKV `AdaptiveSnapKVCluster`, restated in `shared/reference/kv-eviction.md` section 1.3),
-per layer and batch row, with H = Hkv KV heads and a per-head budget `view.budget`:
+Allocation (Feng et al., "Ada-KV"; the reference code is FFY0/AdaKV's `AdaptiveSnapKVCluster`), per layer
+and batch row, with H = Hkv KV heads and a per-head budget `view.budget`:
 
 1. scores [B, H, P] = inner.score(view); forced [B, H, P] = inner.forced(view) (e.g. the recency window).
 2. B' = floor((H * budget - total forced slots) / H): the selectable slots a head has on average.
@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from nexus.policies import register
+from nexus.methods import register
 from nexus.policies.base import NEG_INF, LayerView, Policy, ScorePolicy
 from nexus.policies.reservoir import descending_ranks
 
@@ -99,7 +99,7 @@ class AdaKV(Policy):
         return self.inner.select_counts(view, self.counts(view))
 
 
-@register("ada_snapkv")
+@register("ada_snapkv", order=3)
 def ada_snapkv(floor_alpha: float = 0.2, **snapkv_params: Any) -> AdaKV:
     """Ada-SnapKV: SnapKV's score (its own hyperparameters as keywords) with Ada-KV allocation."""
     from nexus.policies.snapkv import SnapKV
@@ -107,7 +107,7 @@ def ada_snapkv(floor_alpha: float = 0.2, **snapkv_params: Any) -> AdaKV:
     return AdaKV(SnapKV(**snapkv_params), floor_alpha)
 
 
-@register("ada_pyramidkv")
+@register("ada_pyramidkv", order=4)
 def ada_pyramidkv(floor_alpha: float = 0.2, **pyramidkv_params: Any) -> AdaKV:
     """Ada-PyramidKV: PyramidKV's per-layer schedule and score, Ada-KV allocation inside each layer."""
     from nexus.policies.pyramidkv import PyramidKV
@@ -115,7 +115,7 @@ def ada_pyramidkv(floor_alpha: float = 0.2, **pyramidkv_params: Any) -> AdaKV:
     return AdaKV(PyramidKV(**pyramidkv_params), floor_alpha)
 
 
-@register("ada_nexus")
+@register("ada_nexus", order=9)
 def ada_nexus(floor_alpha: float = 0.2, **nexus_params: Any) -> AdaKV:
     """Ada-Nexus: per-head Nexus scores and block reservoir (nexus.py) with Ada-KV allocation."""
     from nexus.policies.nexus import Nexus

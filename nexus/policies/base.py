@@ -157,9 +157,15 @@ def recent_slots(positions: torch.Tensor, n: int) -> torch.Tensor:
     return mask & (positions >= 0)
 
 
-def first_slots(positions: torch.Tensor, n: int) -> torch.Tensor:
-    """[B, Hkv, P] bool marking the valid slots whose logical position is < n (attention sinks)."""
-    return (positions >= 0) & (positions < n)
+def oldest_slots(positions: torch.Tensor, n: int) -> torch.Tensor:
+    """[B, Hkv, P] bool marking the n valid slots with the lowest logical positions in each head (sinks)."""
+    if n <= 0:
+        return torch.zeros_like(positions, dtype=torch.bool)
+    n = min(n, positions.shape[-1])
+    big = torch.iinfo(positions.dtype).max
+    low = positions.masked_fill(positions < 0, big).topk(n, dim=-1, largest=False).indices
+    mask = torch.zeros_like(positions, dtype=torch.bool).scatter_(-1, low, True)
+    return mask & (positions >= 0)
 
 
 def _ranked(scores: torch.Tensor, forced: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:

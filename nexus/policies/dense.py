@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from nexus.policies import register
+from nexus.methods import register
 from nexus.policies.base import LayerView, Policy
 
 
-@register("dense")
+@register("dense", order=0)
 @dataclass(frozen=True)
 class Dense(Policy):
     """Keeps every token. The cache skips eviction entirely (`evicts = False`)."""

@@ -42,7 +42,7 @@ from typing import ClassVar
 
 import torch
 
-from nexus.policies import register
+from nexus.methods import register
 from nexus.policies.base import LayerView, ScorePolicy, group_queries, recent_slots, visibility
 
 
@@ -59,7 +59,7 @@ def _extended(state: dict, name: str, like: torch.Tensor) -> torch.Tensor:
     return torch.cat([old, old.new_zeros(b, h, p - old.shape[-1])], dim=-1)
 
 
-@register("h2o")
+@register("h2o", order=5)
 @dataclass(frozen=True)
 class H2O(ScorePolicy):
     """Heavy hitters (accumulated attention) + a recency window.

@@ -34,7 +34,7 @@ from typing import ClassVar
 
 import torch
 
-from nexus.policies import register
+from nexus.methods import register
 from nexus.policies.base import (
     NEG_INF,
     LayerView,
@@ -47,7 +47,7 @@ from nexus.policies.base import (
 FUSIONS = ("max", "sum")
 
 
-@register("morphkv")
+@register("morphkv", order=6)
 @dataclass(frozen=True)
 class MorphKV(ScorePolicy):
     """Recent-window attention over the old tokens, fused over rows; the last W + 1 tokens forced.

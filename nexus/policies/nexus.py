@@ -1,6 +1,6 @@
 """Nexus Sampling: block-level Nexus scores (direct attention + a short walk) fed to a weighted reservoir.
 
-One eviction event, per layer (paper section 2; `shared/reference/nexus-sampling.md`):
+One eviction event, per layer (the Nexus Sampling paper, section 2 and appendix A):
 
 1. Observation window: the last w <= W post-RoPE queries, HEAD-AVERAGED: Q [B, w, D] = mean over all Hq
    query heads, K [B, P, D] = mean over the Hkv KV heads (GQA: queries and keys averaged separately).
@@ -51,7 +51,7 @@ from typing import ClassVar
 
 import torch
 
-from nexus.policies import register
+from nexus.methods import register
 from nexus.policies.base import (
     NEG_INF,
     LayerView,
@@ -195,7 +195,7 @@ def mask_to_indices(mask: torch.Tensor) -> torch.Tensor:
     return sort_with_padding(idx)[..., :width]
 
 
-@register("nexus")
+@register("nexus", order=8)
 @dataclass(frozen=True)
 class Nexus(ScorePolicy):
     """Nexus Sampling (uniform per-head budget); see the module docstring for every step and choice.

@@ -39,7 +39,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from nexus.policies import register
+from nexus.methods import register
 from nexus.policies.snapkv import SnapKV
 
 
@@ -61,7 +61,7 @@ def pyramid_budget(
     return hi - layer_idx * step + window
 
 
-@register("pyramidkv")
+@register("pyramidkv", order=2)
 @dataclass(frozen=True)
 class PyramidKV(SnapKV):
     """SnapKV with PyramidKV's per-layer budgets.

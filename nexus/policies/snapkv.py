@@ -38,7 +38,7 @@ from typing import ClassVar
 import torch
 import torch.nn.functional as F
 
-from nexus.policies import register
+from nexus.methods import register
 from nexus.policies.base import LayerView, ScorePolicy, window_attention
 
 POOLINGS = ("max", "avg")
@@ -66,7 +66,7 @@ def validate_pooling(method: str, kernel_size: int, pooling: str) -> None:
         raise ValueError(f"{method}: pooling must be one of {', '.join(POOLINGS)}, got {pooling!r}")
 
 
-@register("snapkv")
+@register("snapkv", order=1)
 @dataclass(frozen=True)
 class SnapKV(ScorePolicy):
     """Window-attention score, pooled; the last W tokens forced inside the budget.

@@ -24,22 +24,11 @@ from typing import ClassVar
 
 import torch
 
-from nexus.policies import register
-from nexus.policies.base import LayerView, Policy, keep_top
+from nexus.methods import register
+from nexus.policies.base import LayerView, Policy, keep_top, oldest_slots
 
 
-def oldest_slots(positions: torch.Tensor, n: int) -> torch.Tensor:
-    """[B, Hkv, P] bool marking the n valid slots with the lowest logical positions in each head."""
-    if n <= 0:
-        return torch.zeros_like(positions, dtype=torch.bool)
-    n = min(n, positions.shape[-1])
-    big = torch.iinfo(positions.dtype).max
-    low = positions.masked_fill(positions < 0, big).topk(n, dim=-1, largest=False).indices
-    mask = torch.zeros_like(positions, dtype=torch.bool).scatter_(-1, low, True)
-    return mask & (positions >= 0)
-
-
-@register("streaming_llm")
+@register("streaming_llm", order=7)
 @dataclass(frozen=True)
 class StreamingLLM(Policy):
     """Keep `n_sink` sinks + the most recent `budget - n_sink` tokens per KV head.

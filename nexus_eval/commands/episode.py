@@ -66,11 +66,9 @@ def episode(
     from pydantic import ValidationError
     from rich.console import Console
 
-    from agent_runner.agent import AgentConfig
-    from agent_runner.episode import EpisodeSpec, build_model, load_task
+    from agent_runner.config import AgentConfig, EpisodeSpec, ModelSpec, SamplingConfig
+    from agent_runner.episode import build_model, load_task
     from agent_runner.episode_core import run_episode
-    from agent_runner.model_host import ModelSpec
-    from agent_runner.sampling import SamplingConfig
 
     console = Console(stderr=True)
     try:
@@ -80,10 +78,8 @@ def episode(
             task_id=task,
             backend=backend,
             model=ModelSpec(name=model, revision=revision, device=device),
-            method=method,
-            scope=scope,
+            eviction={"method": method, "scope": scope, "density": density},
             protocol=protocol,
-            density=density,
             seed=seed,
             sampling=SamplingConfig(max_new_tokens=max_new_tokens, temperature=temperature),
             agent=AgentConfig(max_steps=max_steps, max_new_tokens=max_new_tokens, seed=seed),

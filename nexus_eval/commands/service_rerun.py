@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import typer
 
-_DB = typer.Option(None, "--db", help="results database URL or SQLite path (default $NEXUS_EVAL_DB)")
-# "failed": a final verdict other than resolved, or a service failure (cancelled episodes are not failures)
-FAILED = ("unresolved", "empty_patch", "patch_failed", "timeout", "infra_failure")
+from nexus_eval.commands._common import DB_OPTION, celery_app, csv_list, fail, open_db
 
 
 def rerun(
@@ -14,34 +12,39 @@ def rerun(
     statuses: str = typer.Option(
         None, "--status", help="comma-separated statuses to rerun, e.g. infra_failure,timeout"
     ),
-    failed: bool = typer.Option(False, "--failed", help=f"rerun every {'/'.join(FAILED)}"),
+    failed: bool = typer.Option(
+        False,
+        "--failed",
+        help="rerun every final outcome but resolved (unresolved, empty or failed patch, timeout, "
+        "infra_failure); cancelled episodes are not failures",
+    ),
     interactive: bool = typer.Option(False, "--interactive", "-i", help="run one episode live in this terminal"),
     from_turn: int = typer.Option(0, "--from-turn", min=0, help="replay the stored turns before K, then go live"),
-    db: str = _DB,
+    db: str = DB_OPTION,
 ) -> None:
     """Rerun a job's episodes with the chosen statuses (enqueued), or one episode interactively."""
-    from nexus_eval.commands.service import _csv, _err, open_db
-
     database = open_db(db)
     if interactive:
         _interactive(database, target, from_turn)
         return
     if from_turn:
-        raise _err("--from-turn needs --interactive")
+        fail("--from-turn needs --interactive")
     if failed == bool(statuses):
-        raise _err("give exactly one of --status a,b or --failed")
-    wanted = list(FAILED) if failed else _csv(statuses)
+        fail("give exactly one of --status a,b or --failed")
     from db import store as db_store
+    from db.models import FAILED_STATUSES
     from workers.tasks import enqueue_episode
 
+    wanted = sorted(FAILED_STATUSES) if failed else csv_list(statuses)
     try:
         with database.session() as s:
             rows = db_store.rerun_job(s, db_store.get_job(s, target).id, wanted)
             new_ids = [r.id for r in rows]
     except (LookupError, ValueError) as exc:
-        raise _err(str(exc)) from None
+        fail(str(exc))
+    app = celery_app(db)
     for episode_id in new_ids:
-        enqueue_episode(database, episode_id)
+        enqueue_episode(database, episode_id, app=app)
     typer.echo(f"{len(new_ids)} new attempts enqueued ({', '.join(wanted)})")
 
 
@@ -50,8 +53,7 @@ def _interactive(database, episode: str, from_turn: int) -> None:
 
     from agent_runner.environment import DockerEnvironment
     from db import store as db_store
-    from nexus_eval.commands.service import _err
-    from workers.execution import execute_episode, grade_stored_episode
+    from workers.execution import EpisodeHooks, execute_episode, grade_stored_episode
     from workers.interactive import Operator, TeacherForcedReplay
 
     console = Console(highlight=False)
@@ -64,20 +66,18 @@ def _interactive(database, episode: str, from_turn: int) -> None:
             row = db_store.new_attempt(s, source.id)
             new_id, attempt = row.id, row.attempt
     except (LookupError, ValueError) as exc:
-        raise _err(str(exc)) from None
+        fail(str(exc))
     console.print(f"episode {source.id} -> new attempt {attempt} ({new_id}); replaying {from_turn} stored turns")
     operator = Operator(replay_turns=from_turn, console=console)
-    wrapper = (lambda model, _spec: TeacherForcedReplay(recorded, model)) if from_turn else None
-    outcome = execute_episode(
-        database,
-        new_id,
-        model_wrapper=wrapper,
+    hooks = EpisodeHooks(
+        wrap_model=(lambda model, _spec: TeacherForcedReplay(recorded, model)) if from_turn else None,
         on_turn=operator.show,
         intervene=operator.intervene,
         open_environment=operator.open_environment(DockerEnvironment.open),
     )
+    outcome = execute_episode(database, new_id, hooks=hooks)
     if not outcome.ran:
-        raise _err(f"could not run {new_id}: {outcome.reason}", 1)
+        fail(f"could not run {new_id}: {outcome.reason}", 1)
     verdict = grade_stored_episode(database, new_id) if outcome.needs_grade else outcome.status
     console.print(
         f"attempt {attempt} ({new_id}) finished: agent {outcome.status}, final [bold]{verdict}[/bold]", markup=True

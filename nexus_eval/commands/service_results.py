@@ -7,38 +7,26 @@ from pathlib import Path
 
 import typer
 
-_DB = typer.Option(None, "--db", help="results database URL or SQLite path (default $NEXUS_EVAL_DB)")
-FORMATS = ("table", "json", "csv", "markdown")
-
-
-def _open(db):
-    from nexus_eval.commands.service import open_db
-
-    return open_db(db)
-
-
-def _fail(message: str, code: int = 2) -> typer.Exit:
-    from nexus_eval.commands.service import _err
-
-    return _err(message, code)
+from nexus_eval.commands._common import DB_OPTION, fail, open_db
 
 
 def compare(
     jobs: list[str] = typer.Argument(..., help="one or more job ids (prefixes)"),
     fmt: str = typer.Option("table", "--format", help="table | json | csv | markdown"),
-    db: str = _DB,
+    db: str = DB_OPTION,
 ) -> None:
     """Table 3: scope x protocol rows, method columns, resolved rate with 95% CI, McNemar vs dense."""
-    from workers.compare import compare_jobs, render
+    from workers.compare import compare_jobs
+    from workers.compare_render import FORMATS, render
 
     if fmt not in FORMATS:
-        raise _fail(f"unknown --format {fmt!r}; use one of {', '.join(FORMATS)}")
-    database = _open(db)
+        fail(f"unknown --format {fmt!r}; use one of {', '.join(FORMATS)}")
+    database = open_db(db)
     try:
         with database.session() as s:
             table = compare_jobs(s, jobs)
     except LookupError as exc:
-        raise _fail(str(exc)) from None
+        fail(str(exc))
     typer.echo(render(table, fmt))
 
 
@@ -50,7 +38,7 @@ def inspect(
     episode: str = typer.Argument(..., help="episode id (prefix)"),
     full: bool = typer.Option(False, "--full", help="print every turn's thought, action and observation"),
     as_json: bool = typer.Option(False, "--json", help="the episode and its turns as JSON"),
-    db: str = _DB,
+    db: str = DB_OPTION,
 ) -> None:
     """An episode's trajectory and per-turn cache telemetry."""
     from rich.console import Console
@@ -58,7 +46,7 @@ def inspect(
 
     from db import store as db_store
 
-    database = _open(db)
+    database = open_db(db)
     try:
         with database.session() as s:
             row = db_store.get_episode(s, episode)
@@ -66,7 +54,7 @@ def inspect(
             info = {c.name: getattr(row, c.name) for c in row.__table__.columns}
             turn_rows = [{c.name: getattr(t, c.name) for c in t.__table__.columns} for t in turns]
     except LookupError as exc:
-        raise _fail(str(exc)) from None
+        fail(str(exc))
     if as_json:
         typer.echo(json.dumps({"episode": info, "turns": turn_rows}, default=str))
         return
@@ -128,14 +116,14 @@ def export(
     job: str = typer.Argument(..., help="job id (prefix)"),
     output: Path = typer.Option(None, "--output", "-o", help="file to write (default: stdout)"),
     model_name: str = typer.Option(None, "--model-name", help="model_name_or_path (default: model/method/...)"),
-    db: str = _DB,
+    db: str = DB_OPTION,
 ) -> None:
     """SWE-bench predictions JSONL (instance_id, model_name_or_path, model_patch) for the official harness.
 
     One line per latest attempt that left a patch; episodes of several methods get distinct model names."""
     from db import store as db_store
 
-    database = _open(db)
+    database = open_db(db)
     try:
         with database.session() as s:
             the_job = db_store.get_job(s, job)
@@ -146,7 +134,7 @@ def export(
                 if r.patch is not None
             ]
     except LookupError as exc:
-        raise _fail(str(exc)) from None
+        fail(str(exc))
     lines = []
     for task_id, method, scope, protocol, seed, patch in rows:
         name = model_name or f"{model}__{method}__{scope}__{protocol}__seed{seed}"
@@ -159,18 +147,18 @@ def export(
         typer.echo(text, nl=False)
 
 
-def regrade(job: str = typer.Argument(..., help="job id (prefix)"), db: str = _DB) -> None:
+def regrade(job: str = typer.Argument(..., help="job id (prefix)"), db: str = DB_OPTION) -> None:
     """Re-derive every verdict from the stored test logs (no agent, no container); print what changed."""
     from rich.console import Console
     from rich.table import Table
 
     from workers.execution import regrade_job
 
-    database = _open(db)
+    database = open_db(db)
     try:
         changes = regrade_job(database, job)
     except LookupError as exc:
-        raise _fail(str(exc)) from None
+        fail(str(exc))
     table = Table(title=f"regraded {len(changes)} episodes")
     for col in ("episode", "before", "after"):
         table.add_column(col)

@@ -23,7 +23,7 @@ def validate(
     from rich.table import Table
 
     from env.tasks import TaskError, load_local_task, load_suite
-    from env.validate import validate_task
+    from env.validate import validate_tasks
 
     console = Console(stderr=True)
     if (suite is None) == (path is None):
@@ -46,14 +46,14 @@ def validate(
             raise typer.Exit(2)
         tasks = [t for t in tasks if t.instance_id in set(task_id)]
 
-    results = []
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=as_json) as progress:
-        bar = progress.add_task("validating", total=len(tasks))
-        for task in tasks:
-            progress.update(bar, description=f"validating {task.instance_id}")
-            results.append(validate_task(task))
-            progress.advance(bar)
+        bar = progress.add_task(f"validating {len(tasks)} tasks", total=len(tasks))
+
+        def done(verdict) -> None:
+            progress.update(bar, advance=1, description=f"validated {verdict.instance_id}")
+
+        results = validate_tasks(tasks, on_done=done)
 
     if as_json:
         typer.echo(json.dumps([r.model_dump() for r in results], indent=2))

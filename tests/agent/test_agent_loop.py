@@ -91,9 +91,9 @@ def test_environment_failure_is_infra_failure_with_the_cause(task):
 def test_sandbox_infra_error_is_wrapped(task):
     from env import sandbox
 
-    env = RecordingEnvironment(fail_on="execute_bash", error=sandbox.InfraError("exec: container gone"))
+    env = RecordingEnvironment(fail_on="execute_bash", error=sandbox.SandboxError("exec: container gone"))
     result = run_agent(ScriptedModel([LS]), env, task)
-    assert result.exit_status == "infra_failure" and "InfraError: exec: container gone" in result.error
+    assert result.exit_status == "infra_failure" and "SandboxError: exec: container gone" in result.error
 
 
 def test_model_failure_is_infra_failure_and_keeps_earlier_turns(task, environment):

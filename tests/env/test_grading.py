@@ -189,7 +189,7 @@ def test_regrade_statuses_from_frames(task_model):
     assert regrade(task_model, synthetic_log("", model_rc=1), GOLD_PATCH).status == "patch_failed"
     assert regrade(task_model, synthetic_log("...", tests_rc=137, timed_out=1), GOLD_PATCH).status == "timeout"
     assert regrade(task_model, "some other text", GOLD_PATCH).status == "infra_failure"
-    infra = f"{LOG_HEADER} token={TOKEN} task=x grader=swebench\n{TOKEN} INFRA InfraError: engine gone\n"
+    infra = f"{LOG_HEADER} token={TOKEN} task=x grader=swebench\n{TOKEN} INFRA SandboxError: engine gone\n"
     result = regrade(task_model, infra, GOLD_PATCH)
     assert result.status == "infra_failure" and "engine gone" in result.error
 

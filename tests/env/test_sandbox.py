@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from env.sandbox import InfraError, Sandbox, SandboxConfig, _CappedBuffer, reap
+from env.sandbox import Sandbox, SandboxConfig, SandboxError, _CappedBuffer, reap
 from tests.env.conftest import TEST_JOB
 
 pytestmark = pytest.mark.docker
@@ -142,7 +142,7 @@ def test_diff_is_staged_diff_including_new_files(sandbox):
 
 
 def test_start_failure_is_infra_error(docker_client):
-    with pytest.raises(InfraError, match="not present locally"):
+    with pytest.raises(SandboxError, match="not present locally"):
         Sandbox.start("nexus-eval/does-not-exist:nope", job=TEST_JOB, client=docker_client)
 
 
@@ -155,7 +155,7 @@ def test_close_is_idempotent_and_removes_container(docker_client, base_image):
     box.close()
     with pytest.raises(docker.errors.NotFound):
         docker_client.containers.get(container_id)
-    with pytest.raises(InfraError):
+    with pytest.raises(SandboxError):
         box.run("true")
 
 

@@ -14,14 +14,13 @@ import torch
 from transformers import DynamicCache
 
 import nexus
-from nexus import policies
 from nexus.attention import cache_kwarg
+from nexus.methods import REGISTRY
 from nexus.policies.base import ScorePolicy
 from nexus.testing import StreamRecorder, masked_reference_logits
 from tests.nexus.conftest import tiny_qwen3
 
 
-@policies.register("test_random")
 @dataclass(frozen=True)
 class RandomKeep(ScorePolicy):
     """Test double: keeps a seeded random subset per KV head (plus the recency window)."""
@@ -32,7 +31,6 @@ class RandomKeep(ScorePolicy):
         return torch.rand(view.positions.shape, generator=view.generator, device=view.keys.device)
 
 
-@policies.register("test_ragged")
 @dataclass(frozen=True)
 class RaggedKeep(RandomKeep):
     """Test double: KV head h keeps budget - 3h slots, so heads hold different counts (padded storage)."""
@@ -47,9 +45,9 @@ class RaggedKeep(RandomKeep):
 
 @pytest.fixture(autouse=True)
 def _test_doubles_known(monkeypatch):
-    """Make the test-double policies selectable by name for this module's tests only."""
-    monkeypatch.setitem(policies.METHODS, "test_random", __name__)
-    monkeypatch.setitem(policies.METHODS, "test_ragged", __name__)
+    """Make the test-double policies buildable by name for this module's tests only (never in METHODS)."""
+    monkeypatch.setitem(REGISTRY, "test_random", RandomKeep)
+    monkeypatch.setitem(REGISTRY, "test_ragged", RaggedKeep)
 
 
 def _stream(model, cfg, seed=1, batch=1):

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from nexus.policies import make_policy
-from nexus.policies.streaming_llm import oldest_slots
+from nexus.policies.base import oldest_slots
 from tests.nexus.baseline_helpers import (
     assert_selection_contract,
     gapped_positions,

@@ -16,10 +16,9 @@ from workers.compare import (
     compare_jobs,
     merge_jobs,
     natural_key,
-    render,
     summarize_cell,
 )
-from workers.compare_render import SUMMARY_COLUMNS, to_csv
+from workers.compare_render import SUMMARY_COLUMNS, render, to_csv
 from workers.spec import JobSpec
 
 TASKS = [f"t{i}" for i in range(1, 11)]

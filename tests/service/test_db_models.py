@@ -168,3 +168,18 @@ def test_downgrade_to_base_and_back(tmp_path):
     engine.dispose()
     migrate(url)
     assert current_revision(url) == head_revision()
+
+
+def test_every_package_speaks_the_stored_status_words():
+    """The agent's exit statuses and the graders' verdicts are the words db.models stores and groups."""
+    from typing import get_args
+
+    from agent_runner.agent import AgentExit
+    from agent_runner.records import ExitStatus
+    from db.models import AGENT_EXIT_STATUSES, GRADE_STATUSES, RUN_FAILURE_STATUSES, EpisodeStatus
+    from env.grading import Status
+
+    exits = {cls.exit_status for cls in AgentExit.__subclasses__()}
+    assert exits == set(get_args(ExitStatus)) == AGENT_EXIT_STATUSES | {"infra_failure"}
+    assert set(get_args(Status)) == GRADE_STATUSES | RUN_FAILURE_STATUSES
+    assert exits | set(get_args(Status)) <= {s.value for s in EpisodeStatus}

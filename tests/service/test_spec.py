@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from workers.spec import METHODS, AgentLimits, JobSpec, JobSpecError, ModelRef, Sampling
+from agent_runner.config import AgentConfig, EpisodeSpec, ModelSpec, SamplingConfig
+from nexus.config import EvictionConfig
+from workers.spec import JobSpec, JobSpecError
 
 BASE = {"backend": "oracle", "methods": ["dense", "nexus"], "tasks": {"suite": "mini"}}
 
@@ -22,7 +24,7 @@ def errors_of(data, source="<spec>") -> list[tuple[str, str]]:
 def test_defaults_and_frozen():
     s = spec()
     assert (s.scopes, s.protocols, s.seeds, s.density) == (["prefill_decode"], ["true_eviction"], [0], 0.2)
-    assert s.limits == AgentLimits() and s.limits.max_steps == 100 and s.limits.soft_step_limit == 40
+    assert s.limits == AgentConfig() and s.limits.max_steps == 100 and s.limits.soft_step_limit == 40
     with pytest.raises(Exception, match="frozen"):
         s.density = 0.5
 
@@ -56,6 +58,9 @@ def test_defaults_and_frozen():
         ({"limits": {"max_steps": 0}}, "limits.max_steps", "greater than or equal to 1"),
         ({"sampling": {"top_p": 1.5}}, "sampling.top_p", "less than or equal to 1"),
         ({"sampling": {"top_k": -1}}, "sampling.top_k", "greater than or equal to 0"),
+        ({"eviction": {"window": 0}}, "eviction", "window must be an integer >= 1, got 0"),
+        ({"eviction": {"density": 0.5}}, "eviction", "unknown field(s) ['density']"),
+        ({"model": {"name": "tiny", "nmae": "x"}}, "model.nmae", "unknown field 'nmae'"),
     ],
 )
 def test_validation_errors_name_the_field(change, field, needle):
@@ -149,10 +154,11 @@ def test_episode_config_is_the_merged_config():
         "true_eviction",
         7,
     )
-    assert ep.config["method_params"] == {"walk_steps": 3} and ep.config["density"] == 0.2
+    eviction = ep.config["eviction"]
+    assert eviction["method_params"] == {"walk_steps": 3} and eviction["density"] == 0.2
     assert ep.config["agent"]["max_steps"] == 100 and ep.config["backend"] == "oracle"
-    assert (ep.config["suite"], ep.config["tasks_file"], ep.config["block_size"]) == ("mini", None, 32)
-    assert "model" not in ep.config  # oracle: the runner's default model spec applies
+    assert (ep.config["suite"], ep.config["tasks_file"], eviction["block_size"]) == ("mini", None, 32)
+    assert ep.config["model"] == ModelSpec().model_dump(mode="json")  # oracle: the runner's default model spec
 
 
 def test_task_selection_exact_and_glob():
@@ -166,19 +172,21 @@ def test_task_selection_exact_and_glob():
     ]
 
 
-@pytest.mark.slow  # imports torch through nexus and agent_runner
-def test_vocabulary_matches_the_libraries():
-    from agent_runner.agent import AgentConfig
-    from agent_runner.episode import EpisodeSpec
-    from agent_runner.model_host import ModelSpec
-    from agent_runner.sampling import SamplingConfig
-    from nexus.policies import METHODS as LIBRARY_METHODS
-
-    assert set(METHODS) == set(LIBRARY_METHODS)
-    for mine, theirs in ((AgentLimits, AgentConfig), (Sampling, SamplingConfig), (ModelRef, ModelSpec)):
-        assert set(mine.model_fields) <= set(theirs.model_fields), mine
-        for name, info in mine.model_fields.items():  # same defaults, so an omitted field means the same
-            assert info.is_required() or info.default == theirs.model_fields[name].default, (mine, name)
+def test_the_job_composes_the_runners_own_configs():
+    fields = JobSpec.model_fields
+    assert fields["model"].annotation == ModelSpec | None
+    assert (fields["limits"].annotation, fields["sampling"].annotation) == (AgentConfig, SamplingConfig)
+    assert set(spec().eviction) == {"budget_tokens", "block_size", "window", "slack_blocks"}
+    cfg = spec(methods=["nexus"], eviction={"window": 8}).eviction_config("nexus", "prefill_only", 4)
+    assert isinstance(cfg, EvictionConfig)
+    assert (cfg.method, cfg.scope, cfg.seed, cfg.window, cfg.block_size, cfg.density) == (
+        "nexus",
+        "prefill_only",
+        4,
+        8,
+        32,
+        0.2,
+    )
     # Every fanned-out episode config is a valid EpisodeSpec, with the job's values in it.
     job = JobSpec.from_dict(
         {
@@ -194,16 +202,18 @@ def test_vocabulary_matches_the_libraries():
         }
     )
     for ep in job.episodes(["t1"]):
-        spec = EpisodeSpec.model_validate(ep.config)
-        assert (spec.task_id, spec.method, spec.protocol, spec.seed, spec.density) == (
+        spec_ = EpisodeSpec.model_validate(ep.config)
+        assert spec_ == job.episode_config("t1", ep.method, ep.scope, ep.protocol, ep.seed)
+        assert (spec_.task_id, spec_.eviction.method, spec_.protocol, spec_.seed, spec_.eviction.density) == (
             "t1",
             ep.method,
             ep.protocol,
             3,
             0.5,
         )
-        assert (spec.agent.max_steps, spec.sampling.temperature, spec.model.revision) == (7, 0.0, "r1")
-        assert spec.method_params == ({"walk_steps": 2} if ep.method == "nexus" else {})
+        assert (spec_.agent.max_steps, spec_.sampling.temperature, spec_.model.revision) == (7, 0.0, "r1")
+        assert spec_.eviction.method_params == ({"walk_steps": 2} if ep.method == "nexus" else {})
+        assert spec_.eviction.seed == 3
 
 
 @pytest.mark.slow  # imports torch through nexus

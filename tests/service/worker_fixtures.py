@@ -18,6 +18,7 @@ from pathlib import Path
 import yaml
 
 from tests.conftest import require
+from workers.embedded import worker_command
 
 ROOT = Path(__file__).resolve().parents[2]
 REDIS_URL = os.environ.get("NEXUS_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -70,27 +71,14 @@ class Worker:
         name: str | None = None,
     ) -> None:
         name = name or f"w{random.randint(0, 10**6)}"
-        cmd = [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "workers.app",
-            "worker",
-            "-Q",
+        cmd = worker_command(
             queues,
-            "--pool",
-            pool,
-            "--concurrency",
-            str(concurrency),
-            "--loglevel",
-            "INFO",
-            "-n",
-            f"{name}@%h",
-            "--without-gossip",
-            "--without-mingle",
-            "--without-heartbeat",
-        ]
+            name=f"{name}@%h",
+            pool=pool,
+            concurrency=concurrency,
+            loglevel="INFO",
+            extra=["--without-heartbeat"],
+        )
         self.log = log
         self.process = subprocess.Popen(
             cmd,

@@ -1,0 +1,71 @@
+"""What the service verbs share: the ``--db`` option, opening the database, the Celery app, and errors.
+
+Heavy imports (SQLAlchemy, Celery) happen inside the functions, so ``nexus-eval --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, NoReturn
+
+import typer
+
+if TYPE_CHECKING:
+    from celery import Celery
+
+    from db import Database
+
+DB_OPTION = typer.Option(None, "--db", help="results database URL or SQLite path (default $NEXUS_EVAL_DB)")
+
+
+def fail(message: str, code: int = 2) -> NoReturn:
+    """Print ``error: message`` on stderr and exit with ``code`` (2: bad input, 1: the work failed)."""
+    from rich.console import Console
+
+    Console(stderr=True).print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def csv_list(text: str) -> list[str]:
+    """``"a, b,,c"`` -> ``["a", "b", "c"]``."""
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def db_url(db: str | None) -> str:
+    """``--db`` as a URL: a URL as given, a path as a SQLite URL, nothing as ``$NEXUS_EVAL_DB`` or the default."""
+    from db.connection import default_url, sqlite_url
+
+    if db is None:
+        return default_url()
+    return db if "://" in db else sqlite_url(db)
+
+
+def open_db(db: str | None = None) -> Database:
+    """The results database (``--db``, else ``$NEXUS_EVAL_DB``, else ./runs/nexus-eval.db), migrated."""
+    from db import connect
+
+    return connect(db_url(db))
+
+
+def celery_app(db: str | None = None, *, embedded: bool = False) -> Celery:
+    """This process's Celery app: the environment's settings with ``--db`` applied; ``embedded`` uses the
+    SQLite broker beside the results database whatever ``$NEXUS_EVAL_BROKER`` says."""
+    from workers.app import ServiceSettings, get_app
+
+    try:
+        settings = ServiceSettings.from_env().model_copy(update={"db_url": db_url(db)})
+    except ValueError as exc:
+        fail(f"service settings: {exc}")
+    if embedded:
+        settings = settings.model_copy(update={"broker_url": None, "result_backend": None})
+    return get_app(settings)
+
+
+def job_id_of(database: Database, job: str) -> str:
+    """The full id of the job ``job`` (an id or a unique prefix); exit 2 naming the problem otherwise."""
+    from db import store as db_store
+
+    try:
+        with database.session() as s:
+            return db_store.get_job(s, job).id
+    except LookupError as exc:
+        fail(str(exc))
