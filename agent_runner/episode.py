@@ -19,11 +19,6 @@ from env.tasks import Task
 _HOSTS: dict[ModelSpec, ModelHost] = {}  # one loaded model per process, keyed by its spec
 
 
-def load_task(spec: EpisodeSpec) -> Task:
-    """The spec's task (see ``EpisodeSpec.load_task``)."""
-    return spec.load_task()
-
-
 def host_for(model: ModelSpec) -> ModelHost:
     """Load the model once per process (a Celery worker hosts one model for all its episodes)."""
     if model not in _HOSTS:
@@ -55,7 +50,7 @@ def build_model(spec: EpisodeSpec, task: Task | None = None) -> Model:
 
 def run(spec: EpisodeSpec, **kwargs: Any) -> EpisodeResult:
     """Run one episode end to end (see agent_runner.episode_core.run_episode for the keyword hooks)."""
-    task = load_task(spec)
+    task = spec.load_task()
     model = build_model(spec, task)
     model.reset(seed=spec.seed)
     agent = spec.agent.model_copy(update={"seed": spec.seed})

@@ -61,14 +61,19 @@ def latest_statuses(session: Session, job_id: str) -> list[str]:
     return list(session.execute(query).scalars())
 
 
+def summarize(session: Session, job: Job) -> JobSummary:
+    """The counts per status over the newest attempt of each of ``job``'s episode keys."""
+    counts = Counter(latest_statuses(session, job.id))
+    return JobSummary(job.id, job.status, sum(counts.values()), dict(counts), job_grades(job))
+
+
 def refresh_job_status(session: Session, job_id: str) -> str:
     """Recompute and store the job's status from its episodes (cancelled/failed jobs stay as they are):
     ``done`` once nothing is queued, running or (when the job grades) waiting for a grade."""
     job = session.execute(select(Job).where(Job.id == job_id).execution_options(populate_existing=True)).scalar_one()
     if job.status in (JobStatus.cancelled, JobStatus.failed):
         return job.status
-    summary = JobSummary(job.id, job.status, 0, dict(Counter(latest_statuses(session, job_id))))
-    summary.total, summary.grades = sum(summary.counts.values()), job_grades(job)
+    summary = summarize(session, job)
     if summary.total > 0 and summary.active == 0:
         new = JobStatus.done
     elif summary.counts.get(EpisodeStatus.running) or summary.active < summary.total:

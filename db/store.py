@@ -20,7 +20,6 @@ Reruns: :func:`new_attempt` / :func:`rerun_job` add rows with ``attempt + 1``; o
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Collection, Iterable, Sequence
 from datetime import timedelta
 from typing import Any, Protocol
@@ -43,7 +42,7 @@ from db.claims import (
     worker_identity,
 )
 from db.connection import begin_write
-from db.job_status import JobSummary, job_grades, refresh_job_status
+from db.job_status import JobSummary, job_grades, refresh_job_status, summarize
 from db.models import ACTIVE_STATUSES, Episode, EpisodeStatus, Job, JobStatus, utcnow
 from db.provenance import git_revision as current_git_revision
 from db.provenance import package_versions as current_package_versions
@@ -283,15 +282,8 @@ def rerun_job(session: Session, job_id: str, statuses: Collection[str]) -> list[
 
 
 def job_summary(session: Session, job_id: str) -> JobSummary:
-    job = get_job(session, job_id)
-    counts = Counter(r.status for r in latest_attempts(session, [job.id]))
-    return JobSummary(
-        job_id=job.id,
-        status=job.status,
-        total=sum(counts.values()),
-        counts=dict(counts),
-        grades=job_grades(job),
-    )
+    """The job (id or unique prefix) and its counts per status over the newest attempts."""
+    return summarize(session, get_job(session, job_id))
 
 
 def stale_episodes(session: Session, stale_after_s: float, *, job_id: str | None = None) -> list[Episode]:

@@ -177,11 +177,11 @@ def execute_episode(
 
     result, error, interrupted = None, None, None
     try:
-        from agent_runner.episode import build_model, load_task
+        from agent_runner.episode import build_model
         from agent_runner.episode_core import run_episode
 
         spec = episode_spec_from_config(config)
-        task = load_task(spec)
+        task = spec.load_task()
         t0 = time.monotonic()
         model = build_model(spec, task)  # the worker process loads its model once (host_for caches it)
         if hooks.wrap_model is not None:

@@ -67,7 +67,7 @@ def episode(
     from rich.console import Console
 
     from agent_runner.config import AgentConfig, EpisodeSpec, ModelSpec, SamplingConfig
-    from agent_runner.episode import build_model, load_task
+    from agent_runner.episode import build_model
     from agent_runner.episode_core import run_episode
 
     console = Console(stderr=True)
@@ -86,7 +86,7 @@ def episode(
             openai={"base_url": base_url} if base_url else {},
             grade=grade,
         )
-        the_task = load_task(spec)
+        the_task = spec.load_task()
         with console.status(f"loading {backend} backend"):
             the_model = build_model(spec, the_task)  # bad model / method errors surface before any container
     except (ValueError, ValidationError) as exc:
