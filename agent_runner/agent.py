@@ -5,6 +5,10 @@ caught once in :meth:`Agent.run`, which turns them into ``EpisodeResult.exit_sta
 every turn run in R2E-Gym's order: submitted, context, absolute steps, wall time, then (ours) consecutive
 format errors. The soft limit (``soft_step_limit``, DeepSWE's 40) only changes the "Steps Remaining" text
 the model sees; the absolute limit (``max_steps``, 100) stops the loop.
+
+The texts (system and instance prompts, step-budget line, the reply to a completion without a call) come from
+the config's scaffold (``AgentConfig.scaffold()``): ours by default, R2E-Gym's own when ``prompts`` names its
+YAML. It is loaded when the Agent is built, so a bad prompt file raises ValueError before the first turn.
 """
 
 from __future__ import annotations
@@ -14,12 +18,12 @@ import traceback
 from collections.abc import Callable
 from typing import Any, ClassVar, Protocol
 
-from agent_runner import prompts
 from agent_runner.backends import Model, ModelError
 from agent_runner.config import AgentConfig
 from agent_runner.environment import Environment
 from agent_runner.parsing import ParsedAction, parse_response, resynthesize
-from agent_runner.records import Completion, EpisodeResult, EpisodeTotals, Message, TurnRecord
+from agent_runner.records import Completion, EpisodeResult, EpisodeTotals, Message, ScaffoldRecord, TurnRecord
+from agent_runner.scaffold import Scaffold
 from env.sandbox import SandboxError
 from env.tools import ToolCall, ToolResult
 
@@ -81,6 +85,7 @@ class Agent:
         self.model = model
         self.env = environment
         self.config = config or AgentConfig()
+        self.scaffold: Scaffold = self.config.scaffold()  # ScaffoldError (ValueError) for a bad YAML
         self.on_turn = on_turn
         self.intervene = intervene
         self.messages: list[Message] = []
@@ -94,9 +99,10 @@ class Agent:
         self.started = time.monotonic()
         self.format_errors = 0
         self.messages = [
-            Message(role="system", content=prompts.system_prompt()),
-            Message(role="user", content=prompts.instance_prompt(task, cfg.soft_step_limit)),
+            Message(role="system", content=self.scaffold.system_prompt()),
+            Message(role="user", content=self.scaffold.instance_prompt(task, cfg.soft_step_limit)),
         ]
+        scaffold = ScaffoldRecord(**self.scaffold.record(m.content for m in self.messages))
         exit_status, error, unexpected = "infra_failure", None, None
         try:
             self.model.reset(seed=cfg.seed)
@@ -119,6 +125,7 @@ class Agent:
             config={"agent": cfg.model_dump(mode="json")},
             timings={"agent_s": time.monotonic() - self.started},
             totals=EpisodeTotals.of(self.turns),
+            scaffold=scaffold,
         )
         result.exception = unexpected
         return result
@@ -147,7 +154,7 @@ class Agent:
         )
         stop = self._exit_after(turn, time.monotonic() - self.started)
         if stop is None:
-            turn.user_message = prompts.observation_message(result.observation, turn.steps_remaining)
+            turn.user_message = self.scaffold.observation_message(result.observation, turn.steps_remaining)
             self.messages.append(Message(role="user", content=turn.user_message))
         self.turns.append(turn)
         if self.on_turn is not None:
@@ -176,7 +183,7 @@ class Agent:
         if completion.prompt_tokens >= self.config.max_context_tokens:
             return ToolResult(observation="", submitted=False, seconds=0.0)  # over budget: do not act
         if call is None:
-            return ToolResult(observation=prompts.NO_FUNCTION_CALL_REMINDER, submitted=False, seconds=0.0)
+            return ToolResult(observation=self.scaffold.no_call_reply, submitted=False, seconds=0.0)
         try:
             return self.env.step(call)
         except Exception as exc:  # SandboxError (container died) and anything else the sandbox raises

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from nexus.config import EvictionConfig
 from nexus.methods import check_method, check_scope
 
 if TYPE_CHECKING:
+    from agent_runner.scaffold import Scaffold
     from env.tasks import Task
 
 ProtocolName = Literal["true_eviction", "full_context"]
@@ -49,7 +50,9 @@ class SamplingConfig(_Config):
     temperature: float = Field(1.0, ge=0.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = Field(0, ge=0, description="0 = off")
-    max_new_tokens: int = Field(4096, ge=1, description="per-turn generation cap of the hf backend")
+    max_new_tokens: int | None = Field(
+        None, ge=1, description="per-turn generation cap of the hf backend; None: the rest of the context window"
+    )
 
 
 class AgentConfig(_Config):
@@ -60,12 +63,42 @@ class AgentConfig(_Config):
     max_context_tokens: int = Field(65536, ge=1, description="logical tokens (prompt + generated)")
     wall_time_s: float = Field(50_000.0, gt=0, description="model + env time for the whole run")
     max_format_errors: int | None = Field(10, ge=1, description="consecutive turns without a call; None: off")
-    max_new_tokens: int | None = Field(None, ge=1, description="per-turn cap passed to the backend")
+    max_new_tokens: int | None = Field(
+        None, ge=1, description="per-turn cap passed to the backend; None (DeepSWE): max_context_tokens - prompt"
+    )
     seed: int = 0
     history: Literal["raw", "resynthesized"] = Field(
         "raw", description="assistant messages as generated (rLLM default) or R2E's thought + canonical call"
     )
     duplicate_params: Literal["last", "first"] = "last"
+    prompts: str | None = Field(
+        None,
+        description="R2E-Gym's own prompt YAML, loaded at run time: a path, or 'r2egym:<name>' (a config of the "
+        "installed r2egym package, or of r2egym_root); None: our own prompts. See docs/agent.md",
+    )
+    r2egym_root: str | None = Field(
+        None,
+        description="an R2E-Gym checkout's src/r2egym (or the checkout): 'r2egym:<name>' configs and the texts "
+        "R2E-Gym keeps in Python are read from it first",
+    )
+
+    @field_validator("prompts", "r2egym_root")
+    @classmethod
+    def _not_blank(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is not None and not value.strip():
+            raise ValueError(f"{info.field_name} is blank; leave it unset for the default")
+        if info.field_name == "prompts" and value is not None and value.strip() == "r2egym:":
+            raise ValueError("prompts='r2egym:' names no config; e.g. 'r2egym:edit_non_fn_calling'")
+        return value
+
+    def scaffold(self) -> Scaffold:
+        """The prompts this config sends (``agent_runner.scaffold.load_scaffold``): loads and checks the R2E-Gym
+        YAML when ``prompts`` is set (``agent_runner.scaffold.ScaffoldError``, a ValueError, names what is
+        wrong). The files are read when an agent starts, not when the config is built, so a stored config stays
+        valid where they are absent; call this early to fail before any container starts."""
+        from agent_runner.scaffold import load_scaffold
+
+        return load_scaffold(self.prompts, self.r2egym_root)
 
 
 #: keys of the flat episode config stored before the eviction settings were nested (read, never written)
@@ -91,6 +124,9 @@ class EpisodeSpec(_Config):
     agent: AgentConfig = AgentConfig()
     openai: dict[str, Any] = Field(default_factory=dict, description="OpenAIConfig fields for backend=openai")
     grade: bool = True
+    grade_route: Literal["swebench", "r2e"] = Field(
+        "swebench", description="R2E's SWE-bench rows: graded by swebench (official) or by R2E-Gym's in-loop reward"
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -110,6 +146,12 @@ class EpisodeSpec(_Config):
         if self.eviction.seed != self.seed:
             raise ValueError(f"eviction.seed ({self.eviction.seed}) must equal the episode's seed ({self.seed})")
         return self
+
+    def grade_config(self):
+        """The grading settings this episode asks for (``env.grading.GradeConfig``)."""
+        from env.grading import GradeConfig
+
+        return GradeConfig(r2e_swebench_route=self.grade_route)
 
     def load_task(self) -> Task:
         """This episode's task; ``env.tasks.TaskNotFound`` (a ValueError) names the source and the known ids."""

@@ -3,8 +3,9 @@
 :class:`Environment` is the protocol the loop needs (tests use small in-process doubles of it);
 :class:`DockerEnvironment` is the real one, built from env's pieces: the task image
 (``env.images.ensure_task_image``), a ``env.sandbox.Sandbox`` container (``network_mode="none"``, limits from
-``SandboxConfig``) and the R2E tools installed into it (``env.tools.ToolBox``). env is imported inside
-``open`` so importing this module does not need Docker.
+``SandboxConfig``) and the R2E tools installed into it (``env.tools.ToolBox``); then the layout's grading
+material is removed and the tree snapshotted (``env.layouts``), so the diff holds only the agent's changes.
+env is imported inside ``open`` so importing this module does not need Docker.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ class Environment(Protocol):
         ...
 
     def diff(self) -> str:
-        """The working tree's changes against the task's base commit (``git diff --cached`` after add -A)."""
+        """The working tree's changes against the tree as it was when the episode started."""
         ...
 
     def close(self) -> None: ...
@@ -55,6 +56,7 @@ class DockerEnvironment:
         container's labels (``reap`` uses them). Raises env's ImageMissing / ImageBuildFailed / SandboxError
         (the caller records them); a half-started sandbox is closed before re-raising."""
         from env.images import ensure_task_image
+        from env.layouts import prepare_agent_sandbox
         from env.sandbox import Sandbox, SandboxConfig
         from env.tools import ToolBox
 
@@ -70,6 +72,7 @@ class DockerEnvironment:
         try:
             toolbox = ToolBox(sandbox)
             toolbox.install()
+            prepare_agent_sandbox(sandbox, task)
         except BaseException:
             sandbox.close()
             raise

@@ -66,6 +66,7 @@ def run_episode(
     tests may pass another factory. ``grade_config`` is passed through to ``env.grading.grade``.
     """
     agent_config = agent_config or AgentConfig()
+    agent_config.scaffold()  # a prompt file that cannot be used fails here, before any container starts
     opener = open_environment or DockerEnvironment.open
     config = {
         "agent": agent_config.model_dump(mode="json"),

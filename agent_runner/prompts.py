@@ -7,6 +7,10 @@
 * every user message ends with the step budget: ``Steps Remaining: N`` (N = soft limit - steps taken), or,
   once N <= 0, an instruction to submit now (R2E does the same for steps 41..100);
 * a completion without a function call gets ``env.tools.NO_FUNCTION_CALL_REMINDER`` as its observation.
+
+Those are the default (``agent_runner.scaffold.NEXUS_SCAFFOLD``). With ``AgentConfig.prompts`` set,
+``agent_runner.scaffold.load_scaffold`` reads R2E-Gym's own prompt YAML at run time and the agent sends exactly
+R2E-Gym's texts (docs/agent.md, "Using R2E-Gym's own prompts").
 """
 
 from __future__ import annotations

@@ -129,6 +129,17 @@ class EpisodeTotals(BaseModel):
         )
 
 
+class ScaffoldRecord(BaseModel):
+    """Which prompts an episode sent (``agent_runner.scaffold.Scaffold.record``): ours or R2E-Gym's own."""
+
+    name: Literal["nexus", "r2egym"]
+    label: str  # "nexus" | "r2egym (from <the YAML's path>)"
+    prompts: str | None = None  # the R2E-Gym YAML that was read
+    sources: dict[str, str] = Field(default_factory=dict)  # per text: the file it came from, or "nexus (<why>)"
+    templates_sha256: str  # every text the scaffold can send, before filling: equal digests, equal scaffold
+    sent_sha256: str  # the system message and the first user message as sent
+
+
 class EpisodeResult(BaseModel):
     """The outcome of one episode.
 
@@ -149,6 +160,7 @@ class EpisodeResult(BaseModel):
     config: dict[str, Any] = Field(default_factory=dict)
     timings: dict[str, float] = Field(default_factory=dict)  # e.g. setup_s, agent_s, diff_s, grade_s, total_s
     totals: EpisodeTotals = Field(default_factory=EpisodeTotals)
+    scaffold: ScaffoldRecord | None = None  # None when no agent ran (e.g. the sandbox did not open)
     # the exception behind an infra_failure or an unexpected end (never stored): callers tell a time limit
     # raised into the loop (in the model, a tool or a hook) from a crash by its type, not by reading ``error``
     _exception: BaseException | None = PrivateAttr(None)

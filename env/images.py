@@ -258,11 +258,26 @@ def task_image_tag(task: Task, base_id: str) -> str:
     return f"nexus-eval/task-{name}:{digest.hexdigest()[:16]}"
 
 
+def swebench_image_name(instance_id: str, *, namespace: str = "swebench", arch: str = "x86_64") -> str:
+    """The instance image swebench 4.x's `make_test_spec` names for a row without `image` (Docker Hub's
+    spelling: lower-cased, `__` written `_1776_`; test_swebench_legacy checks it against 4.1.0 itself)."""
+    return f"{namespace}/sweb.eval.{arch}.{instance_id.lower()}:latest".replace("__", "_1776_")
+
+
+def task_image_name(task: Task) -> str | None:
+    """The image a non-local task runs in: its own `docker_image` / `image`, else the name swebench derives."""
+    if task.docker_image:
+        return task.docker_image
+    if task.kind == "swebench":
+        return swebench_image_name(task.instance_id)
+    return None
+
+
 def ensure_task_image(task: Task, client: docker.DockerClient | None = None, *, base_tag: str = BASE_IMAGE_TAG) -> str:
     """Return a local image tag for `task`, building local-task images when needed (cached by hash)."""
     client = client or docker_client()
     if task.kind != "local":
-        image = task.docker_image
+        image = task_image_name(task)
         if not image:
             raise ImageMissing(f"task {task.instance_id} ({task.kind}) has no docker_image field")
         if not image_exists(client, image):

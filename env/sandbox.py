@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import re
 import shlex
 import tarfile
 import threading
@@ -66,6 +67,16 @@ class SandboxConfig(BaseModel):
     # dirs) and to signal its own processes; everything else (NET_RAW, MKNOD, SYS_CHROOT, ...) stays off.
     cap_add: list[str] = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETUID", "SETGID"]
     env: dict[str, str] = Field(default_factory=dict, description="extra environment for every command")
+    path: str | None = Field(
+        None, description="PATH for every command; None: SANDBOX_PATH (repo interpreters first, for the agent)"
+    )
+    network: bool = Field(
+        False, description="attach the engine's default bridge network; off by default (network_mode none)"
+    )
+
+    @property
+    def command_path(self) -> str:
+        return self.path or SANDBOX_PATH
 
 
 class ExecResult(BaseModel):
@@ -124,6 +135,7 @@ class Sandbox:
         self.container = container
         self.config = config
         self._closed = False
+        self._snapshots: dict[str, str] = {}
 
     # ------------------------------------------------------------------------------------ lifecycle
     @classmethod
@@ -161,7 +173,7 @@ class Sandbox:
                 entrypoint=["sleep", str(config.ttl_s)],
                 command=[],
                 init=True,
-                network_mode="none",
+                network_mode="bridge" if config.network else "none",
                 mem_limit=config.memory,
                 memswap_limit=config.memory,
                 pids_limit=config.pids,
@@ -172,7 +184,7 @@ class Sandbox:
                 privileged=False,
                 labels=all_labels,
                 working_dir="/",
-                environment={"PATH": SANDBOX_PATH},
+                environment={"PATH": config.command_path},
             )
             container.start()
         except docker.errors.DockerException as exc:
@@ -219,7 +231,7 @@ class Sandbox:
         exec_tag = uuid.uuid4().hex
         # exec 2>&1 merges in the container, so the order of stdout/stderr lines is the real one.
         wrapped = f"exec 2>&1; exec timeout -s KILL {timeout:.3f} /bin/sh -c {shlex.quote(cmd)}"
-        env = {"PATH": SANDBOX_PATH, "NEXUS_EXEC": exec_tag, **self.config.env}
+        env = {"PATH": self.config.command_path, "NEXUS_EXEC": exec_tag, **self.config.env}
         api = self.client.api
         started = time.monotonic()
         try:
@@ -262,6 +274,17 @@ class Sandbox:
             self._kill_tagged(exec_tag)
         output, truncated = buffer.text()
         return ExecResult(output=output, exit_code=exit_code, timed_out=timed_out, truncated=truncated, seconds=seconds)
+
+    def run_to_file(self, cmd: str, *, timeout: float | None = None, workdir: str = "/testbed") -> ExecResult:
+        """`run`, with the output written to a file in the container and read back whole (no cap): for
+        logs that are evidence, such as a grading run's. The shell's own messages, if any, follow it."""
+        out = f"/tmp/.nexus-output-{uuid.uuid4().hex}.log"
+        result = self.run(f"( {cmd} ) > {out} 2>&1", timeout=timeout, workdir=workdir)
+        try:
+            full = self.read_file(out).decode("utf-8", errors="replace") if self.exists(out) else ""
+        finally:
+            self.run(f"rm -f {out}", timeout=30, workdir="/")
+        return result.model_copy(update={"output": full + result.output, "truncated": result.truncated})
 
     def _kill_tagged(self, exec_tag: str) -> None:
         """KILL every process whose environment carries this command's tag (escapees of setsid too)."""
@@ -352,14 +375,40 @@ class Sandbox:
         return host_dir / PurePosixPath(container_path).name
 
     # ------------------------------------------------------------------------------------ git
+    def snapshot(self, repo: str = "/testbed") -> str:
+        """Record `repo`'s tree as it is now (tracked and untracked files, not ignored ones) as a git tree
+        object, through a private index: HEAD, the index and the work tree stay as they are. `diff()` is
+        then taken against it, so files the image left in the tree (build scripts, install-modified
+        configs) never enter the episode's patch."""
+        index = "/tmp/.nexus-snapshot.index"
+        cmd = (
+            f"rm -f {index} && export GIT_INDEX_FILE={index} && "
+            "(git read-tree HEAD 2>/dev/null || git read-tree --empty) && git add -A && git write-tree"
+        )
+        result = self.run(cmd, timeout=300, workdir=repo)
+        tree = result.output.strip().splitlines()[-1] if result.output.strip() else ""
+        if result.exit_code != 0 or result.timed_out or not re.fullmatch(r"[0-9a-f]{40,64}", tree):
+            raise SandboxError(f"snapshot of {repo} failed (exit {result.exit_code}): {result.output[-800:]}")
+        self._snapshots[repo] = tree
+        return tree
+
     def diff(self, repo: str = "/testbed") -> str:
-        """The episode's patch: `git add -A && git diff --cached` of `repo` (binary-safe, no colour).
+        """The episode's patch, binary-safe and without colour: against the `snapshot()` of `repo` when one
+        was taken, else `git add -A && git diff --cached` (against HEAD).
 
         The diff goes to a file and comes back as an archive, so the output cap never truncates it.
         """
         out = "/tmp/.nexus-episode.diff"
-        cmd = f"git add -A && git -c core.quotepath=off diff --cached --binary --no-color > {out}"
-        result = self.run(cmd, timeout=120, workdir=repo)
+        base = self._snapshots.get(repo)
+        if base:
+            index = "/tmp/.nexus-diff.index"
+            cmd = (
+                f"rm -f {index} && export GIT_INDEX_FILE={index} && git read-tree {base} && git add -A && "
+                f"git -c core.quotepath=off diff --cached --binary --no-color {base} > {out}"
+            )
+        else:
+            cmd = f"git add -A && git -c core.quotepath=off diff --cached --binary --no-color > {out}"
+        result = self.run(cmd, timeout=300, workdir=repo)
         if result.exit_code != 0 or result.timed_out:
             raise SandboxError(f"git diff in {repo} failed (exit {result.exit_code}): {result.output[-800:]}")
         try:

@@ -16,25 +16,50 @@ field; nothing is silently dropped.
 
 from __future__ import annotations
 
-import hashlib
 import json
+import logging
 import re
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+from env.task_rows import (
+    DEFAULT_TEST_CMD,
+    R2E_SWEBENCH_IMAGE,
+    REPO_DIR,
+    Task,
+    TaskError,
+    TaskKind,
+    r2e_instance_id,
+    task_from_row,
+    validate_fields,
+)
 
-TaskKind = Literal["swebench", "r2e_swebench", "r2e", "local"]
+__all__ = [
+    "DEFAULT_TEST_CMD",
+    "R2E_SWEBENCH_IMAGE",
+    "Task",
+    "TaskError",
+    "TaskKind",
+    "TaskList",
+    "TaskNotFound",
+    "find_task",
+    "known_suites",
+    "load_local_task",
+    "load_source",
+    "load_suite",
+    "load_task_folder",
+    "load_tasks",
+    "r2e_instance_id",
+    "task_from_row",
+]
 
-DEFAULT_TEST_CMD = "python -m pytest -rA"
+log = logging.getLogger(__name__)
 SUITES_DIR = Path(__file__).resolve().parent / "suites"
 TASK_FILE = "task.json"
-REPO_DIR = "repo"
 
 # `owner__name-N` as SWE-bench spells ids; local ids must match so they are safe as folder and image-tag parts.
 LOCAL_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*__[A-Za-z0-9][A-Za-z0-9_.-]*-[0-9]+$")
-R2E_SWEBENCH_IMAGE = re.compile(r"^slimshetty/swebench-[a-z]+:sweb\.eval\.")
 FILE_SUFFIXES = (".json", ".jsonl", ".parquet")
 
 # Keys a local task.json may carry: the Task fields an author sets, plus SWE-bench metadata we tolerate.
@@ -47,165 +72,8 @@ LOCAL_REQUIRED = (
     "FAIL_TO_PASS",
     "PASS_TO_PASS",
 )
-LOCAL_OPTIONAL = ("version", "test_cmd", "setup", "hints_text", "created_at")
+LOCAL_OPTIONAL = ("version", "test_cmd", "setup", "grading", "hints_text", "created_at")
 LOCAL_FORBIDDEN = ("base_commit", "docker_image", "image")
-
-
-class TaskError(ValueError):
-    """Bad task input. `source` is the file (and row) it came from, `field` the offending field (or None)."""
-
-    def __init__(self, source: str | Path, message: str, *, field: str | None = None) -> None:
-        self.source = str(source)
-        self.field = field
-        where = f"{self.source}: field '{field}'" if field else self.source
-        super().__init__(f"{where}: {message}")
-
-
-class Task(BaseModel):
-    """One task an agent is evaluated on. Test ids are pytest node ids as swebench's log parser reports them."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    instance_id: str
-    repo: str
-    base_commit: str | None = None
-    problem_statement: str
-    patch: str
-    test_patch: str
-    FAIL_TO_PASS: list[str]
-    PASS_TO_PASS: list[str]
-    version: str | None = None
-    docker_image: str | None = None
-    test_cmd: str = DEFAULT_TEST_CMD
-    setup: list[str] = []
-    expected_output_json: str | None = None
-    kind: TaskKind
-    local_dir: Path | None = None
-
-    @field_validator("FAIL_TO_PASS", "PASS_TO_PASS", mode="before")
-    @classmethod
-    def _decode_test_list(cls, value: Any) -> Any:
-        # SWE-bench stores both lists as JSON-encoded strings; parquet/HF can hand us tuples or arrays.
-        if isinstance(value, str):
-            try:
-                value = json.loads(value) if value.strip() else []
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"not a JSON-encoded list: {exc}") from None
-        if not isinstance(value, list | tuple) and hasattr(value, "tolist"):
-            value = value.tolist()
-        if not isinstance(value, list | tuple):
-            raise ValueError(f"must be a list of test ids, got {type(value).__name__}")
-        return list(value)
-
-    @field_validator("version", mode="before")
-    @classmethod
-    def _version_as_text(cls, value: Any) -> Any:
-        # Some dumps store "3.0" as a float; keep the text form the harness keys on.
-        return str(value) if isinstance(value, int | float) and not isinstance(value, bool) else value
-
-    @field_validator("instance_id", "repo")
-    @classmethod
-    def _not_blank(cls, value: str) -> str:
-        if not value.strip():
-            raise ValueError("must not be empty")
-        return value
-
-    @property
-    def repo_dir(self) -> Path | None:
-        """Local tasks: the source tree at the base state (`<local_dir>/repo`)."""
-        return self.local_dir / REPO_DIR if self.local_dir is not None else None
-
-
-def _validate(source: str, fields: dict[str, Any]) -> Task:
-    """Build a Task, turning pydantic's error into a TaskError that names the source and the field."""
-    try:
-        return Task(**fields)
-    except ValidationError as exc:
-        errors = exc.errors()
-        locs = [".".join(str(p) for p in e["loc"]) for e in errors]
-        messages = [e["msg"].removeprefix("Value error, ") + f" (got {e['input']!r:.80})" for e in errors]
-        also = "".join(f"; also field '{loc}': {msg}" for loc, msg in zip(locs[1:], messages[1:], strict=True))
-        raise TaskError(source, messages[0] + also, field=locs[0] or None) from None
-
-
-def _row_kind(row: dict[str, Any]) -> TaskKind:
-    # R2E-native rows: `repo_name` and the exact-match oracle, no SWE-bench base commit (and usually no id).
-    if (
-        row.get("repo_name")
-        and not row.get("base_commit")
-        and (not row.get("instance_id") or "expected_output_json" in row)
-    ):
-        return "r2e"
-    image = row.get("docker_image") or ""
-    if "parsed_commit" in row or R2E_SWEBENCH_IMAGE.match(image):
-        return "r2e_swebench"
-    return "swebench"
-
-
-def r2e_instance_id(row: dict[str, Any]) -> str:
-    """A stable id for an R2E-native row: `<repo_name>__<commit_hash[:12]>` (rLLM's spelling).
-
-    Without `commit_hash` it falls back to the image tag (R2E tags images by commit), then to a hash of
-    image + problem statement, so the id never changes between loads of the same row.
-    """
-    repo_name = str(row.get("repo_name") or "").strip()
-    commit = str(row.get("commit_hash") or "").strip()
-    image = str(row.get("docker_image") or "")
-    tag = image.rsplit(":", 1)[1] if ":" in image else ""
-    if not commit and tag and "/" not in tag:  # "registry:5000/name" has a port, not a tag
-        commit = tag
-    if not commit:
-        seed = f"{image}\n{row.get('problem_statement') or ''}".encode()
-        commit = hashlib.sha256(seed).hexdigest()
-    return f"{repo_name}__{commit[:12]}"
-
-
-def _r2e_base_commit(row: dict[str, Any]) -> str | None:
-    content = row.get("parsed_commit_content")
-    if isinstance(content, str):
-        try:
-            content = json.loads(content)
-        except json.JSONDecodeError:
-            return None
-    return content.get("old_commit_hash") if isinstance(content, dict) else None
-
-
-def task_from_row(row: dict[str, Any], *, source: str = "<row>") -> Task:
-    """Map one dataset row (SWE-bench classic, R2E SWE-bench or R2E-native) onto a Task."""
-    if not isinstance(row, dict):
-        raise TaskError(source, f"a task row must be an object, got {type(row).__name__}")
-    kind = _row_kind(row)
-    if kind == "r2e":
-        for key in ("repo_name", "docker_image", "problem_statement", "expected_output_json"):
-            if not row.get(key):
-                raise TaskError(source, "required for an R2E-native row", field=key)
-        expected = row["expected_output_json"]
-        if not isinstance(expected, str):
-            expected = json.dumps(expected)
-        fields = {
-            "instance_id": row.get("instance_id") or r2e_instance_id(row),
-            "repo": row["repo_name"],
-            "base_commit": _r2e_base_commit(row),
-            "problem_statement": row["problem_statement"],
-            "patch": row.get("patch") or "",
-            "test_patch": row.get("test_patch") or "",
-            "FAIL_TO_PASS": row.get("FAIL_TO_PASS") or [],
-            "PASS_TO_PASS": row.get("PASS_TO_PASS") or [],
-            "docker_image": row["docker_image"],
-            "expected_output_json": expected,
-        }
-    else:
-        required = ("instance_id", "repo", "base_commit", "problem_statement", "patch", "test_patch")
-        for key in (*required, "FAIL_TO_PASS", "PASS_TO_PASS"):
-            if key not in row or row[key] is None:
-                raise TaskError(source, f"required for a {kind} row", field=key)
-        fields = {key: row[key] for key in (*required, "FAIL_TO_PASS", "PASS_TO_PASS")}
-        fields["version"] = row.get("version")
-        fields["docker_image"] = row.get("docker_image") or row.get("image")
-    for key in ("test_cmd", "setup"):
-        if row.get(key):
-            fields[key] = row[key]
-    return _validate(source, {**fields, "kind": kind})
 
 
 def load_local_task(task_dir: str | Path) -> Task:
@@ -260,8 +128,8 @@ def load_local_task(task_dir: str | Path) -> Task:
             f"missing or empty {REPO_DIR}/ (the source tree at the base state)",
             field=f"{REPO_DIR}/",
         )
-    fields = {key: data[key] for key in LOCAL_REQUIRED + ("version", "test_cmd", "setup") if key in data}
-    return _validate(str(task_file), {**fields, "kind": "local", "local_dir": task_dir})
+    fields = {key: data[key] for key in LOCAL_REQUIRED + ("version", "test_cmd", "setup", "grading") if key in data}
+    return validate_fields(str(task_file), {**fields, "kind": "local", "local_dir": task_dir})
 
 
 def load_task_folder(folder: str | Path) -> list[Task]:
@@ -317,7 +185,31 @@ def _read_rows(path: Path) -> Iterable[tuple[str, Any]]:
     yield from ((f"{path} row {i}", row) for i, row in enumerate(rows))
 
 
-def _load_hf(name: str, split: str) -> list[Task]:
+class TaskList(list):
+    """The tasks a source yielded; `skipped` holds one TaskError per row that was reported and left out."""
+
+    def __init__(self, tasks: Iterable[Task] = (), skipped: Iterable[TaskError] = ()) -> None:
+        super().__init__(tasks)
+        self.skipped: list[TaskError] = list(skipped)
+
+
+def _rows_to_tasks(source: str | Path, rows: Iterable[tuple[str, Any]]) -> TaskList:
+    """Map each row; a row with bad fields is logged and skipped, the rest load (none loading is an error)."""
+    tasks, skipped = [], []
+    for label, row in rows:
+        try:
+            tasks.append(task_from_row(row, source=label))
+        except TaskError as exc:
+            skipped.append(exc)
+            log.warning("skipping a task row: %s", exc)
+    if not tasks:
+        if skipped:
+            raise TaskError(source, f"no usable task rows ({len(skipped)} skipped); first: {skipped[0]}")
+        raise TaskError(source, "holds no task rows")
+    return TaskList(_unique(source, tasks), skipped)
+
+
+def _load_hf(name: str, split: str) -> TaskList:
     """A Hugging Face dataset by name (e.g. `R2E-Gym/SWE-Bench-Verified`), through `datasets`."""
     import datasets
 
@@ -325,12 +217,15 @@ def _load_hf(name: str, split: str) -> list[Task]:
         dataset = datasets.load_dataset(name, split=split)
     except Exception as exc:  # offline, unknown name, unknown split: all surface as a TaskError
         raise TaskError(name, f"cannot load Hugging Face dataset (split {split!r}): {exc}") from None
-    return _unique(name, [task_from_row(dict(row), source=f"{name}[{split}] row {i}") for i, row in enumerate(dataset)])
+    return _rows_to_tasks(name, ((f"{name}[{split}] row {i}", dict(row)) for i, row in enumerate(dataset)))
 
 
 def load_tasks(source: str | Path, *, split: str = "test") -> list[Task]:
     """Load tasks from a JSON/JSONL/parquet file, a local task folder or suite, a bundled suite's name, or a
-    Hugging Face dataset name. `split` applies only to Hugging Face datasets.
+    Hugging Face dataset name. `split` applies only to Hugging Face datasets (R2E-Gym's sets are `train`).
+
+    For files and datasets the result is a :class:`TaskList`: rows with bad fields are skipped and listed in
+    its `skipped` (each a TaskError naming the row and field); a file that cannot be read at all raises.
     """
     path = Path(source).expanduser()
     if path.is_dir():
@@ -338,10 +233,7 @@ def load_tasks(source: str | Path, *, split: str = "test") -> list[Task]:
     if path.is_file():
         if path.suffix.lower() not in FILE_SUFFIXES:
             raise TaskError(path, f"unsupported file type (use {', '.join(FILE_SUFFIXES)})")
-        tasks = [task_from_row(row, source=label) for label, row in _read_rows(path)]
-        if not tasks:
-            raise TaskError(path, "holds no task rows")
-        return _unique(path, tasks)
+        return _rows_to_tasks(path, list(_read_rows(path)))
     text = str(source)
     if isinstance(source, str) and source in known_suites():
         return load_task_folder(SUITES_DIR / source)

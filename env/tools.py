@@ -11,6 +11,9 @@ in-container timeout. Observation text is R2E-Gym's (`Observation.__str__` + `Do
 * other tools: `Execution output of [<tool>]:` and the output (the editor clips itself at 10,000 chars).
 * finish / submit: `<<< Finished >>>`; no call at all: `NO_FUNCTION_CALL_REMINDER`.
 
+tests/env/test_tool_differential.py plays the same calls through R2E-Gym's published scripts and compares the
+observations; the few deliberate differences and their reasons are in docs/sandbox.md.
+
 Interpreter: the first Python >= 3.6 among the system python3 (ours, most images), the base miniconda
 python (SWE-bench images), the R2E venv (`/root/.venv`, `/testbed/.venv`), the conda env `testbed`, then
 `python3` on PATH. Tool scripts only need the standard library, so the repo's own env stays untouched;
@@ -54,9 +57,10 @@ INTERPRETER_CANDIDATES = (
     "/opt/miniconda3/envs/testbed/bin/python",
     "/usr/local/bin/python3",
 )
+# our own wording; with R2E-Gym's prompts loaded, the agent sends R2E-Gym's reply instead (agent_runner.scaffold)
 NO_FUNCTION_CALL_REMINDER = (
-    "\nYou forgot to use a function call in your response. \nYOU MUST USE A FUNCTION CALL IN EACH RESPONSE."
-    "\n\nIMPORTANT: YOU SHOULD NEVER ASK FOR HUMAN HELP.\n"
+    "\nYour reply contained no function call. EVERY REPLY MUST END WITH EXACTLY ONE FUNCTION CALL."
+    "\n\nDo not ask for help: keep working with the functions until you can call finish.\n"
 )
 FINISHED_OBSERVATION = "<<< Finished >>>"
 _ANSI = re.compile(r"\x1b\[[0-9;]*m|\r")

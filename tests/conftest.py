@@ -9,6 +9,7 @@ hide a broken install step.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -27,6 +28,24 @@ def require(condition: bool, reason: str) -> None:
     if IN_CI:
         pytest.fail(f"required in CI: {reason}")
     pytest.skip(reason)
+
+
+def r2egym_peer() -> Path:
+    """R2E-Gym's published files (the reference for differential tests): `$NEXUS_R2EGYM_PEER`, else
+    `shared/peers/r2egym` beside the checkout, else the workplace's `/work/shared/peers/r2egym`. Tests that
+    need it skip when it is absent, even in CI: it is reference material outside the repository, not an
+    install step."""
+    if os.environ.get("NEXUS_R2EGYM_PEER"):
+        return Path(os.environ["NEXUS_R2EGYM_PEER"])
+    candidates = [Path(__file__).resolve().parents[1].parent / "shared/peers/r2egym", Path("/work/shared/peers/r2egym")]
+    return next((p for p in candidates if p.is_dir()), candidates[0])
+
+
+def need_r2egym_peer() -> Path:
+    peer = r2egym_peer()
+    if not (peer / "src/r2egym").is_dir():
+        pytest.skip(f"R2E-Gym peer snapshot not found at {peer} (set NEXUS_R2EGYM_PEER)")
+    return peer
 
 
 def docker_status() -> tuple[bool, str]:

@@ -273,9 +273,29 @@ def compare_jobs(session: Any, job_ids: Sequence[str], *, confidence: float = 0.
 
     jobs = [get_job(session, j) for j in job_ids]
     ids = [job.id for job in jobs]
-    per_job = [outcomes_from_episodes(latest_attempts(session, [j])) for j in ids]
-    outcomes, notes = merge_jobs(per_job)
-    return build_table(outcomes, job_ids=ids, confidence=confidence, seed=seed, notes=notes + setting_notes(jobs))
+    episodes = [latest_attempts(session, [j]) for j in ids]
+    outcomes, notes = merge_jobs([outcomes_from_episodes(e) for e in episodes])
+    notes += setting_notes(jobs) + grading_notes([e for per_job in episodes for e in per_job])
+    return build_table(outcomes, job_ids=ids, confidence=confidence, seed=seed, notes=notes)
+
+
+def grading_notes(episodes: Sequence[Any]) -> list[str]:
+    """Which tools graded the table, and the verdicts on tasks that needed a network grading did not have."""
+    graders = sorted({f"{e.grader} ({e.grader_version})" for e in episodes if e.grader})
+    notes = [f"graded by {', '.join(graders)}"] if graders else []
+    offline = sorted(
+        {
+            e.task_id
+            for e in episodes
+            if ((e.result or {}).get("grade") or {}).get("needs_network") and e.status != "resolved"
+        }
+    )
+    if offline:
+        notes.append(
+            f"{len(offline)} task(s) need the network and were graded without it; their unresolved verdicts may "
+            f"not be the agent's: {', '.join(offline[:10])}{' ...' if len(offline) > 10 else ''}"
+        )
+    return notes
 
 
 #: Job settings that change what a column means; merged jobs that differ in them get a warning note.

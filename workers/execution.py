@@ -221,6 +221,7 @@ def execute_episode(
         "service_timings": dict(timings),
         "episode_timings": dict(result.timings) if result else {},
         "took_over_from": claim.took_over_from,
+        "scaffold": result.scaffold.model_dump(mode="json") if result is not None and result.scaffold else None,
     }
     t0 = time.monotonic()
     with db.session() as s:
@@ -228,6 +229,18 @@ def execute_episode(
     timings["finish_s"] = time.monotonic() - t0
     reason = state["claim_lost"] or (None if written else "the claim was lost before finishing")
     return ExecutionOutcome(episode_id, ran=True, status=status, reason=reason, written=written, timings=timings)
+
+
+def grade_report(graded) -> dict[str, Any]:
+    """What is stored of a grade beside its status (``result["grade"]``): the tests, the tool's own report,
+    and whether the task needs a network the grading container did not have."""
+    return {
+        "tests": graded.tests,
+        "fail_to_pass": graded.fail_to_pass,
+        "pass_to_pass": graded.pass_to_pass,
+        "tool_report": graded.report,
+        "needs_network": graded.needs_network,
+    }
 
 
 def grade_stored_episode(db: Database, episode_id: str) -> str | None:
@@ -240,26 +253,27 @@ def grade_stored_episode(db: Database, episode_id: str) -> str | None:
         return None
     try:
         from env.grading import grade
+        from env.grading.hostlog import pack as pack_log
 
         if patch is None:
             raise RuntimeError("the agent stage left no patch (the diff could not be taken)")
-        graded = grade(EpisodeSpec.model_validate(config).load_task(), patch)
+        spec = EpisodeSpec.model_validate(config)
+        graded = grade(spec.load_task(), patch, config=spec.grade_config())
     except Exception as exc:  # grading infrastructure broke: recorded, the agent's patch stays for a regrade
         with db.session() as s:
             db_store.record_grade(s, episode_id, "infra_failure", error=f"grading failed: {type(exc).__name__}: {exc}")
         return "infra_failure"
-    report = {"tests": graded.tests, "fail_to_pass": graded.fail_to_pass, "pass_to_pass": graded.pass_to_pass}
     with db.session() as s:
         db_store.record_grade(
             s,
             episode_id,
             graded.status,
-            test_log=graded.log,
+            test_log=pack_log(graded.log),
             grader=graded.grader,
             grader_version=graded.grader_version,
             grade_s=graded.seconds,
             error=graded.error,
-            report=report,
+            report=grade_report(graded),
         )
     return graded.status
 
@@ -279,8 +293,8 @@ def regrade_job(db: Database, job_id: str) -> list[tuple[str, str | None, str]]:
     for episode_id, old, patch, log, config in rows:
         if not log and not (patch is not None and not patch.strip()):
             continue
-        graded = regrade(EpisodeSpec.model_validate(config).load_task(), log or "", patch or "")
-        report = {"tests": graded.tests, "fail_to_pass": graded.fail_to_pass, "pass_to_pass": graded.pass_to_pass}
+        spec = EpisodeSpec.model_validate(config)
+        graded = regrade(spec.load_task(), log or "", patch or "", config=spec.grade_config())
         with db.session() as s:
             db_store.record_grade(
                 s,
@@ -290,7 +304,7 @@ def regrade_job(db: Database, job_id: str) -> list[tuple[str, str | None, str]]:
                 grader=graded.grader,
                 grader_version=graded.grader_version,
                 error=graded.error,
-                report=report,
+                report=grade_report(graded),
                 regrade=True,
             )
         changes.append((episode_id, old, graded.status))

@@ -13,7 +13,7 @@ A job file (YAML) looks like::
     method_params: {nexus: {walk_steps: 3}}
     seeds: [0, 1, 2]
     limits: {max_steps: 100, soft_step_limit: 40, max_context_tokens: 65536}
-    sampling: {temperature: 1.0, top_p: 1.0, top_k: 0, max_new_tokens: 4096}
+    sampling: {temperature: 1.0, top_p: 1.0, top_k: 0, max_new_tokens: null}  # null: no per-turn cap
     tasks: {suite: mini, ids: ["mini__*"]}
 
 **Dense runs once per (task, seed), not once per cell.** Dense evicts nothing, so its result cannot depend
@@ -38,7 +38,7 @@ import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
@@ -174,6 +174,9 @@ class JobSpec(_Frozen):
     tasks: TaskSelection
     openai: dict[str, Any] = Field(default_factory=dict, description="OpenAIConfig fields for backend=openai")
     grade: bool = True
+    grade_route: Literal["swebench", "r2e"] = Field(
+        "swebench", description="R2E's SWE-bench rows: graded by swebench (official) or by R2E-Gym's in-loop reward"
+    )
     dense_per_cell: bool = False
 
     @field_validator("methods", "scopes", "protocols", "seeds")
@@ -311,6 +314,7 @@ class JobSpec(_Frozen):
             agent=self.limits,
             openai=dict(self.openai),
             grade=self.grade,
+            grade_route=self.grade_route,
         )
 
 

@@ -12,11 +12,13 @@ A backend is anything with these two methods (structural typing; no base class n
         Continue the conversation: ``messages`` is the WHOLE conversation so far (system, user, then
         alternating assistant/user), always ending with a user message. Return the next assistant turn's
         raw text (including any ``<think>`` block) and its telemetry. ``max_new_tokens`` caps this turn's
-        generation (None: the backend's own cap); a backend must also keep prompt + generation within its
-        own context window (configure it with the same value as ``AgentConfig.max_context_tokens``) and
-        report ``finish_reason="length"`` when it stopped early. When the prompt alone already fills the
-        window, return at once (``text=""``, ``prompt_tokens`` = its length, ``tokens_generated=0``): the loop
-        then ends the episode as ``context_limit`` without acting, like R2E's pre-call token check.
+        generation (None, the default: the backend's own cap if one is configured, else only the context
+        window, as in DeepSWE's evaluation, which sent no max_tokens); a backend must also keep prompt +
+        generation within its own context window (configure it with the same value as
+        ``AgentConfig.max_context_tokens``) and report ``finish_reason="length"`` when it stopped early. When
+        the prompt alone already fills the window, return at once (``text=""``, ``prompt_tokens`` = its
+        length, ``tokens_generated=0``): the loop then ends the episode as ``context_limit`` without acting,
+        like R2E's pre-call token check.
         Telemetry fields a backend cannot measure keep their defaults (see records.Completion).
 
 Guarantees the agent loop (agent_runner.agent) gives a backend, so a stateful backend can work out which

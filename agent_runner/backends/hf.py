@@ -90,7 +90,8 @@ class HFBackend:
                 finish_reason="length",
                 extra={"context_full": True},
             )
-        limit = min(max_new_tokens or self.sampling.max_new_tokens, self.sampling.max_new_tokens, room)
+        # caps: the agent's per-turn one, the sampling config's; neither set (the default) = the rest of the window
+        limit = min(cap for cap in (max_new_tokens, self.sampling.max_new_tokens, room) if cap is not None)
         forced = None
         if forced_text is not None:
             forced = self.host.tokenizer.encode(forced_text, add_special_tokens=False) + [self._im_end]

@@ -1,18 +1,28 @@
 """In-container side of the `execute_bash` tool (R2E-Gym semantics and messages; Python 3.6+, stdlib only).
 
 One fresh `/bin/sh` process per call (no persistent shell). Commands whose first word is git, ipython,
-jupyter or nohup are refused. Prints `[STDOUT]` and `[STDERR]` sections; on failure an error line first and
-the command's exit code as ours. The time limit is enforced by the caller (env.sandbox) around this script.
+jupyter or nohup are refused (the list of the `r2egym` scaffold DeepSWE used; see docs/sandbox.md). Prints
+`[STDOUT]` and `[STDERR]` sections, read with universal newlines (CRLF and lone CR become LF) as R2E-Gym's
+`text=True` does; on failure an error line first, and the command's exit status is ours (a command killed by
+signal N exits with 256 - N, as `sys.exit(-N)` does in R2E-Gym). The time limit is enforced by the caller
+(env.sandbox) around this script.
 """
 
 import argparse
+import io
 import subprocess
 import sys
 
 BLOCKED_FIRST_WORDS = ("git", "ipython", "jupyter", "nohup")
 
 
+def text_of(raw):
+    return raw.decode("utf-8", "replace").replace("\r\n", "\n").replace("\r", "\n")
+
+
 def main():
+    if hasattr(sys.stdout, "buffer"):  # UTF-8 even where a 3.6 interpreter would pick ASCII for the C locale
+        sys.stdout = io.TextIOWrapper(sys.stdout.buffer, encoding="utf-8", errors="replace")
     parser = argparse.ArgumentParser(description="Execute a bash command.")
     parser.add_argument("--cmd", required=True)
     args = parser.parse_args()
@@ -25,8 +35,7 @@ def main():
         sys.exit(1)
     proc = subprocess.Popen(args.cmd, shell=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     out, err = proc.communicate()
-    out = out.decode("utf-8", "replace")
-    err = err.decode("utf-8", "replace")
+    out, err = text_of(out), text_of(err)
     if proc.returncode != 0:
         print("Error executing command:\n")
     print("[STDOUT]\n")
@@ -35,7 +44,7 @@ def main():
     print(err.strip())
     sys.stdout.flush()
     if proc.returncode != 0:
-        sys.exit(proc.returncode if proc.returncode > 0 else 128 - proc.returncode)
+        sys.exit(proc.returncode)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,11 @@ Installed by `env.tools.ToolBox.install()` as /usr/local/bin/file_editor with a 
 interpreter; it must stay runnable by Python 3.6+ with the standard library only (no chardet needed).
 Commands: view | create | str_replace | insert | undo_edit. Undo history (the previous full text per path)
 lives in /var/tmp/editor_state.json, so it survives between calls. Errors print `ERROR: ...`, exit code 0.
+
+Text model (what every message, line number and match is computed on): the file decoded (a BOM's codec,
+else UTF-8, else Latin-1) with universal newlines (CRLF and lone CR read as LF), as R2E-Gym's
+`Path.read_text` does. Written back: in the file's own encoding and, for a file whose line ends were all CRLF,
+with CRLF again, so an edit changes only the edited lines (R2E-Gym rewrites such files as UTF-8 + LF).
 """
 
 import argparse
@@ -11,8 +16,11 @@ import ast
 import io
 import json
 import os
+import pathlib
+import re
 import subprocess
 import sys
+import traceback
 
 STATE_FILE = "/var/tmp/editor_state.json"
 SNIPPET_LINES = 4
@@ -32,6 +40,14 @@ CONCISE_HEADER = (
     "manner. Please use specific view_range without concise cmd if you want to explore further into the "
     "relevant parts.]\n"
 )
+# longest first: the UTF-32 LE mark starts with the UTF-16 LE one
+BOMS = (
+    (b"\xff\xfe\x00\x00", "utf-32-le"),
+    (b"\x00\x00\xfe\xff", "utf-32-be"),
+    (b"\xef\xbb\xbf", "utf-8"),
+    (b"\xff\xfe", "utf-16-le"),
+    (b"\xfe\xff", "utf-16-be"),
+)
 
 
 class EditorError(Exception):
@@ -44,21 +60,49 @@ def clip(text):
     return text[:MAX_RESPONSE_LEN] + CLIP_NOTE
 
 
-def read_text(path):
-    with open(path, "rb") as handle:
-        raw = handle.read()
-    for encoding in ("utf-8", "latin-1"):
+def is_python(path):
+    """`.py` suffix as pathlib sees it (a file named `.py` has none)."""
+    return pathlib.PurePosixPath(path).suffix == ".py"
+
+
+def decode(raw):
+    """(text with universal newlines, codec, BOM bytes, True if every line end was CRLF)."""
+    text, codec, bom = None, "utf-8", b""
+    for mark, name in BOMS:
+        if raw.startswith(mark):
+            try:
+                text, codec, bom = raw[len(mark) :].decode(name), name, mark
+                break
+            except UnicodeDecodeError:
+                pass
+    if text is None:
         try:
-            return raw.decode(encoding)
+            text = raw.decode("utf-8")
         except UnicodeDecodeError:
-            continue
-    return raw.decode("utf-8", "replace")
+            text, codec = raw.decode("latin-1"), "latin-1"
+    lf, crlf = text.count("\n"), text.count("\r\n")
+    all_crlf = crlf > 0 and crlf == lf == text.count("\r")
+    return text.replace("\r\n", "\n").replace("\r", "\n"), codec, bom, all_crlf
 
 
-def write_text(path, text):
+def read_file(path):
+    """The file's text (see the module docstring) and how to write it back: (codec, bom, crlf)."""
+    with open(path, "rb") as handle:
+        text, codec, bom, crlf = decode(handle.read())
+    return text, (codec, bom, crlf)
+
+
+def write_file(path, text, style=("utf-8", b"", False)):
+    codec, bom, crlf = style
+    if crlf:
+        text = re.sub(r"\r?\n", "\r\n", text)
     try:
-        with open(path, "w", encoding="utf-8", newline="") as handle:
-            handle.write(text)
+        data = bom + text.encode(codec)
+    except UnicodeEncodeError:  # new text the old encoding cannot hold: UTF-8, as R2E-Gym writes every file
+        data = text.encode("utf-8", "surrogateescape")
+    try:
+        with open(path, "wb") as handle:
+            handle.write(data)
     except Exception as exc:
         raise EditorError(f"Failed to write file {path}: {exc}") from None
 
@@ -66,8 +110,11 @@ def write_text(path, text):
 def load_history():
     try:
         with open(STATE_FILE, encoding="utf-8") as handle:
-            return dict(json.load(handle))
-    except (OSError, ValueError):
+            return {key: value for key, value in json.load(handle).items()}
+    except FileNotFoundError:
+        return {}
+    except Exception as exc:
+        print(f"Warning: Could not load editor history from {STATE_FILE}: {exc}")
         return {}
 
 
@@ -75,7 +122,7 @@ def save_history(history):
     try:
         with open(STATE_FILE, "w", encoding="utf-8") as handle:
             json.dump(history, handle)
-    except OSError as exc:
+    except Exception as exc:
         print(f"Warning: Could not write editor history to {STATE_FILE}: {exc}")
 
 
@@ -87,7 +134,7 @@ def numbered(content, descriptor, first_line=1):
 
 
 def syntax_problem(text, path, enabled):
-    if not enabled or not path.endswith(".py"):
+    if not enabled or not is_python(path):
         return ""
     try:
         ast.parse(text, filename=path)
@@ -96,29 +143,59 @@ def syntax_problem(text, path, enabled):
     return ""
 
 
+def last_line_in(node):
+    """The largest `lineno` in a subtree (how the span of a node is found without `end_lineno`)."""
+    best = getattr(node, "lineno", 0)
+    for child in ast.iter_child_nodes(node):
+        best = max(best, last_line_in(child))
+    return best
+
+
+def is_string_statement(node):
+    if not isinstance(node, ast.Expr):
+        return False
+    value = node.value
+    if isinstance(value, ast.Constant) and isinstance(value.value, str):
+        return True
+    return sys.version_info < (3, 8) and isinstance(value, ast.Str)  # 3.6/3.7 parse strings to ast.Str
+
+
+def elided_ranges(tree):
+    """0-based inclusive line ranges to hide: function bodies spanning 4+ lines, inner lines of long class
+    docstrings. With `end_lineno` (3.8+) a span is exact; before it the deepest `lineno` bounds it (and a
+    function's docstring lines are counted back from its first statement)."""
+    ranges = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            last = node.body[-1]
+            first = node.body[0].lineno - 1
+            if getattr(last, "end_lineno", None):
+                end = last.end_lineno - 1
+            else:
+                doc = ast.get_docstring(node)
+                if doc:
+                    first -= doc.count("\n") + 1
+                end = last_line_in(last) - 1
+            if end - first >= 3:
+                ranges.append((first, end))
+        if isinstance(node, ast.ClassDef) and node.body and is_string_statement(node.body[0]):
+            doc = node.body[0]
+            if getattr(doc, "end_lineno", None):
+                start, end = doc.lineno - 1, doc.end_lineno - 1
+            else:
+                start, end = node.lineno, last_line_in(doc) - 1
+            if end - start >= 4:
+                ranges.append((start + 1, end - 1))
+    return ranges
+
+
 def elided_lines(path, text):
-    """(0-based line index, text) pairs with long function bodies and class docstrings replaced by notes."""
+    """(0-based line index, text) pairs with the elided ranges replaced by one note each."""
     try:
         tree = ast.parse(text, filename=path)
     except SyntaxError as exc:
         raise EditorError(f"Syntax error for file {path}: {exc}") from None
-    ranges = []
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
-            first = node.body[0].lineno - 1
-            last = (getattr(node.body[-1], "end_lineno", None) or node.body[-1].lineno) - 1
-            if last - first >= 3:
-                ranges.append((first, last))
-        if isinstance(node, ast.ClassDef) and node.body:
-            doc = node.body[0]
-            if (
-                isinstance(doc, ast.Expr)
-                and isinstance(getattr(doc, "value", None), ast.Constant)
-                and isinstance(doc.value.value, str)
-            ):
-                start, end = doc.lineno - 1, (getattr(doc, "end_lineno", None) or doc.lineno) - 1
-                if end - start >= 4:
-                    ranges.append((start + 1, end - 1))
+    ranges = elided_ranges(tree)
     hidden = set()
     for start, end in ranges:
         hidden.update(range(start, end + 1))
@@ -129,8 +206,11 @@ def elided_lines(path, text):
 
 def view_directory(path):
     cmd = ["find", path, "-maxdepth", "2", "-not", "-path", "*/.*", "(", "-type", "d", "-o", "-name", "*.py", ")"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True)
-    out, err = proc.communicate()
+    try:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True)
+        out, err = proc.communicate()
+    except Exception as exc:
+        return "", f"Ran into {exc} while trying to list directory contents of {path}."
     if err.strip():
         return "", err.strip()
     listing = f"Here's the files and directories up to 2 levels deep in {path}, excluding hidden:\n"
@@ -140,12 +220,12 @@ def view_directory(path):
 def view(path, view_range, concise):
     if os.path.isdir(path):
         return view_directory(path)
-    if not path.endswith(".py"):
-        name = os.path.basename(path)
+    if not is_python(path):
+        name = pathlib.PurePosixPath(path).name
         return "", (
             f"ERROR: Viewing non-Python files is disallowed for saving context. File '{name}' is not a .py file."
         )
-    text = read_text(path)
+    text = read_file(path)[0]
     if not view_range and not concise and len(text.splitlines()) > CONCISE_ABOVE_LINES:
         concise = True
     pairs = elided_lines(path, text) if concise else list(enumerate(text.splitlines()))
@@ -159,9 +239,10 @@ def view(path, view_range, concise):
                 f"Invalid view_range {view_range}: end must be >= start and <= {total}, or -1 to view until end."
             )
         pairs = [(i, line) for i, line in pairs if i + 1 >= start and (end == -1 or i + 1 <= end)]
-    header = (
-        CONCISE_HEADER.format(path=path) if concise else f"Here's the result of running `cat -n` on the file: {path}:\n"
-    )
+    if concise:
+        header = CONCISE_HEADER.format(path=path)
+    else:
+        header = f"Here's the result of running `cat -n` on the file: {path}:\n"
     body = "\n".join(f"{i + 1:6d} {line}" for i, line in pairs)
     return clip(header + body), ""
 
@@ -173,11 +254,11 @@ def create(path, file_text, history, lint):
     if problem:
         return "", problem
     try:
-        with open(path, "w", encoding="utf-8", newline="") as handle:
+        with open(path, "w", encoding="utf-8") as handle:
             handle.write(file_text)
+        history.setdefault(path, []).append("")
     except Exception as exc:
         raise EditorError(f"Error creating file at {path}: {exc}") from None
-    history.setdefault(path, []).append("")
     return (
         f"File created at {path}. "
         + numbered(file_text, path)
@@ -185,11 +266,18 @@ def create(path, file_text, history, lint):
     ), ""
 
 
+def read_for_edit(path):
+    try:
+        return read_file(path)
+    except Exception as exc:
+        raise EditorError(f"Failed to read file {path}: {exc}") from None
+
+
 def str_replace(path, old_str, new_str, history, lint):
     if old_str is None:
         raise EditorError("Missing required parameter 'old_str' for 'str_replace'.")
     new_str = new_str or ""
-    content = read_text(path)
+    content, style = read_for_edit(path)
     count = content.count(old_str)
     if count == 0:
         raise EditorError(f"No occurrences of '{old_str}' found in {path} for replacement.")
@@ -202,7 +290,7 @@ def str_replace(path, old_str, new_str, history, lint):
     if problem:
         return "", problem
     history.setdefault(path, []).append(content)
-    write_text(path, updated)
+    write_file(path, updated, style)
     at_line = content.split(old_str)[0].count("\n")
     first = max(0, at_line - SNIPPET_LINES)
     last = at_line + SNIPPET_LINES + new_str.count("\n")
@@ -219,7 +307,7 @@ def insert(path, insert_line, new_str, history, lint):
         raise EditorError("Missing required parameter 'new_str' for 'insert'.")
     if insert_line is None:
         raise EditorError("Missing required parameter 'insert_line' for 'insert'.")
-    content = read_text(path)
+    content, style = read_for_edit(path)
     lines = content.split("\n")
     if insert_line < 0 or insert_line > len(lines):
         raise EditorError(f"Invalid insert_line {insert_line}. Must be in [0, {len(lines)}].")
@@ -229,7 +317,7 @@ def insert(path, insert_line, new_str, history, lint):
     if problem:
         return "", problem
     history.setdefault(path, []).append(content)
-    write_text(path, updated)
+    write_file(path, updated, style)
     snippet = "\n".join(
         lines[max(0, insert_line - SNIPPET_LINES) : insert_line]
         + added
@@ -249,7 +337,11 @@ def undo_edit(path, history):
     if not stack:
         raise EditorError(f"No previous edits found for {path} to undo.")
     previous = stack.pop()
-    write_text(path, previous)
+    try:
+        style = read_file(path)[1]  # the file keeps the encoding and line ends our edits gave it
+    except Exception:
+        style = ("utf-8", b"", False)
+    write_file(path, previous, style)
     return f"Last edit to {path} undone successfully. " + numbered(previous, path), ""
 
 
@@ -267,7 +359,7 @@ def check_path(command, path):
 
 def run(args, history):
     check_path(args.command, args.path)
-    lint = bool(args.enable_linting) and args.enable_linting.lower() not in ("false", "0", "")
+    lint = bool(args.enable_linting)  # as R2E-Gym's argparse `type=bool`: any non-empty value, even "false"
     if args.command == "view":
         return view(args.path, args.view_range, args.concise.lower() == "true")
     if args.command == "create":
@@ -284,7 +376,8 @@ def run(args, history):
 
 
 def parse_range(text):
-    parts = text.strip().strip("[]()").replace(",", " ").split()
+    text = text.strip().strip("[]()")
+    parts = text.replace(",", " ").split()
     if len(parts) != 2:
         raise argparse.ArgumentTypeError(f"Expected two numbers, got: {text}")
     try:
@@ -296,6 +389,7 @@ def parse_range(text):
 def main():
     if hasattr(sys.stdout, "buffer"):
         sys.stdout = io.TextIOWrapper(sys.stdout.buffer, encoding="utf-8", errors="replace")
+    # the same options in the same order as R2E-Gym's editor, so argparse's usage/error text is the same
     parser = argparse.ArgumentParser(description="view / create / str_replace / insert / undo_edit files")
     parser.add_argument("command")
     parser.add_argument("--path")
@@ -306,9 +400,10 @@ def main():
     parser.add_argument("--insert_line", type=int)
     parser.add_argument("--enable_linting", default="")
     parser.add_argument("--concise", default="False")
+    parser.add_argument("--python_only", default="true")  # accepted and ignored, as in R2E-Gym
     args = parser.parse_args()
     if args.path is not None:
-        args.path = os.path.normpath(args.path) if args.path.strip() else args.path
+        args.path = str(pathlib.PurePosixPath(args.path))  # R2E-Gym's Path(): drops `//`, `/./`, a trailing `/`
     history = load_history()
     try:
         output, error = run(args, history)
@@ -319,6 +414,7 @@ def main():
         print(f"ERROR: {exc}")
     except Exception as exc:
         print(f"ERROR: Unhandled exception: {exc}")
+        traceback.print_exc()
     save_history(history)
 
 

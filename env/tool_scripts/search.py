@@ -1,8 +1,10 @@
 """In-container side of the `search` tool (R2E-Gym semantics and messages; Python 3.6+, stdlib only).
 
-A directory: walk non-hidden paths, count lines containing the term (plain substring) per file, only `.py`
-files unless `--python_only false`; more than 100 matching files asks to narrow the search. A file:
-`grep -n`.
+A directory: walk non-hidden paths in the file system's order (as R2E-Gym does; the listing is not sorted),
+count lines containing the term (plain substring) per file, only `.py` files unless `--python_only ''` (as in
+R2E-Gym, any non-empty value, even "false", keeps the `.py` filter); more than 100 matching files asks to
+narrow the search. A file that cannot be opened is skipped (R2E-Gym stops with a traceback on one that is
+not a permission error, e.g. a dangling symlink). A file: `grep -n`.
 """
 
 import argparse
@@ -18,8 +20,8 @@ def search_directory(term, directory, python_only):
         sys.exit(1)
     counts = []
     for root, dirs, files in os.walk(directory):
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-        for name in sorted(files):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        for name in files:
             if name.startswith(".") or (python_only and not name.endswith(".py")):
                 continue
             path = os.path.join(root, name)
@@ -73,7 +75,7 @@ def main():
     if os.path.isfile(args.path):
         search_file(args.search_term, args.path)
     else:
-        search_directory(args.search_term, args.path, args.python_only.lower() not in ("false", "0", "no"))
+        search_directory(args.search_term, args.path, bool(args.python_only))
 
 
 if __name__ == "__main__":

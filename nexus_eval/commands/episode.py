@@ -56,7 +56,16 @@ def episode(
     density: float = typer.Option(0.2, help="kept fraction of the logical length"),
     seed: int = typer.Option(0),
     max_steps: int = typer.Option(100, "--max-steps"),
-    max_new_tokens: int = typer.Option(4096, "--max-new-tokens", help="per-turn generation cap"),
+    max_new_tokens: int = typer.Option(
+        None, "--max-new-tokens", help="per-turn generation cap (default: none, the context limit governs)"
+    ),
+    prompts: str = typer.Option(
+        None, "--prompts", help="R2E-Gym prompt YAML (a path, or r2egym:NAME) for DeepSWE's scaffold; docs/agent.md"
+    ),
+    r2egym_root: str = typer.Option(None, "--r2egym-root", help="an R2E-Gym checkout's src/r2egym, for --prompts"),
+    grade_route: str = typer.Option(
+        "swebench", "--grade-route", help="R2E's SWE-bench rows: swebench (official) or r2e (R2E-Gym's reward)"
+    ),
     temperature: float = typer.Option(1.0),
     base_url: str = typer.Option(None, "--base-url", help="openai backend: endpoint up to /v1"),
     grade: bool = typer.Option(True, "--grade/--no-grade", help="grade the patch in a fresh container"),
@@ -82,10 +91,14 @@ def episode(
             protocol=protocol,
             seed=seed,
             sampling=SamplingConfig(max_new_tokens=max_new_tokens, temperature=temperature),
-            agent=AgentConfig(max_steps=max_steps, max_new_tokens=max_new_tokens, seed=seed),
+            agent=AgentConfig(
+                max_steps=max_steps, max_new_tokens=max_new_tokens, seed=seed, prompts=prompts, r2egym_root=r2egym_root
+            ),
             openai={"base_url": base_url} if base_url else {},
             grade=grade,
+            grade_route=grade_route,
         )
+        spec.agent.scaffold()  # a bad prompt file fails here, before any container starts
         the_task = spec.load_task()
         with console.status(f"loading {backend} backend"):
             the_model = build_model(spec, the_task)  # bad model / method errors surface before any container
@@ -103,6 +116,7 @@ def episode(
             the_model,
             agent_config=spec.agent,
             grade=spec.grade,
+            grade_config=spec.grade_config(),
             on_turn=on_turn,
             labels={"nexus-eval.job": "cli"},
         )

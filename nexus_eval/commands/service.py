@@ -57,7 +57,7 @@ def _flags_to_data(
     suite: str,
     tasks: str | None,
     max_steps: int,
-    max_new_tokens: int,
+    max_new_tokens: int | None,
     max_context_tokens: int,
     temperature: float,
 ) -> dict[str, Any]:
@@ -97,7 +97,7 @@ def submit(
     suite: str = _SUITE,
     tasks: str = typer.Option(None, "--tasks", help="comma-separated task ids or globs"),
     max_steps: int = typer.Option(100, "--max-steps"),
-    max_new_tokens: int = typer.Option(4096, "--max-new-tokens"),
+    max_new_tokens: int = typer.Option(None, "--max-new-tokens", help="per-turn cap; default none (the context)"),
     max_context_tokens: int = typer.Option(65536, "--max-context-tokens"),
     temperature: float = _TEMPERATURE,
     db: str = DB_OPTION,

@@ -56,6 +56,9 @@ def inspect(
     except LookupError as exc:
         fail(str(exc))
     if as_json:
+        from env.grading.hostlog import unpack
+
+        info["test_log"] = unpack(info.get("test_log")) or None
         typer.echo(json.dumps({"episode": info, "turns": turn_rows}, default=str))
         return
     console = Console()
@@ -69,6 +72,12 @@ def inspect(
     )
     if info["error"]:
         console.print(f"[yellow]{info['error'].splitlines()[0]}[/yellow]")
+    if info.get("grader"):
+        grade = (info.get("result") or {}).get("grade") or {}
+        offline = (
+            " [yellow](the task needs the network; graded without it)[/yellow]" if grade.get("needs_network") else ""
+        )
+        console.print(f"graded by {info['grader']} ({info['grader_version']}){offline}")
     table = Table(title="turns")
     for col in (
         "turn",

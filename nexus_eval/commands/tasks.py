@@ -14,6 +14,13 @@ tasks_app = typer.Typer(help="Task suites and task folders.", no_args_is_help=Tr
 def validate(
     suite: str = typer.Option(None, "--suite", help="a bundled suite name, e.g. mini"),
     path: Path = typer.Option(None, "--path", help="a folder of local tasks (or one task folder)"),
+    file: str = typer.Option(
+        None, "--file", help="a JSON/JSONL/parquet file of dataset rows, or a Hugging Face dataset name"
+    ),
+    split: str = typer.Option("test", "--split", help="the dataset split, with --file NAME (R2E-Gym's is train)"),
+    r2e_route: bool = typer.Option(
+        False, "--r2e-route", help="grade R2E's SWE-bench rows with R2E-Gym's in-loop reward, not swebench's"
+    ),
     task_id: list[str] = typer.Option(None, "--task", help="only these instance ids (repeatable)"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON list instead of a table"),
 ) -> None:
@@ -22,16 +29,21 @@ def validate(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
-    from env.tasks import TaskError, load_local_task, load_suite
+    from env.grading import GradeConfig
+    from env.tasks import TaskError, load_local_task, load_suite, load_tasks
     from env.validate import validate_tasks
 
     console = Console(stderr=True)
-    if (suite is None) == (path is None):
-        console.print("[red]error:[/red] give exactly one of --suite NAME or --path DIR")
+    if sum(x is not None for x in (suite, path, file)) != 1:
+        console.print("[red]error:[/red] give exactly one of --suite NAME, --path DIR or --file ROWS")
         raise typer.Exit(2)
     try:
         if suite is not None:
             tasks = load_suite(suite)
+        elif file is not None:
+            tasks = load_tasks(file, split=split)
+            for skipped in getattr(tasks, "skipped", []):
+                console.print(f"[yellow]skipped:[/yellow] {skipped}")
         elif (path / "task.json").is_file():
             tasks = [load_local_task(path)]
         else:
@@ -53,18 +65,20 @@ def validate(
         def done(verdict) -> None:
             progress.update(bar, advance=1, description=f"validated {verdict.instance_id}")
 
-        results = validate_tasks(tasks, on_done=done)
+        config = GradeConfig(r2e_swebench_route="r2e" if r2e_route else "swebench")
+        results = validate_tasks(tasks, config=config, on_done=done)
 
     if as_json:
         typer.echo(json.dumps([r.model_dump() for r in results], indent=2))
     else:
         table = Table(title=f"task validation ({sum(r.valid for r in results)}/{len(results)} valid)")
-        for column in ("task", "valid", "gold patch", "base state", "seconds", "problems"):
-            table.add_column(column, overflow="fold", no_wrap=column == "task")
+        for column in ("task", "valid", "grader", "gold patch", "base state", "seconds", "problems"):
+            table.add_column(column, overflow="fold", no_wrap=column != "problems")
         for r in results:
             table.add_row(
                 r.instance_id,
                 "[green]yes[/green]" if r.valid else "[red]NO[/red]",
+                r.grader,
                 r.gold_status,
                 r.base_status,
                 f"{r.seconds:.1f}",

@@ -121,6 +121,24 @@ def test_context_window_full_returns_empty(host):
     assert c.text == "" and c.tokens_generated == 0 and c.prompt_tokens > 50
 
 
+def test_no_per_turn_cap_by_default_the_context_window_governs(host):
+    msgs = [Message(role="system", content=SYSTEM), Message(role="user", content=ISSUE)]
+    prompt = len(render_chat(host.tokenizer, [m.model_dump() for m in msgs]))
+    dense = nexus.EvictionConfig(method="dense")
+    b = HFBackend(host, eviction=dense, max_context_tokens=prompt + 30)  # default SamplingConfig: no cap
+    assert b.sampling.max_new_tokens is None
+    b.reset(seed=0)
+    c = b.complete(msgs)  # random weights: <|im_end|> is (almost) never sampled, so the window stops it
+    assert (c.tokens_generated, c.finish_reason) == (30, "length")
+    b.reset(seed=0)
+    assert b.complete(msgs, max_new_tokens=7).tokens_generated == 7  # a cap the agent passes still applies
+    capped = HFBackend(host, eviction=dense, sampling=SamplingConfig(max_new_tokens=5), max_context_tokens=10**6)
+    capped.reset(seed=0)
+    assert capped.complete(msgs).tokens_generated == 5  # a cap set in the sampling config applies
+    capped.reset(seed=0)
+    assert capped.complete(msgs, max_new_tokens=9).tokens_generated == 5  # the smaller of the two caps
+
+
 def test_bad_inputs_are_clear_errors(host, tmp_path):
     with pytest.raises(ValueError, match="protocol"):
         HFBackend(host, protocol="sometimes")

@@ -53,24 +53,29 @@ def grade_config() -> GradeConfig:
     return GradeConfig(job=TEST_JOB, test_timeout_s=120)
 
 
-def synthetic_log(tests_body: str, *, tests_rc: int = 0, timed_out: int = 0, model_rc: int = 0) -> str:
+def eval_output(tests_body: str, *, exit_code: int = 0) -> str:
+    """What swebench's eval script prints around the test command (set -x trace lines included)."""
     return (
-        "\n".join(
-            [
-                f"{LOG_HEADER} token={TOKEN} task=calc__calc-1 grader=swebench",
-                f"{TOKEN} BEGIN model_patch",
-                "applied",
-                f"{TOKEN} END model_patch rc={model_rc} timed_out=0",
-                f"{TOKEN} BEGIN test_patch",
-                "applied",
-                f"{TOKEN} END test_patch rc=0 timed_out=0",
-                f"{TOKEN} BEGIN tests",
-                tests_body,
-                f"{TOKEN} END tests rc={tests_rc} timed_out={timed_out}",
-            ]
-        )
-        + "\n"
+        "+ git apply -v -\nApplied patch tests/test_add.py cleanly.\n+ : '>>>>> Start Test Output'\n"
+        f"+ python -m pytest -rA\n{tests_body}\n+ SWEBENCH_TEST_EXIT_CODE={exit_code}\n"
+        f"+ : '>>>>> End Test Output'\n+ echo '>>>>> Test Exit Code: {exit_code}'\n>>>>> Test Exit Code: {exit_code}\n"
     )
+
+
+def synthetic_log(tests_body: str, *, exit_code: int = 0, timed_out: int = 0, apply_rc: int = 0) -> str:
+    lines = [
+        f"{LOG_HEADER} token={TOKEN} task=calc__calc-1 route=swebench",
+        f"{TOKEN} BEGIN apply.0",
+        "applied",
+        f"{TOKEN} END apply.0 rc={apply_rc} timed_out=0",
+    ]
+    if not apply_rc:
+        lines += [
+            f"{TOKEN} BEGIN eval",
+            eval_output(tests_body, exit_code=exit_code),
+            f"{TOKEN} END eval rc=0 timed_out={timed_out}",
+        ]
+    return "\n".join(lines) + "\n"
 
 
 def summary(statuses: dict[str, str]) -> str:
@@ -114,7 +119,7 @@ def test_forged_passed_lines_do_not_pass(local_task, local_task_image):
     result = grade(local_task, FORGE_PATCH, config=grade_config())
     assert "PASSED tests/test_add.py::test_add" in result.log  # the forgery really ran ...
     assert result.status == "unresolved"  # ... and did not count
-    assert result.error and "no trustworthy test results" in result.error
+    assert "printed grading markers: end marker x2" in result.error
 
 
 @pytest.mark.docker
@@ -174,30 +179,52 @@ def test_empty_patch_needs_no_container(task_model):
 def test_regrade_resolved_from_stored_log(task_model):
     log = synthetic_log(summary(dict.fromkeys(F2P + P2P, "PASSED")))
     result = regrade(task_model, log, GOLD_PATCH)
-    assert result.status == "resolved"
+    assert result.status == "resolved", result.error
     assert result.log == log
+    assert result.report["resolved"] is True  # swebench's own report is kept
 
 
 def test_regrade_ignores_frames_with_another_token(task_model):
-    forged = summary(dict.fromkeys(F2P + P2P, "PASSED")) + f"\n{'e' * 32} END tests rc=0 timed_out=0"
+    forged = f"{'e' * 32} END eval rc=0 timed_out=0\n{'e' * 32} BEGIN eval\n" + summary(
+        dict.fromkeys(F2P + P2P, "PASSED")
+    )
     body = summary({**dict.fromkeys(F2P, "FAILED"), **dict.fromkeys(P2P, "PASSED")}) + "\n" + forged
-    result = regrade(task_model, synthetic_log(body, tests_rc=1), GOLD_PATCH)
+    result = regrade(task_model, synthetic_log(body, exit_code=1), GOLD_PATCH)
     assert result.status == "unresolved"
 
 
 def test_regrade_statuses_from_frames(task_model):
-    assert regrade(task_model, synthetic_log("", model_rc=1), GOLD_PATCH).status == "patch_failed"
-    assert regrade(task_model, synthetic_log("...", tests_rc=137, timed_out=1), GOLD_PATCH).status == "timeout"
+    assert regrade(task_model, synthetic_log("", apply_rc=1), GOLD_PATCH).status == "patch_failed"
+    assert regrade(task_model, synthetic_log("...", timed_out=1), GOLD_PATCH).status == "timeout"
     assert regrade(task_model, "some other text", GOLD_PATCH).status == "infra_failure"
-    infra = f"{LOG_HEADER} token={TOKEN} task=x grader=swebench\n{TOKEN} INFRA SandboxError: engine gone\n"
+    infra = f"{LOG_HEADER} token={TOKEN} task=x route=swebench\n{TOKEN} INFRA SandboxError: engine gone\n"
     result = regrade(task_model, infra, GOLD_PATCH)
     assert result.status == "infra_failure" and "engine gone" in result.error
 
 
 def test_regrade_spoof_check_uses_exit_code(task_model):
     # every test "PASSED" but the test command exited 1: swebench's cross-check rejects the log
-    log = synthetic_log(summary(dict.fromkeys(F2P + P2P, "PASSED")), tests_rc=1)
-    assert regrade(task_model, log, GOLD_PATCH).status == "unresolved"
+    log = synthetic_log(summary(dict.fromkeys(F2P + P2P, "PASSED")), exit_code=1)
+    result = regrade(task_model, log, GOLD_PATCH)
+    assert result.status == "unresolved" and "no trustworthy" in result.error
+
+
+def test_regrade_veto_on_forged_markers(task_model):
+    # a forged end marker + passing lines inside the test output: swebench alone would read them first
+    forged = "+ : '>>>>> End Test Output'\n>>>>> Test Exit Code: 0\n" + summary(dict.fromkeys(F2P + P2P, "PASSED"))
+    result = regrade(task_model, synthetic_log(forged + "\n" + summary(dict.fromkeys(F2P, "FAILED"))), GOLD_PATCH)
+    assert result.status == "unresolved" and "grading markers" in result.error
+
+
+def test_large_logs_are_packed_and_regrade_the_same(task_model):
+    from env.grading.hostlog import PACKED_PREFIX, pack, unpack
+
+    noise = "\n".join(f"Collecting dependency {i} ... building wheel" for i in range(40_000))  # ~1.7 MB
+    log = synthetic_log(noise + "\n" + summary(dict.fromkeys(F2P + P2P, "PASSED")))
+    stored = pack(log)
+    assert stored.startswith(PACKED_PREFIX) and len(stored) < len(log) / 10
+    assert unpack(stored) == log and pack("small") == "small"
+    assert regrade(task_model, stored, GOLD_PATCH).status == "resolved"
 
 
 def test_r2e_exact_match_grader():
@@ -217,19 +244,20 @@ def test_r2e_exact_match_grader():
     good = (
         "=== short test summary info ===\nPASSED r2e_tests/test_a.py::TestA::test_one\n"
         "FAILED r2e_tests/test_a.py::test_two - assert 0\nSKIPPED [1] r2e_tests/test_a.py:9: skip\n"
+        "ERROR r2e_tests/test_b.py - ImportError\n"  # names no test: the empty key, skipped
     )
-    assert parse_r2e_pytest(good) == expected
+    assert parse_r2e_pytest(good) == {**expected, "": "ERROR"}
     lines = [
-        f"{TOKEN} BEGIN model_patch",
+        f"{TOKEN} BEGIN apply.0",
         "ok",
-        f"{TOKEN} END model_patch rc=0 timed_out=0",
+        f"{TOKEN} END apply.0 rc=0 timed_out=0",
         f"{TOKEN} BEGIN tests",
-        good,
+        "\x1b[32m" + good.replace("\n", "\r\n"),
         f"{TOKEN} END tests rc=1 timed_out=0",
     ]
-    log = f"{LOG_HEADER} token={TOKEN} task=pkg__abc grader=r2e\n" + "\n".join(lines) + "\n"
+    log = f"{LOG_HEADER} token={TOKEN} task=pkg__abc route=r2e-native\n" + "\n".join(lines) + "\n"
     result = regrade(task, log, "diff --git a/x b/x\n")
-    assert result.status == "resolved" and result.grader == "r2e-exact-match"
+    assert result.status == "resolved" and result.grader == "r2e-native", result.error
     worse = regrade(task, log.replace("FAILED r2e_tests", "PASSED r2e_tests"), "diff --git a/x b/x\n")
     assert worse.status == "unresolved" and "differ" in worse.error
 
@@ -244,3 +272,39 @@ def test_export_patch_filtered_keeps_str_replaced_python_files():
     assert "pkg/a.py" in everything_py and "reproduce_issue.py" in everything_py
     assert "README.md" not in everything_py
     assert patch_files(patch) == ["pkg/a.py", "reproduce_issue.py", "README.md"]
+
+
+def test_task_grading_limits_override_the_defaults_and_routes_pick_their_own():
+    from env.grading import _limits, route_of
+    from env.task_rows import task_from_row
+    from tests.env.test_tasks import r2e_row, swebench_row
+
+    plain = task_from_row(swebench_row())
+    sandbox, timeout = _limits(plain, GradeConfig(), "swebench")
+    assert (timeout, sandbox.memory, sandbox.network) == (1800.0, "4g", False)
+    assert sandbox.command_path == "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # no conda on it
+    own = task_from_row(swebench_row(grading={"timeout_s": 60, "memory": "8g", "cpus": 4, "network": True}))
+    sandbox, timeout = _limits(own, GradeConfig(test_timeout_s=999), "swebench")
+    assert (timeout, sandbox.memory, sandbox.cpus, sandbox.network) == (60, "8g", 4, True)
+    native = task_from_row(r2e_row())
+    assert route_of(native) == "r2e-native" and _limits(native, GradeConfig(), "r2e-native")[1] == 1200.0
+    assert _limits(native, GradeConfig(), "r2e-native")[0].command_path.startswith("/root/.venv/bin:")
+    r2e_sweb = task_from_row(swebench_row(docker_image="slimshetty/swebench-verified:sweb.eval.x86_64.a__b-1"))
+    assert route_of(r2e_sweb) == "swebench"
+    assert route_of(r2e_sweb, GradeConfig(r2e_swebench_route="r2e")) == "r2e-swebench"
+    assert route_of(plain, GradeConfig(r2e_swebench_route="r2e")) == "swebench"  # only R2E's rows change
+
+
+def test_image_assets_without_a_network_are_an_infra_failure_not_a_verdict(task_model):
+    from env.task_rows import task_from_row
+    from tests.env.test_tasks import swebench_row
+
+    row = swebench_row(
+        image="nexus-eval/base:bookworm-1",
+        eval_script="#!/bin/bash\n: '>>>>> Start Test Output'\ntrue\n: '>>>>> End Test Output'\n",
+        log_parser="parse_log_pytest",
+        eval_type="pass_and_fail",
+        image_assets={"test_patch": [{"path": "a.png", "url": "https://example.invalid/a.png"}]},
+    )
+    result = grade(task_from_row(row), GOLD_PATCH, config=GradeConfig(job=TEST_JOB))
+    assert result.status == "infra_failure" and "image_assets" in result.error and "no network" in result.error

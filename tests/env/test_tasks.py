@@ -214,15 +214,64 @@ def test_hugging_face_failure_is_a_task_error(monkeypatch):
 # ---------------------------------------------------------------- bad input
 
 
-def test_missing_field_names_the_row_and_field(tmp_path):
+def test_a_row_with_bad_fields_is_reported_and_skipped_the_rest_load(tmp_path):
+    row = swebench_row(instance_id="astropy__astropy-2")
+    del row["test_patch"]
+    empty_oracle = r2e_row(expected_output_json="")
+    path = tmp_path / "bad.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in (swebench_row(), row, empty_oracle, r2e_row())) + "\n")
+    tasks = load_tasks(path)
+    assert [t.kind for t in tasks] == ["swebench", "r2e"]
+    fields = [(e.field, e.source) for e in tasks.skipped]
+    assert fields == [("test_patch", f"{path} line 2"), ("expected_output_json", f"{path} line 3")]
+
+
+def test_a_file_whose_every_row_is_bad_is_an_error(tmp_path):
     row = swebench_row()
     del row["test_patch"]
     path = tmp_path / "bad.jsonl"
-    path.write_text(json.dumps(swebench_row()) + "\n" + json.dumps(row) + "\n")
-    with pytest.raises(TaskError) as info:
+    path.write_text(json.dumps(row) + "\n")
+    with pytest.raises(TaskError, match=r"no usable task rows \(1 skipped\); first: .*line 1: field 'test_patch'"):
         load_tasks(path)
-    assert info.value.field == "test_patch"
-    assert f"{path} line 2" in str(info.value)
+
+
+def test_rows_keep_their_swebench_5x_metadata_and_the_whole_row():
+    row = swebench_row(
+        image="swebench/sweb.eval.x86_64.astropy_1776_astropy-12907:latest",
+        eval_script="#!/bin/bash\necho hi\n",
+        log_parser="parse_log_astropy",
+        eval_type="pass_and_fail",
+        image_assets=json.dumps({"test_patch": [{"path": "a.png", "url": "https://x/a.png"}]}),
+    )
+    task = task_from_row(row)
+    assert task.has_swebench_metadata
+    assert (task.eval_script, task.log_parser, task.eval_type) == (
+        row["eval_script"],
+        "parse_log_astropy",
+        "pass_and_fail",
+    )
+    assert task.image_assets == {"test_patch": [{"path": "a.png", "url": "https://x/a.png"}]}
+    assert task.environment_setup_commit == row["environment_setup_commit"]
+    assert task.source_row == row
+    assert not task_from_row(swebench_row()).has_swebench_metadata
+
+
+def test_r2e_rows_strip_issue_tags_as_r2e_gym_does():
+    task = task_from_row(r2e_row(problem_statement="intro [ISSUE]\nfirst[/ISSUE] mid [ISSUE]second[/ISSUE] end"))
+    assert task.problem_statement == "\nfirst[/ISSUE] mid [ISSUE]second"  # greedy, as R2E-Gym's regex
+    assert task_from_row(r2e_row(problem_statement="no tags")).problem_statement == "no tags"
+    assert task.source_row["problem_statement"].startswith("intro")
+
+
+def test_network_needs_and_grading_limits_per_task():
+    requests_row = swebench_row(instance_id="psf__requests-1", repo="psf/requests")
+    assert task_from_row(requests_row).needs_network
+    assert not task_from_row({**requests_row, "needs_network": False}).needs_network
+    task = task_from_row(swebench_row(grading={"timeout_s": 60, "memory": "8g"}))
+    assert (task.grading.timeout_s, task.grading.memory, task.grading.network) == (60, "8g", None)
+    with pytest.raises(TaskError) as info:
+        task_from_row(swebench_row(grading={"timeout": 60}))
+    assert info.value.field == "grading.timeout"
 
 
 def test_malformed_jsonl_line(tmp_path):

@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
 import pytest
 
 from env.tools import (
@@ -13,8 +19,65 @@ from env.tools import (
     render_command_line,
     truncate_bash_output,
 )
+from tests.conftest import r2egym_peer
 
 SOURCE = "def f(x):\n    return x + 1\n\n\ndef g(y):\n    return y * 2\n"
+REPO_ROOT = Path(__file__).resolve().parents[2]
+PEER = r2egym_peer()
+PEER_EDITOR = PEER / "src" / "r2egym" / "agenthub" / "tools" / "file_editor.py"
+OUR_EDITOR = REPO_ROOT / "env" / "tool_scripts" / "file_editor.py"
+
+CONCISE_SOURCES = [
+    "def three(x):\n    a = x\n    b = a\n    return b\n\n\n"
+    "def four(x):\n    a = x\n    b = a\n    c = b\n    return c\n",
+    'def doc_only():\n    """One.\n\n    Two.\n    """\n\n\n'
+    'def doc_and_body(x):\n    """Doc."""\n    a = x\n    b = a\n    return b\n',
+    "def outer(x):\n    def inner(y):\n        z = y\n        z += 1\n        z *= 2\n        return z\n\n"
+    "    return inner(x)\n",
+    'class Five:\n    """1\n    2\n    3\n    4\n    """\n    x = 1\n\n\n'
+    'class Four:\n    """1\n    2\n    3\n    """\n',
+    "class NoDoc:\n    x = 1\n\n    async def method(self):\n        await self.a()\n        await self.b()\n"
+    "        await self.c()\n        return 1\n",
+    "def call_last(x):\n    a = x\n    b = a\n    return dict(\n        a=a,\n        b=b,\n    )\n",
+    "@decorator\ndef decorated(\n    a,\n    b,\n):\n    c = a\n    d = c\n    e = d\n    return e\n"
+    "f = lambda x: x\ndef one_line(): return 1\n",
+    'def ends_in_string():\n    a = 1\n    b = 2\n    c = 3\n    return """x\ny\nz"""\n',
+]
+# Runs in a fresh interpreter: R2E-Gym's editor replaces sys.stdout when it is imported.
+CONCISE_PROBE = textwrap.dedent(
+    """
+    import ast, importlib.util, json, sys, tempfile
+    from pathlib import Path
+
+    def load(name, path):
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    peer, ours = load("peer_editor", sys.argv[1]), load("our_editor", sys.argv[2])
+    sources = json.loads(sys.argv[3])
+    parse = ast.parse
+
+    def parse_without_end_lineno(*args, **kwargs):  # what an interpreter before 3.8 gives
+        tree = parse(*args, **kwargs)
+        for node in ast.walk(tree):
+            if hasattr(node, "end_lineno"):
+                node.end_lineno = node.end_col_offset = None
+        return tree
+
+    out = []
+    for legacy in (False, True):
+        ast.parse = parse_without_end_lineno if legacy else parse
+        for source in sources:
+            with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as handle:
+                handle.write(source)
+            theirs = peer.StrReplaceEditor({})._get_elided_lines(Path(handle.name))
+            mine = ours.elided_lines(handle.name, ours.read_file(handle.name)[0])
+            out.append({"legacy": legacy, "theirs": theirs, "ours": mine})
+    sys.__stdout__.write(json.dumps(out))
+    """
+)
 
 
 @pytest.fixture()
@@ -62,7 +125,27 @@ def test_tool_specs_name_the_four_tools_and_required_parameters():
     assert specs["file_editor"]["parameters"]["required"] == ["command", "path"]
     assert specs["execute_bash"]["parameters"]["required"] == ["cmd"]
     assert specs["search"]["parameters"]["required"] == ["search_term"]
-    assert "YOU MUST USE A FUNCTION CALL" in NO_FUNCTION_CALL_REMINDER
+    assert "EVERY REPLY MUST END WITH EXACTLY ONE FUNCTION CALL" in NO_FUNCTION_CALL_REMINDER
+
+
+def test_concise_view_is_computed_as_r2e_gym_computes_it():
+    """Our elision (function bodies, class docstrings) equals R2E-Gym's `_get_elided_lines` on the same files,
+    with `end_lineno` (Python 3.8+) and with its fallback for older interpreters (simulated by removing it)."""
+    if not PEER_EDITOR.is_file():
+        pytest.skip(f"R2E-Gym peer snapshot not found at {PEER} (set NEXUS_R2EGYM_PEER)")
+    proc = subprocess.run(
+        [sys.executable, "-c", CONCISE_PROBE, str(PEER_EDITOR), str(OUR_EDITOR), json.dumps(CONCISE_SOURCES)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    results = json.loads(proc.stdout)
+    assert len(results) == 2 * len(CONCISE_SOURCES)
+    for result in results:
+        assert result["ours"] == result["theirs"], result
+    assert any(any("eliding" in line for _, line in r["ours"]) for r in results if r["legacy"])
+    assert [r["ours"] for r in results if r["legacy"]] != [r["ours"] for r in results if not r["legacy"]]
 
 
 # ------------------------------------------------------------------------------- in the container

@@ -232,3 +232,27 @@ def test_compare_jobs_warns_when_merged_jobs_differ_in_density(sqlite_db):
     assert table.methods == ["dense", "nexus"]
     assert f"jobs differ in density: {ids[0]}=0.2, {ids[1]}=0.1" in table.notes
     assert table.rows[0].cells["nexus"].pending == 1 and table.rows[0].cells["nexus"].n == 0
+
+
+def test_grading_notes_name_the_tools_and_the_offline_verdicts():
+    from types import SimpleNamespace
+
+    from workers.compare import grading_notes
+
+    def ep(task, status, grader="swebench", needs_network=False):
+        grade = {"needs_network": needs_network}
+        return SimpleNamespace(
+            task_id=task, status=status, grader=grader, grader_version="swebench==5.0.2", result={"grade": grade}
+        )
+
+    notes = grading_notes(
+        [
+            ep("psf__requests-1", "unresolved", needs_network=True),
+            ep("psf__requests-2", "resolved", needs_network=True),  # resolved anyway: nothing to flag
+            ep("django__django-1", "unresolved"),
+            ep("x__y-1", "infra_failure", grader=None),
+        ]
+    )
+    assert notes[0] == "graded by swebench (swebench==5.0.2)"
+    assert notes[1].startswith("1 task(s) need the network") and notes[1].endswith("psf__requests-1")
+    assert grading_notes([ep("a__b-1", "unresolved")]) == ["graded by swebench (swebench==5.0.2)"]

@@ -1,0 +1,241 @@
+"""Grading an episode's patch in a fresh container, and re-grading from a stored log.
+
+Each task is graded by the tool its row belongs to (docs/tasks.md, "How a task is graded"):
+
+* `swebench`: SWE-bench 5.x rows, classic rows (their spec from swebench 4.1.0), R2E's SWE-bench rows by
+  default, local tasks. swebench's apply chain, then its eval script (`official`); the verdict is swebench's
+  `get_eval_report` plus our marker veto.
+* `r2e-swebench`: R2E's SWE-bench rows with `r2e_swebench_route="r2e"`. The image's `/run_tests.sh`
+  (`r2e`); R2E-Gym's in-loop reward on swebench 3.0.2.
+* `r2e-native`: R2E-native rows. R2E-Gym's moves, then `/root/run_tests.sh` (`r2e`); R2E-Gym's exact match
+  with `expected_output_json`.
+
+The grading container starts from the task's image with nothing of the agent's container but the patch;
+the log is framed by the host (`hostlog`) and holds everything needed to re-derive the verdict
+(`regrade`). Limits come from `GradeConfig`, then the task's own `grading` limits.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from env.grading import hostlog, official, r2e
+from env.grading.hostlog import LOG_HEADER
+from env.grading.official import patch_files
+from env.grading.r2e import export_patch_filtered, parse_r2e_pytest
+from env.sandbox import Sandbox, SandboxConfig, SandboxError
+
+__all__ = [
+    "LOG_HEADER",
+    "GradeConfig",
+    "GradeResult",
+    "Status",
+    "export_patch_filtered",
+    "grade",
+    "grade_base_state",
+    "grader_of",
+    "parse_r2e_pytest",
+    "patch_files",
+    "regrade",
+    "route_of",
+]
+
+Status = Literal["resolved", "unresolved", "empty_patch", "patch_failed", "timeout", "infra_failure"]
+Route = Literal["swebench", "r2e-swebench", "r2e-native"]
+DEFAULT_TIMEOUT_S = {"swebench": 1800.0, "r2e-swebench": 1200.0, "r2e-native": 1200.0}
+PLAIN_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+class GradeConfig(BaseModel):
+    """Defaults for every grading run; a task's own `grading` limits override them."""
+
+    sandbox: SandboxConfig = Field(default_factory=lambda: SandboxConfig(memory="4g", pids=1024, cpus=2.0))
+    test_timeout_s: float | None = Field(
+        None, gt=0, description="the test run's limit; None: the route's (swebench 1800 s, R2E-Gym 1200 s)"
+    )
+    apply_timeout_s: float = Field(120.0, gt=0)
+    r2e_swebench_route: Literal["swebench", "r2e"] = Field(
+        "swebench", description="R2E's SWE-bench rows: the official harness (default) or R2E-Gym's in-loop reward"
+    )
+    job: str = "grade"
+
+
+class GradeResult(BaseModel):
+    """A graded patch. `log` is the host-framed log (store it: `regrade` needs only it, the task, the patch)."""
+
+    status: Status
+    grader: str
+    grader_version: str
+    log: str = ""
+    tests: dict[str, str] = Field(default_factory=dict)
+    fail_to_pass: dict = Field(default_factory=dict)
+    pass_to_pass: dict = Field(default_factory=dict)
+    report: dict[str, Any] = Field(default_factory=dict, description="the grading tool's own report")
+    needs_network: bool = False
+    seconds: float = 0.0
+    error: str | None = None
+
+
+def route_of(task, config: GradeConfig | None = None) -> Route:
+    if task.kind == "r2e":
+        return "r2e-native"
+    if task.kind == "r2e_swebench" and (config or GradeConfig()).r2e_swebench_route == "r2e":
+        return "r2e-swebench"
+    return "swebench"
+
+
+def grader_of(task, config: GradeConfig | None = None) -> tuple[str, str]:
+    """(grader name, tool version) recorded with every result."""
+    route = route_of(task, config)
+    if route == "swebench":
+        return route, official.grader_version(task)
+    if route == "r2e-swebench":
+        from env.swebench_legacy import VERDICT_VERSION
+
+        return route, f"{r2e.R2E_VERSION}; swebench=={VERDICT_VERSION}"
+    return route, f"{r2e.R2E_VERSION}; parse_log_pytest exact match"
+
+
+def _limits(task, config: GradeConfig, route: Route) -> tuple[SandboxConfig, float]:
+    own = task.grading
+    sandbox = config.sandbox.model_copy(
+        update={
+            k: v
+            for k, v in {"memory": own.memory, "cpus": own.cpus, "pids": own.pids, "network": own.network}.items()
+            if v is not None
+        }
+    )
+    # SWE-bench's harness runs with the image's own PATH (it activates conda itself); R2E-Gym with its own.
+    sandbox = sandbox.model_copy(update={"path": r2e.R2E_PATH if route != "swebench" else PLAIN_PATH})
+    timeout = own.timeout_s or config.test_timeout_s or DEFAULT_TIMEOUT_S[route]
+    return sandbox, timeout
+
+
+def grade(task, patch: str, *, config: GradeConfig | None = None) -> GradeResult:
+    """Grade `patch` for `task` in a fresh container; every failure becomes a status with a reason."""
+    config = config or GradeConfig()
+    if not patch or not patch.strip():
+        grader, version = grader_of(task, config)
+        return GradeResult(status="empty_patch", grader=grader, grader_version=version, error="the patch is empty")
+    return _grade(task, patch, config)
+
+
+def grade_base_state(task, *, config: GradeConfig | None = None) -> GradeResult:
+    """Run the grading tests on the untouched base state (task validation: F2P must fail, P2P pass)."""
+    return _grade(task, None, config or GradeConfig())
+
+
+def _grade(task, patch: str | None, config: GradeConfig) -> GradeResult:
+    from env.images import ImageError, ensure_task_image
+    from env.swebench_legacy import LegacySwebenchError
+
+    started = time.monotonic()
+    route = route_of(task, config)
+    log = hostlog.HostLog(task=task.instance_id, route=route)
+    sandbox_config, timeout = _limits(task, config, route)
+    try:
+        if route == "swebench" and task.image_assets and not sandbox_config.network:
+            raise ValueError("the task's image_assets are fetched from the internet and grading has no network")
+        image = ensure_task_image(task)
+        if route == "swebench":
+            spec = official.make_spec(official.spec_row(task, image))
+        with Sandbox.start(
+            image,
+            config=sandbox_config,
+            job=config.job,
+            episode=f"grade-{task.instance_id}",
+            labels={"nexus-eval.role": "grade"},
+        ) as box:
+            kwargs = {"timeout_s": timeout, "apply_timeout_s": config.apply_timeout_s}
+            if route == "swebench":
+                official.run_eval(box, spec, patch, log, **kwargs)
+            elif route == "r2e-native":
+                r2e.run_native(box, patch, log, **kwargs)
+            else:
+                r2e.run_swebench_image(box, patch, log, **kwargs)
+    except (ImageError, SandboxError, LegacySwebenchError, ValueError) as exc:
+        log.infra(f"{type(exc).__name__}: {exc}")
+    result = (
+        regrade(task, log.text(), patch, config=config)
+        if patch is not None
+        else _evaluate(task, log.text(), None, config)
+    )
+    result.seconds = time.monotonic() - started
+    return result
+
+
+def regrade(task, log: str, patch: str | None, *, config: GradeConfig | None = None) -> GradeResult:
+    """Re-derive the status from a stored grading log (no container, no Docker needed)."""
+    config = config or GradeConfig()
+    log = hostlog.unpack(log)
+    if patch is not None and not patch.strip():
+        grader, version = grader_of(task, config)
+        return GradeResult(
+            status="empty_patch", grader=grader, grader_version=version, log=log, error="the patch is empty"
+        )
+    return _evaluate(task, log, patch, config)
+
+
+def _evaluate(task, log: str, patch: str | None, config: GradeConfig) -> GradeResult:
+    parsed = hostlog.parse(log)
+    route = parsed.route if parsed else route_of(task, config)
+    grader, version = grader_of(
+        task, config.model_copy(update={"r2e_swebench_route": "r2e" if route == "r2e-swebench" else "swebench"})
+    )
+    base = {"grader": grader, "grader_version": version, "log": log, "needs_network": task.needs_network}
+
+    def result(status: Status, error: str | None = None, **extra) -> GradeResult:
+        return GradeResult(status=status, error=error, **base, **extra)
+
+    if parsed is None:
+        return result("infra_failure", "not a nexus-eval grading log (no v2 header line)")
+    if parsed.infra:
+        return result("infra_failure", parsed.infra[-1])
+    sections = parsed.sections
+    applies = [name for name in sections if name.startswith("apply.")]
+    test_section = "eval" if route == "swebench" else "tests"
+    if patch is not None and test_section not in sections:
+        last = sections[applies[-1]].body[-800:] if applies else "no apply attempt recorded"
+        return result("patch_failed", f"the patch did not apply: {last}")
+    if test_section not in sections:
+        return result("infra_failure", f"the log has no {test_section} section")
+    tests = sections[test_section]
+    if tests.timed_out:
+        return result("timeout", f"the test run passed its limit (rc={tests.rc})")
+    if route == "swebench":
+        spec = official.make_spec(official.spec_row(task, "graded-image"))
+        judged = official.verdict(spec, tests, patch)
+        report = judged["report"].get("tests_status", {})
+        error = judged["vetoed"] or (None if judged["found"] else "swebench found no trustworthy test results")
+        return result(
+            "resolved" if judged["resolved"] else "unresolved",
+            error,
+            tests=judged["tests"],
+            fail_to_pass=report.get("FAIL_TO_PASS", {}),
+            pass_to_pass=report.get("PASS_TO_PASS", {}),
+            report=judged["report"],
+        )
+    if route == "r2e-native":
+        judged = r2e.native_verdict(tests.body, task.expected_output_json or "{}")
+        error = (
+            None
+            if judged["resolved"]
+            else f"{len(judged['differing'])} test keys differ, e.g. {judged['differing'][:5]}"
+        )
+        return result("resolved" if judged["resolved"] else "unresolved", error, tests=judged["tests"], report=judged)
+    from env.swebench_legacy import r2e_swebench_verdict
+
+    output = r2e.swebench_image_output(tests.body, tests.rc, DEFAULT_TIMEOUT_S[route])
+    judged = r2e_swebench_verdict(dict(task.source_row), output)
+    report = judged.get("report") or {}
+    return result(
+        "resolved" if judged["resolved"] else "unresolved",
+        None if judged["found"] else "R2E-Gym's log check found a bad marker",
+        tests=judged.get("status_map") or {},
+        fail_to_pass=report.get("FAIL_TO_PASS", {}),
+        pass_to_pass=report.get("PASS_TO_PASS", {}),
+        report=judged,
+    )

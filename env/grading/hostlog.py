@@ -1,0 +1,94 @@
+"""The grading log: what the container printed, framed by the host so the framing cannot be forged.
+
+The first line carries a random token. Every command the grader runs is framed by
+`<token> BEGIN <name>` / `<token> END <name> rc=N timed_out=0|1` lines that the host writes around the
+command's output, with the exit code from the Docker engine. The token never enters the container, so
+nothing the patched code prints can fake a frame, an exit code or a section; readers take the LAST frame
+of each name. A section's body is the command's whole output (the test run's log is read back from a file,
+never capped).
+
+Logs can be large (a verbose install prints megabytes before the tests): `pack` gzips a log above 256 KiB
+into text that `unpack` reverses, so the database column stays text and small logs stay readable.
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import re
+import secrets
+from dataclasses import dataclass, field
+
+LOG_HEADER = "NEXUS-EVAL GRADE LOG v2"
+PACKED_PREFIX = "nexus-eval-gzip-base64:"
+PACK_ABOVE_BYTES = 256 * 1024
+
+
+@dataclass
+class Section:
+    body: str
+    rc: int
+    timed_out: bool
+
+
+@dataclass
+class HostLog:
+    """Builds a framed log; `text()` is what is stored."""
+
+    task: str
+    route: str
+    token: str = field(default_factory=lambda: secrets.token_hex(16))
+    lines: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.lines.append(f"{LOG_HEADER} token={self.token} task={self.task} route={self.route}")
+
+    def add(self, name: str, body: str, rc: int, timed_out: bool) -> None:
+        self.lines += [
+            f"{self.token} BEGIN {name}",
+            body.rstrip("\n"),
+            f"{self.token} END {name} rc={rc} timed_out={int(timed_out)}",
+        ]
+
+    def infra(self, message: str) -> None:
+        self.lines.append(f"{self.token} INFRA {message}")
+
+    def text(self) -> str:
+        return "\n".join(self.lines) + "\n"
+
+
+@dataclass
+class ParsedLog:
+    route: str
+    sections: dict[str, Section]
+    infra: list[str]
+
+
+def parse(log: str) -> ParsedLog | None:
+    """The route, sections (last frame of each name) and infra notes of a framed log; None if not one."""
+    header = re.match(rf"^{re.escape(LOG_HEADER)} token=([0-9a-f]{{32}}) task=\S+ route=(\S+)", log)
+    if not header:
+        return None
+    token, route = header.group(1), header.group(2)
+    pattern = re.compile(
+        rf"^{token} BEGIN ([\w.-]+)\n(.*?)^{token} END \1 rc=(-?\d+) timed_out=([01])$", flags=re.M | re.S
+    )
+    sections = {m.group(1): Section(m.group(2), int(m.group(3)), m.group(4) == "1") for m in pattern.finditer(log)}
+    infra = re.findall(rf"^{token} INFRA (.*)$", log, flags=re.M)
+    return ParsedLog(route, sections, infra)
+
+
+def pack(log: str) -> str:
+    """The log as stored: unchanged when small, else gzip + base64 behind a prefix."""
+    raw = log.encode("utf-8", errors="replace")
+    if len(raw) <= PACK_ABOVE_BYTES:
+        return log
+    return PACKED_PREFIX + base64.b64encode(gzip.compress(raw, compresslevel=6)).decode("ascii")
+
+
+def unpack(stored: str | None) -> str:
+    if not stored:
+        return ""
+    if stored.startswith(PACKED_PREFIX):
+        return gzip.decompress(base64.b64decode(stored[len(PACKED_PREFIX) :])).decode("utf-8", errors="replace")
+    return stored
