@@ -284,7 +284,7 @@ class Sandbox:
             full = self.read_file(out).decode("utf-8", errors="replace") if self.exists(out) else ""
         finally:
             self.run(f"rm -f {out}", timeout=30, workdir="/")
-        return result.model_copy(update={"output": full + result.output, "truncated": result.truncated})
+        return result.model_copy(update={"output": full + result.output})
 
     def _kill_tagged(self, exec_tag: str) -> None:
         """KILL every process whose environment carries this command's tag (escapees of setsid too)."""

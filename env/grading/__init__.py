@@ -89,7 +89,10 @@ def route_of(task, config: GradeConfig | None = None) -> Route:
 
 def grader_of(task, config: GradeConfig | None = None) -> tuple[str, str]:
     """(grader name, tool version) recorded with every result."""
-    route = route_of(task, config)
+    return _grader(task, route_of(task, config))
+
+
+def _grader(task, route: Route) -> tuple[str, str]:
     if route == "swebench":
         return route, official.grader_version(task)
     if route == "r2e-swebench":
@@ -100,17 +103,11 @@ def grader_of(task, config: GradeConfig | None = None) -> tuple[str, str]:
 
 
 def _limits(task, config: GradeConfig, route: Route) -> tuple[SandboxConfig, float]:
-    own = task.grading
-    sandbox = config.sandbox.model_copy(
-        update={
-            k: v
-            for k, v in {"memory": own.memory, "cpus": own.cpus, "pids": own.pids, "network": own.network}.items()
-            if v is not None
-        }
-    )
+    own = task.grading.model_dump(include={"memory", "cpus", "pids", "network"}, exclude_none=True)
     # SWE-bench's harness runs with the image's own PATH (it activates conda itself); R2E-Gym with its own.
-    sandbox = sandbox.model_copy(update={"path": r2e.R2E_PATH if route != "swebench" else PLAIN_PATH})
-    timeout = own.timeout_s or config.test_timeout_s or DEFAULT_TIMEOUT_S[route]
+    own["path"] = r2e.R2E_PATH if route != "swebench" else PLAIN_PATH
+    sandbox = config.sandbox.model_copy(update=own)
+    timeout = task.grading.timeout_s or config.test_timeout_s or DEFAULT_TIMEOUT_S[route]
     return sandbox, timeout
 
 
@@ -136,6 +133,7 @@ def _grade(task, patch: str | None, config: GradeConfig) -> GradeResult:
     route = route_of(task, config)
     log = hostlog.HostLog(task=task.instance_id, route=route)
     sandbox_config, timeout = _limits(task, config, route)
+    spec = None
     try:
         if route == "swebench" and task.image_assets and not sandbox_config.network:
             raise ValueError("the task's image_assets are fetched from the internet and grading has no network")
@@ -158,11 +156,7 @@ def _grade(task, patch: str | None, config: GradeConfig) -> GradeResult:
                 r2e.run_swebench_image(box, patch, log, **kwargs)
     except (ImageError, SandboxError, LegacySwebenchError, ValueError) as exc:
         log.infra(f"{type(exc).__name__}: {exc}")
-    result = (
-        regrade(task, log.text(), patch, config=config)
-        if patch is not None
-        else _evaluate(task, log.text(), None, config)
-    )
+    result = _evaluate(task, log.text(), patch, config, spec=spec)
     result.seconds = time.monotonic() - started
     return result
 
@@ -179,12 +173,11 @@ def regrade(task, log: str, patch: str | None, *, config: GradeConfig | None = N
     return _evaluate(task, log, patch, config)
 
 
-def _evaluate(task, log: str, patch: str | None, config: GradeConfig) -> GradeResult:
+def _evaluate(task, log: str, patch: str | None, config: GradeConfig, *, spec=None) -> GradeResult:
+    """The verdict a framed log supports; `spec` is the swebench test spec when the caller already built it."""
     parsed = hostlog.parse(log)
     route = parsed.route if parsed else route_of(task, config)
-    grader, version = grader_of(
-        task, config.model_copy(update={"r2e_swebench_route": "r2e" if route == "r2e-swebench" else "swebench"})
-    )
+    grader, version = _grader(task, route)
     base = {"grader": grader, "grader_version": version, "log": log, "needs_network": task.needs_network}
 
     def result(status: Status, error: str | None = None, **extra) -> GradeResult:
@@ -206,7 +199,7 @@ def _evaluate(task, log: str, patch: str | None, config: GradeConfig) -> GradeRe
     if tests.timed_out:
         return result("timeout", f"the test run passed its limit (rc={tests.rc})")
     if route == "swebench":
-        spec = official.make_spec(official.spec_row(task, "graded-image"))
+        spec = spec or official.make_spec(official.spec_row(task, "graded-image"))
         judged = official.verdict(spec, tests, patch)
         report = judged["report"].get("tests_status", {})
         error = judged["vetoed"] or (None if judged["found"] else "swebench found no trustworthy test results")

@@ -50,6 +50,12 @@ class HostLog:
             f"{self.token} END {name} rc={rc} timed_out={int(timed_out)}",
         ]
 
+    def record(self, name: str, result, *, command: str | None = None) -> bool:
+        """Add a section from a `Sandbox.run` result (headed by `+ command` when given); True if it succeeded."""
+        body = f"+ {command}\n{result.output}" if command else result.output
+        self.add(name, body, result.exit_code, result.timed_out)
+        return result.exit_code == 0 and not result.timed_out
+
     def infra(self, message: str) -> None:
         self.lines.append(f"{self.token} INFRA {message}")
 

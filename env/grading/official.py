@@ -113,6 +113,18 @@ def make_spec(row: dict[str, Any]):
     return make_test_spec(row)
 
 
+def apply_chain(box: Sandbox, commands, reset: str, log: HostLog, *, timeout_s: float) -> bool:
+    """Try each apply command on `PATCH_PATH` in turn, running `reset` before every retry; each attempt is a
+    log section `apply.N`. True once one succeeds."""
+    for attempt, command in enumerate(commands):
+        if attempt:
+            box.run(reset, timeout=timeout_s)
+        applied = f"{command} {PATCH_PATH}"
+        if log.record(f"apply.{attempt}", box.run(applied, timeout=timeout_s), command=applied):
+            return True
+    return False
+
+
 def run_eval(box: Sandbox, spec, patch: str | None, log: HostLog, *, timeout_s: float, apply_timeout_s: float) -> bool:
     """Apply `patch` (None: grade the base state) as swebench does, then run the eval script. Returns False
     when the patch did not apply (the log says why)."""
@@ -120,26 +132,14 @@ def run_eval(box: Sandbox, spec, patch: str | None, log: HostLog, *, timeout_s: 
 
     if patch is not None:
         box.write_file(PATCH_PATH, patch)
-        applied = False
-        for attempt, command in enumerate(GIT_APPLY_CMDS):
-            if attempt:
-                box.run("git checkout -- . ; git clean -fd", timeout=apply_timeout_s)
-            result = box.run(f"{command} {PATCH_PATH}", timeout=apply_timeout_s)
-            log.add(
-                f"apply.{attempt}", f"+ {command} {PATCH_PATH}\n{result.output}", result.exit_code, result.timed_out
-            )
-            if result.exit_code == 0 and not result.timed_out:
-                applied = True
-                break
-        if not applied:
-            check = box.run(f"git apply --check --reverse {PATCH_PATH}", timeout=apply_timeout_s)
-            log.add("apply.reverse_check", check.output, check.exit_code, check.timed_out)
-            applied = check.exit_code == 0 and not check.timed_out
+        applied = apply_chain(box, GIT_APPLY_CMDS, "git checkout -- . ; git clean -fd", log, timeout_s=apply_timeout_s)
+        if not applied:  # the chain can leave the patch applied while each command exited non-zero
+            check = f"git apply --check --reverse {PATCH_PATH}"
+            applied = log.record("apply.reverse_check", box.run(check, timeout=apply_timeout_s))
         if not applied:
             return False
     box.write_file(EVAL_PATH, spec.eval_script)
-    run = box.run_to_file(f"/bin/bash {EVAL_PATH}", timeout=timeout_s)
-    log.add("eval", run.output, run.exit_code, run.timed_out)
+    log.record("eval", box.run_to_file(f"/bin/bash {EVAL_PATH}", timeout=timeout_s))
     return True
 
 

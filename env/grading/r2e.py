@@ -23,6 +23,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from env.grading.hostlog import HostLog
+from env.grading.official import PATCH_PATH, apply_chain
 from env.sandbox import Sandbox
 
 # R2E-Gym runs every command with its repo interpreter first (runtime/docker.py's DOCKER_PATH).
@@ -32,7 +33,6 @@ R2E_PATH = (
 R2E_VERSION = "r2e-gym@69bc953 runtime/docker.py semantics"
 _COLOUR_AND_CR = re.compile(r"\x1b\[[0-9;]*m|\r")
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-PATCH_PATH = "/tmp/patch.diff"
 BASE_INDEX = "/tmp/.nexus-grade-base.index"
 
 # R2E-Gym's setup of an R2E-native container, in its order (with its failures tolerated, as there).
@@ -61,26 +61,18 @@ APPLY_CMDS = ("git apply --verbose", "git apply --verbose --reject", "patch --ba
 def apply_keeping_the_tree(box: Sandbox, patch: str, log: HostLog, *, timeout_s: float) -> bool:
     """Apply `patch` with a fallback chain, restoring the starting snapshot (never `git clean`) in between."""
     box.write_file(PATCH_PATH, patch)
-    snap = box.run(_SNAPSHOT, timeout=timeout_s)
-    log.add("snapshot", snap.output, snap.exit_code, snap.timed_out)
-    for attempt, command in enumerate(APPLY_CMDS):
-        if attempt:
-            box.run(_RESTORE, timeout=timeout_s)
-        result = box.run(f"{command} {PATCH_PATH}", timeout=timeout_s)
-        log.add(f"apply.{attempt}", f"+ {command} {PATCH_PATH}\n{result.output}", result.exit_code, result.timed_out)
-        if result.exit_code == 0 and not result.timed_out:
-            return True
+    log.record("snapshot", box.run(_SNAPSHOT, timeout=timeout_s))
+    if apply_chain(box, APPLY_CMDS, _RESTORE, log, timeout_s=timeout_s):
+        return True
     box.run(_RESTORE, timeout=timeout_s)
     return False
 
 
 def run_native(box: Sandbox, patch: str | None, log: HostLog, *, timeout_s: float, apply_timeout_s: float) -> bool:
-    setup = box.run(NATIVE_SETUP, timeout=apply_timeout_s)
-    log.add("setup", setup.output, setup.exit_code, setup.timed_out)
+    log.record("setup", box.run(NATIVE_SETUP, timeout=apply_timeout_s))
     if patch is not None and not apply_keeping_the_tree(box, patch, log, timeout_s=apply_timeout_s):
         return False
-    tests = box.run_to_file("bash /root/run_tests.sh", timeout=timeout_s)
-    log.add("tests", tests.output, tests.exit_code, tests.timed_out)
+    log.record("tests", box.run_to_file("bash /root/run_tests.sh", timeout=timeout_s))
     return True
 
 
@@ -89,10 +81,8 @@ def run_swebench_image(
 ) -> bool:
     if patch is not None and not apply_keeping_the_tree(box, patch, log, timeout_s=apply_timeout_s):
         return False
-    setup = box.run(SWEBENCH_SETUP, timeout=apply_timeout_s, workdir="/testbed")
-    log.add("setup", setup.output, setup.exit_code, setup.timed_out)
-    tests = box.run_to_file("/run_tests.sh", timeout=timeout_s)
-    log.add("tests", tests.output, tests.exit_code, tests.timed_out)
+    log.record("setup", box.run(SWEBENCH_SETUP, timeout=apply_timeout_s, workdir="/testbed"))
+    log.record("tests", box.run_to_file("/run_tests.sh", timeout=timeout_s))
     return True
 
 
