@@ -14,6 +14,7 @@ so what the cache reports after a forward is exactly what the next forward sees.
 from __future__ import annotations
 
 import contextvars
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,6 +25,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 from nexus.budget import prefill_budget, should_evict
 from nexus.config import EvictionConfig
 from nexus.policies.base import LayerView
+from nexus.policies.reservoir import event_generator
 
 #: the EvictableCache whose `update` ran last in this context; the attention function reads it
 ACTIVE_CACHE: contextvars.ContextVar[EvictableCache | None] = contextvars.ContextVar("nexus_cache", default=None)
@@ -44,7 +46,8 @@ class EvictionEvent:
 
 
 class EvictableLayer(CacheLayerMixin):
-    """One layer's evictable storage. Buffers grow in chunks and are reallocated smaller on eviction."""
+    """One layer's evictable storage. Buffers grow in chunks while prefilling and are sized at each eviction
+    for the decode that follows (see `keep`)."""
 
     is_compileable = False
     is_croppable = False
@@ -117,8 +120,16 @@ class EvictableLayer(CacheLayerMixin):
         self._refresh_views()
         return self.keys, self.values
 
-    def keep(self, idx: torch.Tensor, capacity: int) -> None:
-        """Keep slots `idx` [B, Hkv, K] (ascending, -1 padded); the buffers shrink to `capacity` >= K."""
+    def keep(self, idx: torch.Tensor, next_event_at: int | None = None) -> None:
+        """Keep slots `idx` [B, Hkv, K] (ascending, -1 padded) and size the buffers for what comes next.
+
+        next_event_at: the mean occupancy at which the next decode event fires (budget + slack under
+        prefill_decode), or None when no decode event will come (prefill_only). The buffers then hold
+        exactly enough slots to append up to that event without reallocating: K + max(next_event_at - kept
+        per head, 1), which is budget + slack whenever every head keeps the same count. A buffer that already
+        has that capacity (or at most `slack` more) is reused in place, so a decoding layer keeps one
+        storage from event to event; a larger one (after a prefill) is replaced by a right-sized one.
+        """
         safe = idx.clamp(min=0)
         empty = idx < 0
         k = self.keys.gather(2, safe.unsqueeze(-1).expand(-1, -1, -1, self._k.shape[-1]))
@@ -126,13 +137,20 @@ class EvictableLayer(CacheLayerMixin):
         pos = self.positions.gather(2, safe).masked_fill(empty, -1)
         for name, t in self.state.get("slots", {}).items():
             self.state["slots"][name] = t.gather(-1, safe).masked_fill(empty, 0)
-        self._k, self._v, self._pos = k, v, pos
-        self.length = idx.shape[-1]
+        kept = idx.shape[-1]
         ragged = bool(empty.any())  # one host sync per event, never per decode step
-        self.occupancy = float((~empty).sum()) / (idx.shape[0] * idx.shape[1]) if ragged else float(self.length)
-        self.ragged = ragged
-        if capacity > self.length:
-            self._reallocate(capacity)
+        occupancy = float((~empty).sum()) / (idx.shape[0] * idx.shape[1]) if ragged else float(kept)
+        # the event fires after the append that reaches next_event_at, so that append needs a slot (>= 1)
+        needed = kept if next_event_at is None else kept + max(math.ceil(next_event_at - occupancy), 1)
+        capacity = self._k.shape[2]
+        tolerance = 0 if next_event_at is None else max(next_event_at - (self.budget or 0), 0)
+        if needed <= capacity <= needed + tolerance:
+            self._k[:, :, :kept], self._v[:, :, :kept], self._pos[:, :, :kept] = k, v, pos
+        else:
+            self._k, self._v, self._pos = k, v, pos
+            self.length = kept
+            self._reallocate(needed)
+        self.length, self.occupancy, self.ragged = kept, occupancy, ragged
         self._refresh_views()
 
     @property
@@ -260,15 +278,13 @@ class EvictableCache(Cache):
         if should_evict(cfg, phase=phase, occupancy=layer.occupancy, budget=layer.budget):
             self._evict(layer, scaling, phase)
 
-    def _view(self, layer: EvictableLayer, scaling: float, phase: str) -> LayerView:
+    def _view(
+        self, layer: EvictableLayer, scaling: float, phase: str, generator: torch.Generator | None = None
+    ) -> LayerView:
         if layer._q is not None:
             queries, qpos = layer.query_window()
         else:
             queries = qpos = None
-        gen = None
-        if self.config.policy.needs_queries:
-            gen = torch.Generator(device=layer.device)
-            gen.manual_seed(hash((self.config.seed, layer.layer_idx, layer.events)) & 0x7FFF_FFFF_FFFF_FFFF)
         return LayerView(
             layer_idx=layer.layer_idx,
             num_layers=self.num_layers,
@@ -281,7 +297,7 @@ class EvictableCache(Cache):
             window=self.config.window,
             block_size=self.config.block_size,
             phase=phase,
-            generator=gen,
+            generator=generator,
             state=layer.state,
         )
 
@@ -292,10 +308,11 @@ class EvictableCache(Cache):
             torch.cuda.synchronize(layer.device)
         t0 = time.perf_counter()
         before = layer.length
-        idx = self.config.policy.select(self._view(layer, scaling, phase))
-        # under prefill_decode leave room for the slack so decoding appends without reallocating
-        spare = self.config.slack if self.config.scope == "prefill_decode" else 0
-        layer.keep(idx, capacity=idx.shape[-1] + spare)
+        # a CPU generator per (seed, layer, logical length): see nexus/policies/reservoir.py for the rule
+        generator = event_generator(self.config.seed, layer.layer_idx, layer.n_seen)
+        idx = self.config.policy.select(self._view(layer, scaling, phase, generator))
+        decoding_events = self.config.scope == "prefill_decode"
+        layer.keep(idx, next_event_at=layer.budget + self.config.slack if decoding_events else None)
         layer.events += 1
         ev = self.events[-1] if self.events else None
         if ev is None or ev.logical_length != layer.n_seen or ev.phase != phase or layer.layer_idx in ev.per_layer:

@@ -86,6 +86,14 @@ class EvictionConfig:
         if not isinstance(self.method_params, dict):
             raise ValueError(f"method_params must be a mapping, got {self.method_params!r}")
 
+    @classmethod
+    def from_preset(cls, method: str, preset: str = "paper", **values: Any) -> EvictionConfig:
+        """``method`` under a named preset (``nexus.presets``: paper, reference, kvcache_factory); ``values``
+        (shared fields, scope/density/seed, or the method's own hyperparameters) override the preset's."""
+        from nexus.presets import preset_settings
+
+        return cls(method=method, **{**preset_settings(method, preset), **values})
+
     @cached_property
     def policy(self) -> Policy:
         """The method's policy object (imports torch); ValueError for a bad hyperparameter or budget."""

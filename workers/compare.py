@@ -299,15 +299,35 @@ def grading_notes(episodes: Sequence[Any]) -> list[str]:
 
 
 #: Job settings that change what a column means; merged jobs that differ in them get a warning note.
-COMPARED_SETTINGS = ("density", "model", "backend", "limits", "sampling", "eviction")
+COMPARED_SETTINGS = ("density", "model", "backend", "limits", "sampling", "eviction", "preset")
 
 
 def setting_notes(jobs: Sequence[Any]) -> list[str]:
     """Warnings for merged jobs whose configs differ in a setting that changes results (the columns are
-    keyed by method alone, so a density difference would otherwise be invisible)."""
+    keyed by method alone, so a density difference would otherwise be invisible). A method's own settings
+    (``method_params``, resolved from the job's preset) are compared per method, value by value, among the
+    jobs that ran that method."""
     notes = []
     for key in COMPARED_SETTINGS:
         values = {job.id: json.dumps((job.config or {}).get(key), sort_keys=True) for job in jobs}
         if len(set(values.values())) > 1:
             notes.append(f"jobs differ in {key}: " + ", ".join(f"{j}={v}" for j, v in values.items()))
+    per_method: dict[str, dict[str, dict[str, Any]]] = {}
+    shared: dict[str, dict[str, Any]] = {}  # job -> its eviction block (what a method without an override uses)
+    for job in jobs:
+        shared[job.id] = (job.config or {}).get("eviction") or {}
+        for method, settings in ((job.config or {}).get("method_params") or {}).items():
+            per_method.setdefault(method, {})[job.id] = settings or {}
+    for method, by_job in per_method.items():
+        if len(by_job) < 2:
+            continue
+        names = sorted({name for settings in by_job.values() for name in settings})
+        for name in names:
+            values = {
+                j: json.dumps(settings.get(name, shared[j].get(name)), sort_keys=True) for j, settings in by_job.items()
+            }
+            if len(set(values.values())) > 1:
+                notes.append(
+                    f"jobs differ in method_params.{method}.{name}: " + ", ".join(f"{j}={v}" for j, v in values.items())
+                )
     return notes

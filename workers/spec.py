@@ -10,7 +10,8 @@ A job file (YAML) looks like::
     protocols: [true_eviction, full_context]
     density: 0.2
     eviction: {block_size: 32, window: 16}   # nexus.EvictionConfig's shared fields, for every method
-    method_params: {nexus: {walk_steps: 3}}
+    preset: paper                    # paper | reference | kvcache_factory (nexus/presets.py)
+    method_params: {nexus: {walk_steps: 3}, snapkv: {window: 32, kernel_size: 5}}
     seeds: [0, 1, 2]
     limits: {max_steps: 100, soft_step_limit: 40, max_context_tokens: 65536}
     sampling: {temperature: 1.0, top_p: 1.0, top_k: 0, max_new_tokens: null}  # null: no per-turn cap
@@ -24,6 +25,14 @@ on the scope or the protocol; its single episode is stored under the first liste
 The parts are the runner's own configs (``agent_runner.config``): ``model`` is a ``ModelSpec``, ``limits`` an
 ``AgentConfig``, ``sampling`` a ``SamplingConfig``, and each episode an ``EpisodeSpec`` holding the method's
 ``nexus.EvictionConfig``. None of them imports torch, so validating a job does not either.
+
+**Per-method settings.** ``method_params[m]`` holds method ``m``'s own hyperparameters and any of the
+shared fields it sets for itself (``window``, ``block_size``, ``slack_blocks``, ``budget_tokens``). A
+``preset`` fills every method's settings first (``nexus.presets``); the job's ``method_params`` override
+single values. The validated spec holds the *resolved* settings of every method, so the stored job config
+says exactly what ran even if a preset or a default changes later. A name a method does not have is an
+error naming the method and the field; a bad value is found by ``check_with_library`` (it builds each
+policy, so it imports torch), which ``nexus-eval submit`` and ``run`` call before anything is stored.
 
 ``config_hash()`` is the sha256 of the canonical JSON of the spec without ``name`` and with set-like lists
 (methods, scopes, protocols, seeds, task ids) sorted: two submissions that would run the same episodes with
@@ -56,6 +65,7 @@ from agent_runner.config import (
 )
 from nexus.config import SHARED_FIELDS, EvictionConfig
 from nexus.methods import DENSE
+from nexus.presets import DEFAULT_PRESET, PRESETS, resolve, split_settings
 
 _GLOB_CHARS = set("*?[")
 #: the keys of a job's ``eviction`` mapping (density has its own top-level key)
@@ -167,7 +177,10 @@ class JobSpec(_Frozen):
         validate_default=True,
         description=f"EvictionConfig fields shared by every method: {', '.join(EVICTION_KEYS)}",
     )
-    method_params: dict[MethodName, dict[str, Any]] = Field(default_factory=dict)
+    preset: str = Field(DEFAULT_PRESET, description=f"named per-method settings: {', '.join(PRESETS)}")
+    method_params: dict[MethodName, dict[str, Any]] = Field(
+        default_factory=dict, description="per method: its hyperparameters and shared-field overrides (resolved)"
+    )
     seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
     limits: AgentConfig = AgentConfig()
     sampling: SamplingConfig = SamplingConfig()
@@ -184,6 +197,35 @@ class JobSpec(_Frozen):
     def _unique(cls, values: list[Any], info: Any) -> list[Any]:
         _no_duplicates(info.field_name, values)
         return values
+
+    @model_validator(mode="before")
+    @classmethod
+    def _resolve_presets(cls, data: Any) -> Any:
+        """Fill ``method_params`` with every listed method's resolved settings (preset, then overrides).
+        Anything malformed is left for the field validators to report."""
+        if not isinstance(data, dict):
+            return data
+        preset, methods, given = data.get("preset", DEFAULT_PRESET), data.get("methods"), data.get("method_params")
+        given = {} if given is None else given
+        if preset not in PRESETS or not isinstance(methods, list) or not isinstance(given, dict):
+            return data
+        resolved = {m: given[m] for m in methods if isinstance(m, str) and m in given}
+        resolved.update(given)  # entries for methods not listed stay, for _consistent to report
+        for method in methods:
+            own = given.get(method)
+            if isinstance(method, str) and (own is None or isinstance(own, dict)):
+                try:
+                    resolved[method] = resolve(method, preset, own)
+                except ValueError as exc:
+                    raise ValueError(f"method_params.{exc}") from None
+        return {**data, "method_params": resolved}
+
+    @field_validator("preset")
+    @classmethod
+    def _known_preset(cls, value: str) -> str:
+        if value not in PRESETS:
+            raise ValueError(f"unknown preset {value!r}; known: {', '.join(PRESETS)}")
+        return value
 
     @field_validator("eviction")
     @classmethod
@@ -205,6 +247,11 @@ class JobSpec(_Frozen):
             raise ValueError(f"method_params has {stray}, which are not in methods {self.methods}")
         if self.model is None and self.backend != "oracle":
             raise ValueError(f"backend {self.backend!r} needs a 'model' (name and revision)")
+        for method in self.methods:  # a method's own window / slack / block size, checked without torch
+            try:
+                self.eviction_config(method, self.scopes[0], self.seeds[0])
+            except (ValueError, ValidationError) as exc:
+                raise ValueError(f"method_params.{method}: {_plain(exc)}") from None
         return self
 
     # --- construction -------------------------------------------------------------------------------
@@ -238,12 +285,17 @@ class JobSpec(_Frozen):
         return cls.from_dict(data, source=str(path))
 
     def check_with_library(self, *, source: str = "<spec>") -> None:
-        """Build each method's policy so a bad ``method_params`` entry (an unknown or out-of-range
-        hyperparameter) fails before anything is enqueued. Imports torch."""
+        """Build each method's policy so a bad ``method_params`` value (an out-of-range hyperparameter, a
+        budget below what the method must keep) fails before anything is enqueued. Imports torch.
+        Each error names ``method_params.<method>.<field>`` where the policy says which field."""
+        from nexus.policies.base import ParamError
+
         errors = []
         for method in self.methods:
             try:
                 _ = self.eviction_config(method, self.scopes[0], self.seeds[0]).policy
+            except ParamError as exc:
+                errors.append((f"method_params.{method}.{exc.field}", str(exc)))
             except (TypeError, ValueError) as exc:
                 errors.append((f"method_params.{method}", str(exc)))
         if errors:
@@ -294,8 +346,9 @@ class JobSpec(_Frozen):
     def eviction_config(self, method: str, scope: str, seed: int) -> EvictionConfig:
         """``method``'s ``nexus.EvictionConfig`` in this job (validated without torch; its policy is built on
         first use)."""
-        settings = {"method": method, "scope": scope, "density": self.density, "seed": seed, **self.eviction}
-        return _EVICTION.validate_python({**settings, "method_params": dict(self.method_params.get(method, {}))})
+        shared, own = split_settings(self.method_params.get(method, {}))
+        settings = {"method": method, "scope": scope, "density": self.density, "seed": seed, **self.eviction, **shared}
+        return _EVICTION.validate_python({**settings, "method_params": own})
 
     def episode_config(self, task_id: str, method: str, scope: str, protocol: str, seed: int) -> EpisodeSpec:
         """The one episode's ``EpisodeSpec``; its JSON dump is stored whole in ``episodes.config``, and a
@@ -316,6 +369,13 @@ class JobSpec(_Frozen):
             grade=self.grade,
             grade_route=self.grade_route,
         )
+
+
+def _plain(exc: Exception) -> str:
+    """A ValueError's text, or a pydantic ValidationError's messages without pydantic's framing."""
+    if isinstance(exc, ValidationError):
+        return "; ".join(e["msg"].removeprefix("Value error, ") for e in exc.errors())
+    return str(exc)
 
 
 def _loc(loc: tuple[Any, ...]) -> str:

@@ -22,8 +22,22 @@ def make_policy(method: str, **params: Any) -> Policy:
     try:
         return factory(**params)
     except TypeError as exc:  # an unknown or missing keyword
-        known = ", ".join(f.name for f in dataclasses.fields(factory)) if dataclasses.is_dataclass(factory) else ""
+        try:
+            known = ", ".join(policy_settings(factory())) or "none"
+        except (TypeError, ValueError):  # a factory without defaults: its signature is all we know
+            known = "see its docstring"
         raise ValueError(f"bad parameters for method {method!r}: {exc}. Known parameters: {known}") from exc
 
 
-__all__ = ["LayerView", "Policy", "ScorePolicy", "make_policy"]
+def policy_settings(policy: Policy) -> dict[str, Any]:
+    """Every hyperparameter of a built policy, by name (an Ada policy: its own, then its inner policy's)."""
+    inner = getattr(policy, "inner", None)
+    if isinstance(inner, Policy):
+        own = {f.name: getattr(policy, f.name) for f in dataclasses.fields(policy) if f.name != "inner"}
+        return {**own, **policy_settings(inner)}
+    if dataclasses.is_dataclass(policy):
+        return {f.name: getattr(policy, f.name) for f in dataclasses.fields(policy)}
+    return {}
+
+
+__all__ = ["LayerView", "Policy", "ScorePolicy", "make_policy", "policy_settings"]

@@ -5,6 +5,8 @@ and batch row, with H = Hkv KV heads and a per-head budget `view.budget`:
 
 1. scores [B, H, P] = inner.score(view); forced [B, H, P] = inner.forced(view) (e.g. the recency window).
 2. B' = floor((H * budget - total forced slots) / H): the selectable slots a head has on average.
+   With `normalize` each head's scores are first multiplied by (mass of its top B' non-forced scores) /
+   (mass of all its non-forced scores), as AdaKV's `normalize` option does.
 3. Take the global top H * B' of the non-forced valid scores across all heads of the row;
    n_h = how many of them belong to head h.
 4. cap_h = round(n_h * (1 - alpha) + floor(B' * alpha)), alpha = `floor_alpha` (the safeguard floor:
@@ -12,10 +14,18 @@ and batch row, with H = Hkv KV heads and a per-head budget `view.budget`:
 5. counts_h = cap_h + forced_h, clamped to the head's valid slots; return inner.select_counts(view, counts),
    i.e. [B, H, max count] ascending slot indices, -1 padded where a head keeps fewer.
 
-Deliberate differences from the reference code: the forced set counts inside the budget (the reference
-adds the window on top), so the layer holds ~H * budget slots in total; the scores are not renormalised
-per head (AdaKV's `normalize`, off in its `config_compress`); round() is round-half-to-even (torch.round).
-floor_alpha defaults to 0.2, AdaKV's suggestion for GQA models (`experiments/LongBench/pred.py`).
+What matches the reference (FFY0/AdaKV `AdaptiveSnapKVCluster`, read at efe4e2e): the window is inside
+the budget there too (its base capacity is the budget minus W), the floor is int(B' * alpha), the rounding
+is torch.round (half to even), and scores are not renormalised unless `normalize` is set (its
+`config_compress` leaves it off; KVCache-Factory's `init_adakv` turns it on: the `kvcache_factory` preset).
+floor_alpha defaults to 0.2, the value AdaKV's LongBench script passes ("we suggest 0.2 while using gqa",
+`experiments/LongBench/pred.py`); `config_compress`'s own default is 0.5.
+
+Deliberate differences: the forced set is whatever the inner policy forces (W tokens for SnapKV and
+PyramidKV, whole sink/recency blocks for Nexus), counted per head, where the reference always adds the
+last W tokens; the allocation runs per batch row where the reference asserts batch size 1; and every
+eviction event (each prefill, and each decode event under prefill_decode) reallocates, where the reference
+compresses once after the prompt.
 The number of slots a head keeps is decided by this allocation; which slots is the inner policy's
 `select_counts` (SnapKV/PyramidKV: per-head top-count; Nexus: per-head block reservoir, see nexus.py).
 min_budget, layer_budget (so Ada-PyramidKV gets the pyramid schedule), needs_queries, observes and
@@ -24,19 +34,32 @@ observe are the inner policy's.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from nexus.methods import register
-from nexus.policies.base import NEG_INF, LayerView, Policy, ScorePolicy
+from nexus.policies.base import NEG_INF, LayerView, Policy, ScorePolicy, check_bool, check_number
 from nexus.policies.reservoir import descending_ranks
 
 
+def normalized_scores(scores: torch.Tensor, candidates: torch.Tensor, per_head: torch.Tensor) -> torch.Tensor:
+    """scores [B, H, P] times each head's share of its own mass in its top `per_head` [B] candidates."""
+    s = scores.float().masked_fill(~candidates, 0.0)
+    ranked = s.sort(dim=-1, descending=True).values
+    top = (torch.arange(s.shape[-1], device=s.device) < per_head.view(-1, 1, 1)).float()
+    ratio = (ranked * top).sum(-1, keepdim=True) / ranked.sum(-1, keepdim=True).clamp_min(torch.finfo(s.dtype).tiny)
+    return scores.float() * ratio
+
+
 def head_counts(
-    scores: torch.Tensor, forced: torch.Tensor, valid: torch.Tensor, budget: int, floor_alpha: float
+    scores: torch.Tensor,
+    forced: torch.Tensor,
+    valid: torch.Tensor,
+    budget: int,
+    floor_alpha: float,
+    normalize: bool = False,
 ) -> torch.Tensor:
     """[B, H] long slots each KV head keeps (forced included), from scores/forced/valid [B, H, P]."""
     b, h, p = scores.shape
@@ -44,6 +67,8 @@ def head_counts(
     forced_h = forced.sum(-1)  # [B, H]
     selectable = (h * budget - forced_h.sum(-1)).clamp_min(0)  # [B]
     per_head = selectable // h  # B'
+    if normalize:
+        scores = normalized_scores(scores, valid & ~forced, per_head)
     candidates = (valid & ~forced).flatten(1)  # [B, H*P]
     flat = scores.float().flatten(1).masked_fill(~candidates, NEG_INF)
     winners = candidates & (descending_ranks(flat) < (h * per_head).unsqueeze(-1))
@@ -59,16 +84,15 @@ class AdaKV(Policy):
 
     inner: ScorePolicy
     floor_alpha: float = 0.2
+    normalize: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.inner, ScorePolicy):
             raise ValueError(
                 f"ada: inner must be a ScorePolicy (a score fed to top-K), got {type(self.inner).__name__}"
             )
-        a = self.floor_alpha
-        ok = not isinstance(a, bool) and isinstance(a, int | float) and math.isfinite(a)
-        if not ok or not 0.0 <= a <= 1.0:
-            raise ValueError(f"ada: floor_alpha must be a number in [0, 1], got {a!r}")
+        check_number(self.name, "floor_alpha", self.floor_alpha, 0.0, 1.0)
+        check_bool(self.name, "normalize", self.normalize)
 
     @property
     def name(self) -> str:  # type: ignore[override]
@@ -93,31 +117,32 @@ class AdaKV(Policy):
 
     def counts(self, view: LayerView) -> torch.Tensor:
         """[B, Hkv] long: the per-head slot counts this layer keeps at this event."""
-        return head_counts(self.inner.score(view), self.inner.forced(view), view.valid, view.budget, self.floor_alpha)
+        scores, forced = self.inner.score(view), self.inner.forced(view)
+        return head_counts(scores, forced, view.valid, view.budget, self.floor_alpha, self.normalize)
 
     def select(self, view: LayerView) -> torch.Tensor:
         return self.inner.select_counts(view, self.counts(view))
 
 
 @register("ada_snapkv", order=3)
-def ada_snapkv(floor_alpha: float = 0.2, **snapkv_params: Any) -> AdaKV:
+def ada_snapkv(floor_alpha: float = 0.2, normalize: bool = False, **snapkv_params: Any) -> AdaKV:
     """Ada-SnapKV: SnapKV's score (its own hyperparameters as keywords) with Ada-KV allocation."""
     from nexus.policies.snapkv import SnapKV
 
-    return AdaKV(SnapKV(**snapkv_params), floor_alpha)
+    return AdaKV(SnapKV(**snapkv_params), floor_alpha, normalize)
 
 
 @register("ada_pyramidkv", order=4)
-def ada_pyramidkv(floor_alpha: float = 0.2, **pyramidkv_params: Any) -> AdaKV:
+def ada_pyramidkv(floor_alpha: float = 0.2, normalize: bool = False, **pyramidkv_params: Any) -> AdaKV:
     """Ada-PyramidKV: PyramidKV's per-layer schedule and score, Ada-KV allocation inside each layer."""
     from nexus.policies.pyramidkv import PyramidKV
 
-    return AdaKV(PyramidKV(**pyramidkv_params), floor_alpha)
+    return AdaKV(PyramidKV(**pyramidkv_params), floor_alpha, normalize)
 
 
 @register("ada_nexus", order=9)
-def ada_nexus(floor_alpha: float = 0.2, **nexus_params: Any) -> AdaKV:
+def ada_nexus(floor_alpha: float = 0.2, normalize: bool = False, **nexus_params: Any) -> AdaKV:
     """Ada-Nexus: per-head Nexus scores and block reservoir (nexus.py) with Ada-KV allocation."""
     from nexus.policies.nexus import Nexus
 
-    return AdaKV(Nexus(**nexus_params), floor_alpha)
+    return AdaKV(Nexus(**nexus_params), floor_alpha, normalize)

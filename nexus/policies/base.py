@@ -14,12 +14,48 @@ Conventions every policy follows (the cache relies on them):
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
 
 NEG_INF = float("-inf")
+
+
+class ParamError(ValueError):
+    """A bad method hyperparameter. ``method`` and ``field`` say which (a job spec reports
+    ``method_params.<method>.<field>``); the message reads "<method>: <field> must be ...".
+    """
+
+    def __init__(self, method: str, field: str, requirement: str, value: Any) -> None:
+        self.method, self.field = method, field
+        super().__init__(f"{method}: {field} must be {requirement}, got {value!r}")
+
+
+def check_int(method: str, field: str, value: Any, lo: int) -> None:
+    """An integer (not a bool) >= lo."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < lo:
+        raise ParamError(method, field, f"an integer >= {lo}", value)
+
+
+def check_number(method: str, field: str, value: Any, lo: float, hi: float = math.inf, *, hi_open=False) -> None:
+    """A finite int or float (not a bool) in [lo, hi] (or [lo, hi) with ``hi_open``)."""
+    ok = not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
+    if not ok or value < lo or (value >= hi if hi_open else value > hi):
+        span = f">= {lo}" if hi == math.inf else f"in [{lo}, {hi}{')' if hi_open else ']'}"
+        raise ParamError(method, field, f"a finite number {span}", value)
+
+
+def check_bool(method: str, field: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise ParamError(method, field, "true or false", value)
+
+
+def check_choice(method: str, field: str, value: Any, choices: Sequence[str]) -> None:
+    if value not in choices:
+        raise ParamError(method, field, f"one of {', '.join(choices)}", value)
 
 
 @dataclass

@@ -24,7 +24,9 @@ Deliberate differences and choices:
   probabilities over the G heads of a group (a sum, like the original's sum over rows; the ranking per
   head equals the mean's) and select per KV head.
 - Budget split: the original sets heavy = 0.1 T and recent = 0.1 T (a 20% budget split in half):
-  `recent_ratio=0.5` of our single per-head budget reproduces that.
+  `recent_ratio=0.5` of our single per-head budget reproduces that. KVCache-Factory's H2OKVCluster and
+  MorphKV's h2o mode force only the last W (W + 1 there) tokens: `recent_rule="window"` (at 20% of 10K tokens
+  that is ~1000 recency slots under "ratio" against W under "window").
 - Un-normalised by default, like the original (old tokens are favoured: more queries saw them).
   `normalize=True` divides by the number of queries that could see each slot, as kvpress's
   `ObservedAttentionPress` does (there: T - j for a single prefill). acc sums the G heads of a group
@@ -32,7 +34,11 @@ Deliberate differences and choices:
 - When it evicts: the original evicts at every decode step once the cache exceeds heavy + recent; under
   prefill_decode we evict when a layer reaches budget + slack (amortised; the accumulator still sees
   every query). Under prefill_only it is one eviction at the end of each prefill with the method's own
-  score: the accumulator over every query seen so far (prefill rows and decoded tokens alike).
+  score: the accumulator over every query seen so far (prefill rows and decoded tokens alike). The
+  original's every-step eviction is `slack_blocks=0` (the `reference` preset).
+- Positions: every kept key keeps its original RoPE position (keys are cached post-RoPE). The original's
+  real-drop streaming class (`H2OLlamaAttention_streaming`) stores un-rotated keys and re-rotates them to
+  their cache-slot index every step (StreamingLLM's position rolling); we do not re-rotate.
 """
 
 from __future__ import annotations
@@ -43,7 +49,19 @@ from typing import ClassVar
 import torch
 
 from nexus.methods import register
-from nexus.policies.base import LayerView, ScorePolicy, group_queries, recent_slots, visibility
+from nexus.policies.base import (
+    LayerView,
+    ScorePolicy,
+    check_bool,
+    check_choice,
+    check_int,
+    check_number,
+    group_queries,
+    recent_slots,
+    visibility,
+)
+
+RECENT_RULES = ("ratio", "window")
 
 
 def _extended(state: dict, name: str, like: torch.Tensor) -> torch.Tensor:
@@ -64,8 +82,10 @@ def _extended(state: dict, name: str, like: torch.Tensor) -> torch.Tensor:
 class H2O(ScorePolicy):
     """Heavy hitters (accumulated attention) + a recency window.
 
-    recent_ratio: fraction of the per-head budget given to the most recent tokens (0.5 = the original's
-                  0.1 / 0.1 heavy / recent split); the rest goes to the heaviest hitters.
+    recent_rule:  how many recent tokens are forced: "ratio" (round(recent_ratio * budget), the original's
+                  split) or "window" (the last W tokens, KVCache-Factory's H2OKVCluster and MorphKV's h2o mode).
+    recent_ratio: under "ratio", the fraction of the per-head budget given to the most recent tokens (0.5 =
+                  the original's 0.1 / 0.1 heavy / recent split); the rest goes to the heaviest hitters.
     normalize:    divide the accumulated attention by how many queries could see each slot (kvpress
                   ObservedAttention); False = the original's raw sum.
     chunk_rows:   most query rows processed at once in `observe` (memory only; the result is the same).
@@ -76,29 +96,31 @@ class H2O(ScorePolicy):
     needs_queries: ClassVar[bool] = False
     observes: ClassVar[bool] = True
 
+    recent_rule: str = "ratio"
     recent_ratio: float = 0.5
     normalize: bool = False
     chunk_rows: int = 512
     chunk_elements: int = 2**27
 
     def __post_init__(self) -> None:
-        r = self.recent_ratio
-        if isinstance(r, bool) or not isinstance(r, int | float) or not 0.0 <= r < 1.0:
-            raise ValueError(f"h2o: recent_ratio must be a number in [0, 1), got {r!r}")
-        if not isinstance(self.normalize, bool):
-            raise ValueError(f"h2o: normalize must be a bool, got {self.normalize!r}")
-        for field_name in ("chunk_rows", "chunk_elements"):
-            value = getattr(self, field_name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"h2o: {field_name} must be an integer >= 1, got {value!r}")
+        check_choice(self.name, "recent_rule", self.recent_rule, RECENT_RULES)
+        check_number(self.name, "recent_ratio", self.recent_ratio, 0.0, 1.0, hi_open=True)
+        check_bool(self.name, "normalize", self.normalize)
+        check_int(self.name, "chunk_rows", self.chunk_rows, 1)
+        check_int(self.name, "chunk_elements", self.chunk_elements, 1)
 
-    def recent_count(self, budget: int) -> int:
-        """Slots of `budget` forced to the most recent tokens: round half up of recent_ratio * budget."""
+    def recent_count(self, budget: int, window: int) -> int:
+        """Slots of `budget` forced to the most recent tokens: round half up of recent_ratio * budget
+        ("ratio") or the last `window` tokens ("window"), never the whole budget."""
+        if self.recent_rule == "window":
+            return min(window, budget - 1)
         return int(self.recent_ratio * budget + 0.5)
 
     def min_budget(self, window: int, block_size: int) -> int:
+        if self.recent_rule == "window":
+            return window + 1
         budget = 1
-        while self.recent_count(budget) >= budget:  # terminates: recent_ratio < 1
+        while self.recent_count(budget, window) >= budget:  # terminates: recent_ratio < 1
             budget += 1
         return budget
 
@@ -132,4 +154,4 @@ class H2O(ScorePolicy):
         return acc / _extended(slots, "seen", view.positions).clamp(min=1.0)
 
     def forced(self, view: LayerView) -> torch.Tensor:
-        return recent_slots(view.positions, self.recent_count(view.budget))
+        return recent_slots(view.positions, self.recent_count(view.budget, view.window))

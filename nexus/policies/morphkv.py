@@ -22,8 +22,10 @@ Deliberate differences and choices:
 - The rows: after the forward of token t our window is tokens t-W+1..t (it includes the newest token) and
   tokens t-W..t are forced; the reference, scoring before token t+1 attends, uses rows t-W+1..t and forces
   t-W+1..t+1. Our kept set has the same size as the reference's after t+1 is appended (budget + 1 there).
-- W is `EvictionConfig.window` (16, shared by every method) rather than the reference's per-benchmark
-  values (3 in its scripts, 32 / 30 / 200 in its README); fusion defaults to the scripts' "max".
+- W is `EvictionConfig.window` (16 under the `paper` preset, shared by every method) rather than the
+  reference's per-benchmark values (3 in its scripts, 32 / 30 / 200 in its README); fusion defaults to the
+  scripts' "max". The `reference` preset sets W = 3 and `slack_blocks=0`, which evicts at every decode step
+  as the reference does (with our after-attention timing described above).
 - Selection per KV head; the reference's logit cache is per query head, but its mask is per KV head too.
 """
 
@@ -39,6 +41,7 @@ from nexus.policies.base import (
     NEG_INF,
     LayerView,
     ScorePolicy,
+    check_choice,
     group_queries,
     recent_slots,
     visibility,
@@ -60,8 +63,7 @@ class MorphKV(ScorePolicy):
     fusion: str = "max"
 
     def __post_init__(self) -> None:
-        if self.fusion not in FUSIONS:
-            raise ValueError(f"morphkv: fusion must be one of {', '.join(FUSIONS)}, got {self.fusion!r}")
+        check_choice(self.name, "fusion", self.fusion, FUSIONS)
 
     def min_budget(self, window: int, block_size: int) -> int:
         return window + 2

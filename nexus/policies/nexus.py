@@ -21,7 +21,9 @@ One eviction event, per layer (the Nexus Sampling paper, section 2 and appendix 
    kept set never exceeds the budget. `min_budget` = the largest forced set + one block (111 for W=16,
    b=32); `select` refuses a smaller budget with a ValueError.
 7. Reservoir: n = `reservoir_n` uniforms per non-forced block from `view.generator` (one draw of shape
-   [B, N, n] float64), log pi_j = logsumexp_i(log u_j^(i) / w_j) - log n, keep the top K (see reservoir.py).
+   [B, N, n] float64 on the CPU, see reservoir.py for the seeding rule), log pi_j = logsumexp_i(log u_j^(i)
+   / w_j) - log n, keep the top K. With `weight_scale="mean"` the weights are first divided by the mean
+   candidate weight (`rescale_weights`): at the raw scale (w ~ 1.5 / N) n has no effect on the ranking.
 
 The selection is shared by all KV heads of the layer (uniform per-head budget), so `select` requires every
 head to hold the same slots (true whenever the cache only ever ran this policy) and returns [B, Hkv, K]
@@ -56,6 +58,9 @@ from nexus.policies.base import (
     NEG_INF,
     LayerView,
     ScorePolicy,
+    check_choice,
+    check_int,
+    check_number,
     group_queries,
     recent_slots,
     sort_with_padding,
@@ -63,6 +68,7 @@ from nexus.policies.base import (
 from nexus.policies.reservoir import descending_ranks, draw_uniforms, reservoir_log_priorities, select_top
 
 WALK_ROWS = ("recent", "spread")
+WEIGHT_SCALES = ("raw", "mean")
 
 
 def compute_dtype(t: torch.Tensor) -> torch.dtype:
@@ -176,6 +182,24 @@ def select_blocks(
     return select_top(reservoir_log_priorities(weights, uniforms), candidates, k)
 
 
+def rescale_weights(weights: torch.Tensor, candidates: torch.Tensor, mode: str) -> torch.Tensor:
+    """The reservoir's weights [..., N]: `weights` as they are ("raw") or divided by the mean weight of each
+    row's candidate blocks ("mean").
+
+    Why: Nexus weights sum to about 1 + lam, so each is about (1 + lam) / N (0.006 at 256 blocks). At that
+    scale u^(1/w) is dominated by the largest of the n draws, and the n-averaged priority ranks like a single
+    Efraimidis-Spirakis draw whatever n is: n does nothing. Rescaled to a mean of 1, n interpolates between
+    sampling (n = 1) and top-K (large n) as the paper's Lemma A.2 intends. Rescaling is a per-row constant
+    factor, so n = 1 gives the same selection either way (u^(1/(c w)) is monotone in u^(1/w)).
+    See docs/methods.md for the measured inclusion frequencies.
+    """
+    if mode == "raw":
+        return weights
+    cand = candidates.to(weights.dtype)
+    mean = (weights * cand).sum(-1, keepdim=True) / cand.sum(-1, keepdim=True).clamp_min(1)
+    return weights / mean.clamp_min(torch.finfo(weights.dtype).tiny)
+
+
 def share_blocks(free: torch.Tensor, block_size: int) -> torch.Tensor:
     """[B, H] whole blocks per head from `free` [B, H] selectable slots, pooling the leftovers of a row.
 
@@ -202,6 +226,8 @@ class Nexus(ScorePolicy):
 
     walk_steps (H=3), lam (0.5), eps_tie (1e-6), reservoir_n (n=5): the paper's defaults.
     walk_rows: "recent" (default) or "spread", which window rows feed the walk.
+    weight_scale: "raw" (default, the paper's formula on w_j as computed) or "mean" (w_j divided by the mean
+                  weight of the row's candidate blocks before the reservoir); see `rescale_weights`.
     """
 
     name: ClassVar[str] = "nexus"
@@ -211,16 +237,15 @@ class Nexus(ScorePolicy):
     reservoir_n: int = 5
     walk_rows: str = "recent"
 
+    weight_scale: str = "raw"
+
     def __post_init__(self) -> None:
-        for field, value, lo in (("walk_steps", self.walk_steps, 0), ("reservoir_n", self.reservoir_n, 1)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < lo:
-                raise ValueError(f"nexus: {field} must be an integer >= {lo}, got {value!r}")
-        for field, value in (("lam", self.lam), ("eps_tie", self.eps_tie)):
-            ok = not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
-            if not ok or value < 0:
-                raise ValueError(f"nexus: {field} must be a finite number >= 0, got {value!r}")
-        if self.walk_rows not in WALK_ROWS:
-            raise ValueError(f"nexus: walk_rows must be one of {', '.join(WALK_ROWS)}, got {self.walk_rows!r}")
+        check_int(self.name, "walk_steps", self.walk_steps, 0)
+        check_int(self.name, "reservoir_n", self.reservoir_n, 1)
+        check_number(self.name, "lam", self.lam, 0)
+        check_number(self.name, "eps_tie", self.eps_tie, 0)
+        check_choice(self.name, "walk_rows", self.walk_rows, WALK_ROWS)
+        check_choice(self.name, "weight_scale", self.weight_scale, WEIGHT_SCALES)
 
     def min_budget(self, window: int, block_size: int) -> int:
         """Most the forced set can take, plus one block (so the reservoir always gets at least one).
@@ -256,7 +281,9 @@ class Nexus(ScorePolicy):
         forced_tokens = (sizes * forced).sum(-1)
         free = (torch.as_tensor(budgets, device=weights.device) - forced_tokens).clamp_min(0)
         k = share_blocks(free, block_size) if pool_heads else free // block_size
-        chosen = select_blocks(weights, exists & ~forced, k, self.reservoir_n, generator)
+        candidates = exists & ~forced
+        weights = rescale_weights(weights, candidates, self.weight_scale)
+        chosen = select_blocks(weights, candidates, k, self.reservoir_n, generator)
         keep = chosen | forced
         return keep.gather(-1, block_index(valid, block_size).clamp_min(0)) & valid
 

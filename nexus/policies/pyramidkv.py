@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from nexus.methods import register
+from nexus.policies.base import check_bool, check_int
 from nexus.policies.snapkv import SnapKV
 
 
@@ -78,10 +79,8 @@ class PyramidKV(SnapKV):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if isinstance(self.beta, bool) or not isinstance(self.beta, int) or self.beta < 1:
-            raise ValueError(f"{self.name}: beta must be an integer >= 1, got {self.beta!r}")
-        if not isinstance(self.cap_to_length, bool):
-            raise ValueError(f"{self.name}: cap_to_length must be a bool, got {self.cap_to_length!r}")
+        check_int(self.name, "beta", self.beta, 1)
+        check_bool(self.name, "cap_to_length", self.cap_to_length)
 
     def layer_budget(self, budget: int, layer_idx: int, num_layers: int, length: int, window: int) -> int:
         return pyramid_budget(budget, layer_idx, num_layers, length, window, self.beta, self.cap_to_length)

@@ -27,7 +27,11 @@ Deliberate differences from the reference code (all documented choices):
 - Pooling runs along slot order, which is time order of the retained tokens; after an earlier eviction
   the neighbours of a slot need not be logically adjacent (no reference compresses twice).
 - Defaults: kernel 7 with max pooling, the paper's LongBench configs (`*_w32_k7_maxpool.json`); the class
-  defaults there are 5 / avg. W comes from `EvictionConfig.window` (16, the shared window).
+  defaults there are 5 / avg. W comes from `EvictionConfig.window` (16, the shared window, under the
+  `paper` preset; 32 under `reference`, 8 under `kvcache_factory`).
+- Score precision: the score stays fp32 from the softmax through pooling and top-K. The original computes
+  the softmax in fp32 but casts the probabilities back to the model dtype (bf16 for these models) before
+  summing, pooling and top-K, so near-equal scores tie more often there and break by index.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ import torch
 import torch.nn.functional as F
 
 from nexus.methods import register
-from nexus.policies.base import LayerView, ScorePolicy, window_attention
+from nexus.policies.base import LayerView, ParamError, ScorePolicy, check_bool, check_choice, window_attention
 
 POOLINGS = ("max", "avg")
 
@@ -59,11 +63,10 @@ def pool_slots(scores: torch.Tensor, kernel_size: int, pooling: str) -> torch.Te
 
 
 def validate_pooling(method: str, kernel_size: int, pooling: str) -> None:
-    """Raise ValueError naming the bad pooling hyperparameter of `method`."""
+    """Raise ParamError naming the bad pooling hyperparameter of `method`."""
     if isinstance(kernel_size, bool) or not isinstance(kernel_size, int) or kernel_size < 1 or kernel_size % 2 == 0:
-        raise ValueError(f"{method}: kernel_size must be an odd integer >= 1 (length-preserving), got {kernel_size!r}")
-    if pooling not in POOLINGS:
-        raise ValueError(f"{method}: pooling must be one of {', '.join(POOLINGS)}, got {pooling!r}")
+        raise ParamError(method, "kernel_size", "an odd integer >= 1 (length-preserving)", kernel_size)
+    check_choice(method, "pooling", pooling, POOLINGS)
 
 
 @register("snapkv", order=1)
@@ -85,8 +88,7 @@ class SnapKV(ScorePolicy):
 
     def __post_init__(self) -> None:
         validate_pooling(self.name, self.kernel_size, self.pooling)
-        if not isinstance(self.pool_per_query_head, bool):
-            raise ValueError(f"{self.name}: pool_per_query_head must be a bool, got {self.pool_per_query_head!r}")
+        check_bool(self.name, "pool_per_query_head", self.pool_per_query_head)
 
     def score(self, view: LayerView) -> torch.Tensor:
         """[B, Hkv, P] float32 pooled window attention; 0 on forced and empty slots before pooling."""

@@ -25,7 +25,7 @@ from typing import ClassVar
 import torch
 
 from nexus.methods import register
-from nexus.policies.base import LayerView, Policy, keep_top, oldest_slots
+from nexus.policies.base import LayerView, Policy, check_int, keep_top, oldest_slots
 
 
 @register("streaming_llm", order=7)
@@ -43,8 +43,7 @@ class StreamingLLM(Policy):
     n_sink: int = 4
 
     def __post_init__(self) -> None:
-        if isinstance(self.n_sink, bool) or not isinstance(self.n_sink, int) or self.n_sink < 0:
-            raise ValueError(f"streaming_llm: n_sink must be an integer >= 0, got {self.n_sink!r}")
+        check_int(self.name, "n_sink", self.n_sink, 0)
 
     def min_budget(self, window: int, block_size: int) -> int:
         return self.n_sink + 1

@@ -54,6 +54,7 @@ def episode(
     scope: str = typer.Option("prefill_decode", help="prefill_only | prefill_decode"),
     protocol: str = typer.Option("true_eviction", help="true_eviction | full_context"),
     density: float = typer.Option(0.2, help="kept fraction of the logical length"),
+    preset: str = typer.Option("paper", help="the method's settings: paper | reference | kvcache_factory"),
     seed: int = typer.Option(0),
     max_steps: int = typer.Option(100, "--max-steps"),
     max_new_tokens: int = typer.Option(
@@ -78,16 +79,18 @@ def episode(
     from agent_runner.config import AgentConfig, EpisodeSpec, ModelSpec, SamplingConfig
     from agent_runner.episode import build_model
     from agent_runner.episode_core import run_episode
+    from nexus.presets import preset_settings, split_settings
 
     console = Console(stderr=True)
     try:
+        shared, own = split_settings(preset_settings(method, preset))
         spec = EpisodeSpec(
             suite=None if tasks_file else suite,
             tasks_file=str(tasks_file) if tasks_file else None,
             task_id=task,
             backend=backend,
             model=ModelSpec(name=model, revision=revision, device=device),
-            eviction={"method": method, "scope": scope, "density": density},
+            eviction={"method": method, "scope": scope, "density": density, **shared, "method_params": own},
             protocol=protocol,
             seed=seed,
             sampling=SamplingConfig(max_new_tokens=max_new_tokens, temperature=temperature),

@@ -25,6 +25,7 @@ _BACKEND = typer.Option("hf", help="hf | oracle | openai")
 _SCOPES = typer.Option("prefill_only", help="comma-separated: prefill_only,prefill_decode")
 _PROTOCOLS = typer.Option("true_eviction,full_context", help="comma-separated protocols")
 _DENSITY = typer.Option(0.2, help="kept fraction of the logical tokens")
+_PRESET = typer.Option("paper", help="per-method settings: paper | reference | kvcache_factory (nexus/presets.py)")
 _SEEDS = typer.Option("0", help="comma-separated seeds")
 _SUITE = typer.Option("mini", help="bundled suite name or task folder")
 _TEMPERATURE = typer.Option(1.0)
@@ -37,7 +38,9 @@ def _job_spec(file: Path | None, flags: dict[str, Any], *, what: str) -> JobSpec
     from workers.submit import load_spec, plan_episodes
 
     try:
-        spec = load_spec(file) if file else JobSpec.from_dict(_flags_to_data(**flags), source="<command-line flags>")
+        source = str(file) if file else "<command-line flags>"
+        spec = load_spec(file) if file else JobSpec.from_dict(_flags_to_data(**flags), source=source)
+        spec.check_with_library(source=source)  # every method's hyperparameters, by building its policy
         plan_episodes(spec)  # a bad task selection is an error before anything is stored
     except JobSpecError as exc:
         fail(f"{exc}\n{what}")
@@ -53,6 +56,7 @@ def _flags_to_data(
     scopes: str,
     protocols: str,
     density: float,
+    preset: str,
     seeds: str,
     suite: str,
     tasks: str | None,
@@ -69,6 +73,7 @@ def _flags_to_data(
         "scopes": csv_list(scopes),
         "protocols": csv_list(protocols),
         "density": density,
+        "preset": preset,
         "seeds": [int(s) for s in csv_list(seeds)],
         "tasks": {"suite": suite, **({"ids": csv_list(tasks)} if tasks else {})},
         "limits": {
@@ -93,6 +98,7 @@ def submit(
     scopes: str = _SCOPES,
     protocols: str = _PROTOCOLS,
     density: float = _DENSITY,
+    preset: str = _PRESET,
     seeds: str = _SEEDS,
     suite: str = _SUITE,
     tasks: str = typer.Option(None, "--tasks", help="comma-separated task ids or globs"),
@@ -129,6 +135,7 @@ def run(
     scopes: str = _SCOPES,
     protocols: str = _PROTOCOLS,
     density: float = _DENSITY,
+    preset: str = _PRESET,
     seeds: str = _SEEDS,
     suite: str = _SUITE,
     tasks: str = typer.Option("humanfmt__humanfmt-1,dslib__dslib-1", "--tasks", help="task ids or globs"),

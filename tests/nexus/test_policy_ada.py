@@ -73,15 +73,26 @@ def make_view(seed: int, slots: int = 60, budget: int = 20, empty: int = 0) -> L
     )
 
 
-def np_counts(scores: np.ndarray, forced: np.ndarray, valid: np.ndarray, budget: int, alpha: float) -> np.ndarray:
-    """Ada-KV allocation written out per batch row with plain NumPy."""
+def np_counts(
+    scores: np.ndarray, forced: np.ndarray, valid: np.ndarray, budget: int, alpha: float, normalize: bool = False
+) -> np.ndarray:
+    """Ada-KV allocation written out per batch row with plain NumPy (``normalize``: AdaKV's per-head
+    ratio, the mass of a head's top B' candidate scores over the mass of all its candidate scores)."""
     b, h, _ = scores.shape
     out = np.zeros((b, h), dtype=np.int64)
     for bi in range(b):
         f = forced[bi] & valid[bi]
         b_prime = max(h * budget - int(f.sum()), 0) // h
+        ratio = np.ones(h)
+        if normalize:
+            for hi in range(h):
+                mine = sorted(
+                    (float(scores[bi, hi, p]) for p in range(scores.shape[2]) if valid[bi, hi, p] and not f[hi, p]),
+                    reverse=True,
+                )
+                ratio[hi] = sum(mine[:b_prime]) / sum(mine)
         cands = [
-            (scores[bi, hi, p], hi)
+            (scores[bi, hi, p] * ratio[hi], hi)
             for hi in range(h)
             for p in range(scores.shape[2])
             if valid[bi, hi, p] and not f[hi, p]
@@ -110,6 +121,19 @@ def test_counts_match_numpy_formula(seed, alpha):
     counts = head_counts(scores, forced, view.valid, view.budget, alpha)
     want = np_counts(scores.numpy(), forced.numpy(), view.valid.numpy(), view.budget, alpha)
     assert counts.dtype == torch.int64 and counts.tolist() == want.tolist()
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_normalized_counts_match_numpy_formula(seed):
+    view = make_view(seed, budget=15 + 3 * seed, empty=10 * (seed % 2))
+    scores = heavy_tailed(seed, (B, HKV, 60))
+    forced = recent_slots(view.positions, W)
+    counts = head_counts(scores, forced, view.valid, view.budget, 0.2, normalize=True)
+    want = np_counts(scores.numpy(), forced.numpy(), view.valid.numpy(), view.budget, 0.2, normalize=True)
+    assert counts.tolist() == want.tolist()
+    plain = head_counts(scores, forced, view.valid, view.budget, 0.2)
+    if seed == 0:  # heavy-tailed heads: normalising really moves the allocation
+        assert counts.tolist() != plain.tolist()
 
 
 @pytest.mark.parametrize("seed", range(5))

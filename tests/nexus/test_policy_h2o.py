@@ -160,11 +160,33 @@ def test_normalized_variant_matches_numpy():
 
 def test_budget_split_and_min_budget():
     policy = make_policy("h2o")
-    assert [policy.recent_count(b) for b in (1, 2, 5, 7, 10)] == [1, 1, 3, 4, 5]  # half up
+    assert [policy.recent_count(b, 16) for b in (1, 2, 5, 7, 10)] == [1, 1, 3, 4, 5]  # half up
     assert policy.min_budget(16, 32) == 2
     assert make_policy("h2o", recent_ratio=0.0).min_budget(16, 32) == 1
     assert make_policy("h2o", recent_ratio=0.9).min_budget(16, 32) == 6
     assert policy.needs_queries is False and policy.observes is True
+
+
+def test_window_recent_rule_forces_only_the_last_w():
+    """KVCache-Factory / MorphKV's h2o mode: the last W tokens are recent, the rest of the budget is heavy."""
+    policy = make_policy("h2o", recent_rule="window")
+    assert [policy.recent_count(b, 4) for b in (5, 20, 100)] == [4, 4, 4]
+    assert policy.min_budget(4, 32) == 5
+    cache = LayerCacheDouble()
+    gen = torch.Generator().manual_seed(4)
+    pos = cache.append(torch.randn(B, HKV, 40, D, generator=gen))
+    view = cache.view(20)
+    policy.observe(view, torch.randn(B, HKV * G, 40, D, generator=gen), pos)
+    kept = policy.select(view)
+    ratio_kept = make_policy("h2o").select(view)
+    for b in range(B):
+        for h in range(HKV):
+            ids = set(kept[b, h].tolist())
+            assert {36, 37, 38, 39} <= ids and len(ids) == 20
+            # the ratio rule forces the last 10; the window rule frees 6 of them for heavy hitters
+            assert set(range(30, 40)) <= set(ratio_kept[b, h].tolist())
+    with pytest.raises(ValueError, match="h2o: recent_rule must be one of ratio, window"):
+        make_policy("h2o", recent_rule="last")
 
 
 def test_budget_at_least_length_keeps_everything():

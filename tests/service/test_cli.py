@@ -107,6 +107,21 @@ def test_malformed_job_file_names_file_and_field_and_stores_nothing(local, tmp_p
     assert not (tmp_path / "celery-broker.db").exists()  # no message was ever sent
 
 
+def test_bad_method_settings_are_refused_before_anything_is_stored(local, tmp_path):
+    """A value only the policy can judge (it needs torch) is checked by submit/run too, naming the field."""
+    db, env = local
+    job = oracle_job(["humanfmt__humanfmt-1"], ["nexus", "h2o"], ["true_eviction"])
+    bad = write_job(tmp_path / "job.yaml", **job, preset="reference", method_params={"nexus": {"lam": -1}})
+    done = invoke("submit", "--file", str(bad), "--db", db.url)
+    assert done.exit_code == 2, done.output
+    assert f"{bad}: field 'method_params.nexus.lam': nexus: lam must be a finite number >= 0" in done.output
+    assert "nothing was submitted" in done.output
+    done = invoke("run", "--backend", "oracle", "--methods", "dense,h2o", "--preset", "best", "--db", db.url)
+    assert done.exit_code == 2 and "unknown preset 'best'" in done.output
+    with db.session() as s:
+        assert (s.query(Job).count(), s.query(Episode).count()) == (0, 0)
+
+
 def test_compare_inspect_export_and_status_read_the_database(local):
     db, env = local
     job_id, ids = _finished_job(db)

@@ -234,6 +234,27 @@ def test_compare_jobs_warns_when_merged_jobs_differ_in_density(sqlite_db):
     assert table.rows[0].cells["nexus"].pending == 1 and table.rows[0].cells["nexus"].n == 0
 
 
+def test_compare_notes_name_per_method_settings_and_presets(sqlite_db):
+    """Two jobs of the same methods under different presets / overrides: the notes say which method's
+    which setting differs, with each job's resolved value (a shared field a job did not override is read
+    from that job's eviction block)."""
+    ids = []
+    for extra in ({}, {"preset": "reference", "method_params": {"nexus": {"reservoir_n": 50}}}):
+        spec = JobSpec.from_dict(
+            {"backend": "oracle", "methods": ["snapkv", "nexus"], "tasks": {"suite": "m"}, **extra}
+        )
+        with sqlite_db.session() as s:
+            job = st.create_job(s, config=spec.model_dump(mode="json"), config_hash=spec.config_hash())
+            st.add_episodes(s, job.id, spec.episodes(["t1"]))
+            ids.append(job.id)
+    with sqlite_db.session() as s:
+        notes = compare_jobs(s, ids).notes
+    assert f'jobs differ in preset: {ids[0]}="paper", {ids[1]}="reference"' in notes
+    assert f"jobs differ in method_params.snapkv.window: {ids[0]}=16, {ids[1]}=32" in notes
+    assert f"jobs differ in method_params.nexus.reservoir_n: {ids[0]}=5, {ids[1]}=50" in notes
+    assert not any("snapkv.kernel_size" in n or "nexus.lam" in n for n in notes)  # equal values: no note
+
+
 def test_grading_notes_name_the_tools_and_the_offline_verdicts():
     from types import SimpleNamespace
 

@@ -6,6 +6,7 @@ import pytest
 
 from agent_runner.config import AgentConfig, EpisodeSpec, ModelSpec, SamplingConfig
 from nexus.config import EvictionConfig
+from nexus.presets import PAPER, PRESETS
 from workers.spec import JobSpec, JobSpecError
 
 BASE = {"backend": "oracle", "methods": ["dense", "nexus"], "tasks": {"suite": "mini"}}
@@ -155,7 +156,7 @@ def test_episode_config_is_the_merged_config():
         7,
     )
     eviction = ep.config["eviction"]
-    assert eviction["method_params"] == {"walk_steps": 3} and eviction["density"] == 0.2
+    assert eviction["method_params"] == {**PAPER["nexus"], "walk_steps": 3} and eviction["density"] == 0.2
     assert ep.config["agent"]["max_steps"] == 100 and ep.config["backend"] == "oracle"
     assert (ep.config["suite"], ep.config["tasks_file"], eviction["block_size"]) == ("mini", None, 32)
     assert ep.config["model"] == ModelSpec().model_dump(mode="json")  # oracle: the runner's default model spec
@@ -212,14 +213,62 @@ def test_the_job_composes_the_runners_own_configs():
             0.5,
         )
         assert (spec_.agent.max_steps, spec_.sampling.temperature, spec_.model.revision) == (7, 0.0, "r1")
-        assert spec_.eviction.method_params == ({"walk_steps": 2} if ep.method == "nexus" else {})
+        want = {**PAPER["nexus"], "walk_steps": 2} if ep.method == "nexus" else {}
+        assert spec_.eviction.method_params == want
         assert spec_.eviction.seed == 3
 
 
 @pytest.mark.slow  # imports torch through nexus
 def test_check_with_library_rejects_bad_method_params():
     spec(methods=["dense", "nexus"]).check_with_library()
-    bad = spec(methods=["nexus"], method_params={"nexus": {"no_such_knob": 1}})
+    bad = spec(methods=["nexus", "h2o"], method_params={"nexus": {"reservoir_n": 0}, "h2o": {"recent_ratio": 1.5}})
     with pytest.raises(JobSpecError) as info:
         bad.check_with_library(source="job.yaml")
-    assert info.value.errors[0][0] == "method_params.nexus" and "no_such_knob" in str(info.value)
+    assert info.value.errors == [
+        ("method_params.nexus.reservoir_n", "nexus: reservoir_n must be an integer >= 1, got 0"),
+        ("method_params.h2o.recent_ratio", "h2o: recent_ratio must be a finite number in [0.0, 1.0), got 1.5"),
+    ]
+    assert str(info.value).startswith("job.yaml: field 'method_params.nexus.reservoir_n': nexus: reservoir_n")
+    # a per-method window that leaves a budget below what the method must keep
+    small = spec(
+        methods=["nexus"], density=0.2, eviction={"budget_tokens": 100}, method_params={"nexus": {"window": 64}}
+    )
+    with pytest.raises(JobSpecError, match="method_params.nexus.*below what nexus must keep"):
+        small.check_with_library()
+    # every preset builds every method
+    for preset in PRESETS:
+        spec(methods=list(PAPER), preset=preset).check_with_library()
+
+
+def test_presets_resolve_into_the_stored_config():
+    """The stored config holds every method's resolved settings; overrides win over the preset; the
+    per-method shared fields reach the method's EvictionConfig and no other method's."""
+    s = spec(methods=["snapkv", "morphkv", "nexus"], preset="reference", method_params={"snapkv": {"kernel_size": 5}})
+    stored = s.model_dump(mode="json")
+    assert stored["preset"] == "reference"
+    assert stored["method_params"]["snapkv"] == {**PAPER["snapkv"], "window": 32, "kernel_size": 5}
+    assert stored["method_params"]["morphkv"] == {"fusion": "max", "window": 3, "slack_blocks": 0}
+    assert stored["method_params"]["nexus"] == PAPER["nexus"]
+    snap = s.eviction_config("snapkv", "prefill_only", 0)
+    assert (snap.window, snap.slack_blocks, snap.method_params["kernel_size"]) == (32, 1, 5)
+    morph = s.eviction_config("morphkv", "prefill_decode", 0)
+    assert (morph.window, morph.slack_blocks) == (3, 0)
+    assert s.eviction_config("nexus", "prefill_decode", 0).window == 16  # the job's shared window
+    # the stored form validates back to the same spec (a rerun reads it), and hashes the same
+    again = JobSpec.from_dict(stored)
+    assert again == s and again.config_hash() == s.config_hash()
+    # the same methods under another preset are another configuration
+    assert spec(methods=["snapkv", "morphkv", "nexus"]).config_hash() != s.config_hash()
+    # an episode's stored config carries the resolved values too
+    (ep,) = [e for e in s.episodes(["t1"]) if e.method == "morphkv"]
+    assert ep.config["eviction"]["window"] == 3 and ep.config["eviction"]["slack_blocks"] == 0
+
+
+def test_preset_and_per_method_errors_name_the_method_and_field():
+    assert errors_of({**BASE, "preset": "kvpress"}) == [
+        ("preset", "unknown preset 'kvpress'; known: paper, reference, kvcache_factory")
+    ]
+    (err,) = errors_of({**BASE, "methods": ["h2o"], "method_params": {"h2o": {"recent_ratoi": 0.1}}})
+    assert err[1].startswith("method_params.h2o: unknown setting(s) ['recent_ratoi']; known: window")
+    (err,) = errors_of({**BASE, "methods": ["snapkv"], "method_params": {"snapkv": {"window": 0}}})
+    assert err[1] == "method_params.snapkv: window must be an integer >= 1, got 0"
