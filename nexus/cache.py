@@ -120,12 +120,12 @@ class EvictableLayer(CacheLayerMixin):
         self._refresh_views()
         return self.keys, self.values
 
-    def keep(self, idx: torch.Tensor, next_event_at: int | None = None) -> None:
+    def keep(self, idx: torch.Tensor, slack: int | None = None) -> None:
         """Keep slots `idx` [B, Hkv, K] (ascending, -1 padded) and size the buffers for what comes next.
 
-        next_event_at: the mean occupancy at which the next decode event fires (budget + slack under
-        prefill_decode), or None when no decode event will come (prefill_only). The buffers then hold
-        exactly enough slots to append up to that event without reallocating: K + max(next_event_at - kept
+        slack: under prefill_decode the next decode event fires when the mean occupancy reaches
+        `self.budget + slack`; None when no decode event will come (prefill_only). The buffers then hold
+        exactly enough slots to append up to that event without reallocating: K + max(budget + slack - kept
         per head, 1), which is budget + slack whenever every head keeps the same count. A buffer that already
         has that capacity (or at most `slack` more) is reused in place, so a decoding layer keeps one
         storage from event to event; a larger one (after a prefill) is replaced by a right-sized one.
@@ -140,11 +140,10 @@ class EvictableLayer(CacheLayerMixin):
         kept = idx.shape[-1]
         ragged = bool(empty.any())  # one host sync per event, never per decode step
         occupancy = float((~empty).sum()) / (idx.shape[0] * idx.shape[1]) if ragged else float(kept)
-        # the event fires after the append that reaches next_event_at, so that append needs a slot (>= 1)
-        needed = kept if next_event_at is None else kept + max(math.ceil(next_event_at - occupancy), 1)
+        # the event fires after the append that reaches budget + slack, so that append needs a slot (>= 1)
+        needed = kept if slack is None else kept + max(math.ceil(self.budget + slack - occupancy), 1)
         capacity = self._k.shape[2]
-        tolerance = 0 if next_event_at is None else max(next_event_at - (self.budget or 0), 0)
-        if needed <= capacity <= needed + tolerance:
+        if needed <= capacity <= needed + (slack or 0):
             self._k[:, :, :kept], self._v[:, :, :kept], self._pos[:, :, :kept] = k, v, pos
         else:
             self._k, self._v, self._pos = k, v, pos
@@ -311,8 +310,7 @@ class EvictableCache(Cache):
         # a CPU generator per (seed, layer, logical length): see nexus/policies/reservoir.py for the rule
         generator = event_generator(self.config.seed, layer.layer_idx, layer.n_seen)
         idx = self.config.policy.select(self._view(layer, scaling, phase, generator))
-        decoding_events = self.config.scope == "prefill_decode"
-        layer.keep(idx, next_event_at=layer.budget + self.config.slack if decoding_events else None)
+        layer.keep(idx, slack=self.config.slack if self.config.scope == "prefill_decode" else None)
         layer.events += 1
         ev = self.events[-1] if self.events else None
         if ev is None or ev.logical_length != layer.n_seen or ev.phase != phase or layer.layer_idx in ev.per_layer:

@@ -309,9 +309,7 @@ def setting_notes(jobs: Sequence[Any]) -> list[str]:
     jobs that ran that method."""
     notes = []
     for key in COMPARED_SETTINGS:
-        values = {job.id: json.dumps((job.config or {}).get(key), sort_keys=True) for job in jobs}
-        if len(set(values.values())) > 1:
-            notes.append(f"jobs differ in {key}: " + ", ".join(f"{j}={v}" for j, v in values.items()))
+        notes += _differences(key, {job.id: (job.config or {}).get(key) for job in jobs})
     per_method: dict[str, dict[str, dict[str, Any]]] = {}
     shared: dict[str, dict[str, Any]] = {}  # job -> its eviction block (what a method without an override uses)
     for job in jobs:
@@ -321,13 +319,15 @@ def setting_notes(jobs: Sequence[Any]) -> list[str]:
     for method, by_job in per_method.items():
         if len(by_job) < 2:
             continue
-        names = sorted({name for settings in by_job.values() for name in settings})
-        for name in names:
-            values = {
-                j: json.dumps(settings.get(name, shared[j].get(name)), sort_keys=True) for j, settings in by_job.items()
-            }
-            if len(set(values.values())) > 1:
-                notes.append(
-                    f"jobs differ in method_params.{method}.{name}: " + ", ".join(f"{j}={v}" for j, v in values.items())
-                )
+        for name in sorted({name for settings in by_job.values() for name in settings}):
+            values = {j: settings.get(name, shared[j].get(name)) for j, settings in by_job.items()}
+            notes += _differences(f"method_params.{method}.{name}", values)
     return notes
+
+
+def _differences(label: str, values: dict[str, Any]) -> list[str]:
+    """One note naming each job's value of ``label``, when the jobs do not all agree (else none)."""
+    shown = {job: json.dumps(value, sort_keys=True) for job, value in values.items()}
+    if len(set(shown.values())) < 2:
+        return []
+    return [f"jobs differ in {label}: " + ", ".join(f"{j}={v}" for j, v in shown.items())]

@@ -65,7 +65,7 @@ from agent_runner.config import (
 )
 from nexus.config import SHARED_FIELDS, EvictionConfig
 from nexus.methods import DENSE
-from nexus.presets import DEFAULT_PRESET, PRESETS, resolve, split_settings
+from nexus.presets import DEFAULT_PRESET, PRESETS, check_preset, resolve, split_settings
 
 _GLOB_CHARS = set("*?[")
 #: the keys of a job's ``eviction`` mapping (density has its own top-level key)
@@ -209,23 +209,21 @@ class JobSpec(_Frozen):
         given = {} if given is None else given
         if preset not in PRESETS or not isinstance(methods, list) or not isinstance(given, dict):
             return data
-        resolved = {m: given[m] for m in methods if isinstance(m, str) and m in given}
-        resolved.update(given)  # entries for methods not listed stay, for _consistent to report
+        resolved = {}
         for method in methods:
-            own = given.get(method)
+            own = given.get(method) if isinstance(method, str) else None
             if isinstance(method, str) and (own is None or isinstance(own, dict)):
                 try:
                     resolved[method] = resolve(method, preset, own)
                 except ValueError as exc:
                     raise ValueError(f"method_params.{exc}") from None
-        return {**data, "method_params": resolved}
+        # entries for methods not listed (or malformed) stay as given, for the validators to report
+        return {**data, "method_params": {**resolved, **{k: v for k, v in given.items() if k not in resolved}}}
 
     @field_validator("preset")
     @classmethod
     def _known_preset(cls, value: str) -> str:
-        if value not in PRESETS:
-            raise ValueError(f"unknown preset {value!r}; known: {', '.join(PRESETS)}")
-        return value
+        return check_preset(value)
 
     @field_validator("eviction")
     @classmethod
@@ -237,7 +235,7 @@ class JobSpec(_Frozen):
         try:  # the same checks as every method's EvictionConfig, without torch
             _EVICTION.validate_python({**values, "method": DENSE})
         except ValidationError as exc:
-            raise ValueError("; ".join(e["msg"].removeprefix("Value error, ") for e in exc.errors())) from None
+            raise ValueError(_plain(exc)) from None
         return {**_EVICTION_DEFAULTS, **values}  # stored whole, so two jobs compare field by field
 
     @model_validator(mode="after")
@@ -250,7 +248,7 @@ class JobSpec(_Frozen):
         for method in self.methods:  # a method's own window / slack / block size, checked without torch
             try:
                 self.eviction_config(method, self.scopes[0], self.seeds[0])
-            except (ValueError, ValidationError) as exc:
+            except ValueError as exc:  # pydantic's ValidationError included
                 raise ValueError(f"method_params.{method}: {_plain(exc)}") from None
         return self
 
