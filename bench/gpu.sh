@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
 # One time-boxed GPU benchmark run (the paper's Table 4/5 setting), from the repository root:
 #   1. environment: torch, CUDA, flash-attn, GPU memory, copy bandwidth, bf16 matmul rate  -> env.json
-#   2. bench/decode.py: llama-3.1-8b shape (random weights), bf16, batch 1, 8K prefill, decode to 8K with
+#   2. bench/stack_check.py: the stacked decode's flash path against masked sdpa (tiny model, bf16) -> stack_check.json
+#      bench/batch.py: qwen3-32b shape (all 64 layers, random weights), bf16, N = 1 and 8 conversations decoded
+#      together through one nexus.CacheStack, 8K ragged prompts (8 distinct, 37 tokens apart), 64 timed steps,
+#      dense vs nexus (prefill_decode), plus each method's unstacked batch-1 decode            -> batch.json
+#      (capped at GPU_BENCH_BATCH_BOX seconds, default 180; step 3 then gets what is left of the box)
+#   3. bench/decode.py: llama-3.1-8b shape (random weights), bf16, batch 1, 8K prefill, decode to 8K with
 #      reports at 1K/2K/4K/8K, dense vs snapkv (prefill_only) vs morphkv vs nexus (prefill_decode),
 #      flash_attention_2 if installed else sdpa                                               -> decode.json
 # Everything lands in one folder: $OUT if set (the device tool's), else bench/out/gpu-<UTC date>; the whole
@@ -12,6 +17,7 @@
 #   bench/gpu.sh                       # on the GPU machine
 #   bench/gpu.sh --dry-run             # CPU, tiny shape, small sizes: checks the script end to end
 #   GPU_BENCH_METHODS="dense nexus" GPU_BENCH_BOX=420 bench/gpu.sh     # a subset, e.g. to split 2 sessions
+#   GPU_BENCH_PARTS=batch bench/gpu.sh                                   # only the batched decode (step 2)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -20,6 +26,8 @@ DRY=0
 PY=${PYTHON:-python3}
 BOX=${GPU_BENCH_BOX:-450}
 METHODS=${GPU_BENCH_METHODS:-"dense snapkv@prefill_only morphkv nexus"}
+PARTS=${GPU_BENCH_PARTS:-"batch decode"}
+BATCH_BOX=${GPU_BENCH_BATCH_BOX:-180}
 DIR=${OUT:-bench/out/gpu-$(date -u +%Y%m%dT%H%M%SZ)}
 mkdir -p "$DIR"
 exec > >(tee -a "$DIR/gpu.log") 2>&1
@@ -27,7 +35,7 @@ export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 START=$SECONDS
 left() { echo $((BOX - (SECONDS - START))); }
 
-echo "== bench/gpu.sh $(date -u +%FT%TZ) dry_run=$DRY box=${BOX}s out=$DIR methods=[$METHODS]"
+echo "== bench/gpu.sh $(date -u +%FT%TZ) dry_run=$DRY box=${BOX}s out=$DIR parts=[$PARTS] methods=[$METHODS]"
 
 # Missing pure-Python packages travel as wheels in .whl/ (see docs/benchmarks.md); none are needed today:
 # decode.py imports only torch, transformers, rich and nexus/ from this checkout.
@@ -39,28 +47,50 @@ fi
 if [ "$DRY" = 1 ]; then
   DEVICE=cpu; MODEL=(--model tiny); PREFILL=512; DECODE=64; REPORT=(32 64); DTYPE=float32
   ENV_ARGS=(--device cpu --copy-mib 64 --matmul-n 512); COPY=64
+  BATCH=(--model tiny --layers 0 --prompt-tokens 512 --rows 1,2 --steps 16 --distinct-prompts 0 --device cpu
+         --dtype float32)
 else
   DEVICE=cuda; MODEL=(--model llama-3.1-8b); PREFILL=8192; DECODE=8192; REPORT=(1024 2048 4096 8192); DTYPE=bfloat16
   ENV_ARGS=(--device cuda --copy-mib 2048 --matmul-n 8192); COPY=2048
+  BATCH=(--model qwen3-32b --layers 0 --prompt-tokens 8192 --rows 1,8 --steps 64 --warmup 4 --distinct-prompts 0
+         --device cuda --dtype bfloat16)
 fi
 
 echo "== 1. environment"
 $PY --version
 command -v nvidia-smi >/dev/null && timeout 20 nvidia-smi | tee "$DIR/nvidia-smi.txt"
-timeout 20 $PY -c "import torch, transformers, rich; import nexus; print('torch', torch.__version__, 'cuda', \
-torch.cuda.is_available(), '| transformers', transformers.__version__, '| nexus cache kwarg ok')" \
+timeout 20 $PY -c "import torch, transformers, rich; import nexus; nexus.CacheStack; print('torch', torch.__version__, \
+'cuda', torch.cuda.is_available(), '| transformers', transformers.__version__, '| nexus + CacheStack ok')" \
   || { echo "FAILED: the Python environment cannot import torch/transformers/rich/nexus"; exit 2; }
 timeout 120 $PY bench/common.py "${ENV_ARGS[@]}" --out "$DIR/env.json" || echo "WARNING: environment probe failed (rc $?)"
 
-echo "== 2. decode throughput and memory ($(left)s left)"
-BUDGET=$(( $(left) - 15 ))
-if [ "$BUDGET" -lt 60 ]; then echo "FAILED: only ${BUDGET}s left for decoding"; exit 3; fi
-# shellcheck disable=SC2086
-timeout --kill-after=10 "$BUDGET" $PY bench/decode.py "${MODEL[@]}" --prefill "$PREFILL" --decode "$DECODE" \
-  --report-at "${REPORT[@]}" --methods $METHODS --batch 1 --dtype "$DTYPE" --device "$DEVICE" --attn auto \
-  --threads 4 --copy-mib "$COPY" --time-box $((BUDGET - 25)) --out "$DIR/decode.json"
-RC=$?
-[ "$RC" = 0 ] || echo "WARNING: decode.py exited with rc $RC (partial results, if any, are in $DIR/decode.json)"
+RC=0
+if [[ " $PARTS " == *" batch "* ]] && [ "$DRY" = 0 ]; then
+  echo "== 2a. stacked decode: flash path (flash_attn_with_kvcache, per-row lengths) vs masked sdpa"
+  timeout 120 $PY bench/stack_check.py --out "$DIR/stack_check.json"
+  SRC=$?
+  [ "$SRC" = 0 ] || { echo "WARNING: stack_check.py exited with rc $SRC (1: flash and sdpa stacks disagree)"; RC=$SRC; }
+fi
+if [[ " $PARTS " == *" batch "* ]]; then
+  echo "== 2. batched decode through a CacheStack ($(left)s left)"
+  CAP=$BATCH_BOX; [ "$(( $(left) - 15 ))" -lt "$CAP" ] && CAP=$(( $(left) - 15 ))
+  timeout --kill-after=10 "$CAP" $PY bench/batch.py "${BATCH[@]}" --methods dense,nexus --attn auto --threads 4 \
+    --out "$DIR/batch.json"
+  BRC=$?
+  [ "$BRC" = 0 ] || { echo "WARNING: batch.py exited with rc $BRC (partial results, if any, are in $DIR/batch.json)"; RC=$BRC; }
+fi
+
+if [[ " $PARTS " == *" decode "* ]]; then
+  echo "== 3. decode throughput and memory ($(left)s left)"
+  BUDGET=$(( $(left) - 15 ))
+  if [ "$BUDGET" -lt 60 ]; then echo "FAILED: only ${BUDGET}s left for decoding"; exit 3; fi
+  # shellcheck disable=SC2086
+  timeout --kill-after=10 "$BUDGET" $PY bench/decode.py "${MODEL[@]}" --prefill "$PREFILL" --decode "$DECODE" \
+    --report-at "${REPORT[@]}" --methods $METHODS --batch 1 --dtype "$DTYPE" --device "$DEVICE" --attn auto \
+    --threads 4 --copy-mib "$COPY" --time-box $((BUDGET - 25)) --out "$DIR/decode.json"
+  DRC=$?
+  [ "$DRC" = 0 ] || { echo "WARNING: decode.py exited with rc $DRC (partial results, if any, are in $DIR/decode.json)"; RC=$DRC; }
+fi
 echo "== done in $((SECONDS - START))s; files in $DIR:"
 ls -l "$DIR"
 exit "$RC"

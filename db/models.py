@@ -1,4 +1,4 @@
-"""The SQL schema: jobs, their episodes (one row per attempt) and the episodes' turns.
+"""The SQL schema: jobs, their episodes (one row per attempt), the episodes' turns, and replays.
 
 Typed SQLAlchemy 2 declarative models. The schema itself is owned by the Alembic revisions in
 ``db/migrations/versions``; ``tests/service/test_db_models.py`` checks the two never drift apart.
@@ -18,6 +18,7 @@ from typing import Any
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Boolean,
     CheckConstraint,
     DateTime,
     Float,
@@ -240,6 +241,50 @@ class Turn(Base):
     action: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
     observation: Mapped[str | None] = mapped_column(Text)
     extra: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)  # format_error, intervened, ...
+    # the turn's token stream {"keep", "append", "generated"} (agent_runner.counterfactual.TurnTokens) when the
+    # backend reports one (hf); what counterfactual replay feeds through another method's cache
+    tokens: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
     episode: Mapped[Episode] = relationship(back_populates="turns")
+
+
+class ReplayStatus(StrEnum):
+    ok = "ok"
+    failed = "failed"  # the replay broke (the error says how); rerun it
+    skipped = "skipped"  # the stream cannot be replayed this way (e.g. a full_context stream under true_eviction)
+
+
+class Replay(Base):
+    """One counterfactual replay: a dense episode's stored token stream teacher-forced through one method's
+    cache (``agent_runner.counterfactual``), scored by how well the model still predicts its own completions.
+
+    One row per (source episode, method, scope, protocol, eviction settings): ``config_key`` is the hash of
+    ``config`` (the ``nexus.EvictionConfig`` used), so a rerun of the same configuration replaces its row while
+    a replay under other settings gets a row of its own. ``turns`` holds the ``TurnScore`` dumps.
+    """
+
+    __tablename__ = "replays"
+    __table_args__ = (
+        UniqueConstraint("episode_id", "method", "scope", "protocol", "config_key", name="uq_replay_config"),
+        CheckConstraint(_in_check("status", ReplayStatus), name="ck_replays_status"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    episode_id: Mapped[str] = mapped_column(ForeignKey("episodes.id", ondelete="CASCADE"), index=True)
+    task_id: Mapped[str] = mapped_column(String(200))
+    method: Mapped[str] = mapped_column(String(64))
+    scope: Mapped[str] = mapped_column(String(32))
+    protocol: Mapped[str] = mapped_column(String(32))
+    config_key: Mapped[str] = mapped_column(String(64))  # sha256 hex of the canonical JSON of ``config``
+    config: Mapped[dict[str, Any]] = mapped_column(JSONType)  # the EvictionConfig as stored in an episode config
+    chunked: Mapped[bool] = mapped_column(Boolean, default=True)  # False: fed token by token (--token-by-token)
+    status: Mapped[str] = mapped_column(String(16))
+    error: Mapped[str | None] = mapped_column(Text)
+    tokens: Mapped[int | None] = mapped_column(Integer)  # completion tokens scored
+    nll_mean: Mapped[float | None] = mapped_column(Float)  # over every scored token of the episode
+    top1: Mapped[float | None] = mapped_column(Float)  # share of stored tokens that were the model's argmax
+    turns: Mapped[list[dict[str, Any]] | None] = mapped_column(JSONType)  # TurnScore dumps, one per scored turn
+    seconds: Mapped[float | None] = mapped_column(Float)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)

@@ -20,12 +20,14 @@ from nexus.methods import METHODS, SCOPES
 
 if TYPE_CHECKING:
     from nexus.attention import cache_kwarg, prepare
+    from nexus.batch import CacheStack
     from nexus.budget import prefill_budget, should_evict
     from nexus.cache import EvictableCache, EvictionEvent
     from nexus.policies import make_policy
 
 #: name -> the module that defines it (imported when the name is first used)
 _LAZY = {
+    "CacheStack": "nexus.batch",
     "EvictableCache": "nexus.cache",
     "EvictionEvent": "nexus.cache",
     "cache_kwarg": "nexus.attention",
@@ -47,6 +49,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "METHODS",
     "SCOPES",
+    "CacheStack",
     "EvictableCache",
     "EvictionConfig",
     "EvictionEvent",

@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import inspect
 import sys
+from functools import partial
 
 import torch
 from transformers import AttentionInterface
@@ -87,17 +88,25 @@ def make_attention(base: str):
                 _module_for_kernel(module, base), query, key, value, attention_mask, **kwargs
             )
         q_len = query.shape[2]
-        needs_mask = q_len > 1 or cache.layers[layer_idx].ragged
-        if base.startswith("flash") and cache.layers[layer_idx].ragged:
-            # flash kernels take no arbitrary mask: ragged heads go through sdpa with an explicit mask
+        stacked = not isinstance(cache, EvictableCache)  # a nexus.batch.CacheStack: rows of different lengths
+        scaling = kwargs.get("scaling") or module.scaling
+        if stacked and base.startswith("flash"):
+            out = cache.flash_decode(layer_idx, query, scaling)  # per-row lengths, no mask; None: not here
+            if out is not None:
+                cache.after_attention(layer_idx, query, scaling)
+                return out, None
+        needs_mask = q_len > 1 or cache.layers[layer_idx].ragged or stacked
+        if base.startswith("flash") and (cache.layers[layer_idx].ragged or stacked):
+            # flash kernels take no arbitrary mask: ragged heads and stacked rows go through sdpa with a mask
             kernel, kbase = sdpa_attention_forward, "sdpa"
         else:
             kernel, kbase = _base_kernel(base, module), base
         mask = None
         if needs_mask and not kbase.startswith("flash"):
-            mask = _layer_mask(cache, layer_idx, q_len, query, additive=(kbase == "eager"))
+            build = cache.layer_mask if stacked else partial(_layer_mask, cache)
+            mask = build(layer_idx, q_len, query, additive=(kbase == "eager"))
         out = kernel(_module_for_kernel(module, kbase), query, key, value, mask, **kwargs)
-        cache.after_attention(layer_idx, query, kwargs.get("scaling") or module.scaling)
+        cache.after_attention(layer_idx, query, scaling)
         return out
 
     nexus_attention.__name__ = f"{PREFIX}{base}"

@@ -13,6 +13,7 @@ so what the cache reports after a forward is exactly what the next forward sees.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import math
 import time
@@ -76,6 +77,7 @@ class EvictableLayer(CacheLayerMixin):
         self._q: torch.Tensor | None = None  # ring of the last W queries [B, Hq, W, D]
         self._q_pos: torch.Tensor | None = None  # [W] logical positions, -1 = empty
         self._q_count = 0
+        self._owner = None  # a nexus.batch stack whose [N, Hkv, C, D] buffers this layer is a row view of
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.dtype, self.device = key_states.dtype, key_states.device
@@ -92,6 +94,22 @@ class EvictableLayer(CacheLayerMixin):
         v[:, :, : self.length] = self._v[:, :, : self.length]
         pos[:, :, : self.length] = self._pos[:, :, : self.length]
         self._k, self._v, self._pos = k, v, pos
+
+    def _grow(self, capacity: int) -> None:
+        if self._owner is not None:
+            self._owner.ensure_capacity(capacity)  # a stacked row grows with its whole stack
+        else:
+            self._reallocate(capacity)
+
+    def detach(self) -> None:
+        """Leave a stack: move the live slots into buffers of this layer's own (sized for the next append)."""
+        if self._owner is None:
+            return
+        self._owner = None
+        self._reallocate(self.length + 1)
+        self._refresh_views()
+        if self._q is not None:  # the query ring may be a view of the stack's ring too
+            self._q, self._q_pos = self._q.clone(), self._q_pos.clone()
 
     def _refresh_views(self) -> None:
         self.keys = self._k[:, :, : self.length]
@@ -112,7 +130,7 @@ class EvictableLayer(CacheLayerMixin):
             )
         need = self.length + q
         if need > self._k.shape[2]:
-            self._reallocate(need + max(256, need // 8))  # chunked growth: amortised O(1) appends
+            self._grow(need + max(256, need // 8))  # chunked growth: amortised O(1) appends
         self._k[:, :, self.length : need] = key_states
         self._v[:, :, self.length : need] = value_states
         self._pos[:, :, self.length : need] = torch.arange(self.n_seen, self.n_seen + q, device=self._pos.device)
@@ -143,7 +161,14 @@ class EvictableLayer(CacheLayerMixin):
         # the event fires after the append that reaches budget + slack, so that append needs a slot (>= 1)
         needed = kept if slack is None else kept + max(math.ceil(self.budget + slack - occupancy), 1)
         capacity = self._k.shape[2]
-        if needed <= capacity <= needed + (slack or 0):
+        if self._owner is not None:
+            # a stacked row keeps its place in the stack; the slots it gave up become empty (-1) so the
+            # stack's masks ignore them
+            if needed > capacity:
+                self._owner.ensure_capacity(needed)
+            self._k[:, :, :kept], self._v[:, :, :kept], self._pos[:, :, :kept] = k, v, pos
+            self._pos[:, :, kept : self.length] = -1
+        elif needed <= capacity <= needed + (slack or 0):
             self._k[:, :, :kept], self._v[:, :, :kept], self._pos[:, :, :kept] = k, v, pos
         else:
             self._k, self._v, self._pos = k, v, pos
@@ -164,6 +189,12 @@ class EvictableLayer(CacheLayerMixin):
             b, hq, _, d = query.shape
             self._q = query.new_zeros(b, hq, self.window, d)
             self._q_pos = torch.full((self.window,), -1, dtype=torch.long, device=query.device)
+        if q == 1:  # a decode step: two small copies, no index tensors (this runs per layer per row per token)
+            slot = self._q_count % self.window
+            self._q[:, :, slot] = query[:, :, 0]
+            self._q_pos[slot] = self.n_seen - 1
+            self._q_count += 1
+            return
         take = min(q, self.window)
         slots = (self._q_count + torch.arange(take, device=query.device)) % self.window
         self._q.index_copy_(2, slots, query[:, :, q - take :])
@@ -210,6 +241,8 @@ class EvictableCache(Cache):
         super().__init__(layers=layers)
         self.events: list[EvictionEvent] = []
         self._returned: dict[int, torch.Tensor] = {}
+        #: "decode" while a multi-token feed stands for tokens the model decoded (teacher forcing, replay)
+        self.phase_override: str | None = None
 
     # -- the transformers Cache API -------------------------------------------------------------------------
     def update(self, key_states, value_states, layer_idx: int, *args, **kwargs):
@@ -254,19 +287,49 @@ class EvictableCache(Cache):
         """The per-head budget `layer` is held to (set at the end of the last prefill)."""
         return self.layers[layer].budget
 
+    @contextlib.contextmanager
+    def decoding(self):
+        """Feed several tokens at once as if they were decoded one by one (teacher forcing).
+
+        Inside, a multi-token forward is treated as decode steps: the budget stays, and only decode-time
+        eviction applies. The result equals feeding the tokens one at a time as long as no layer's decode
+        event falls strictly inside the chunk: split feeds at `decode_room()`.
+        """
+        self.phase_override = "decode"
+        try:
+            yield self
+        finally:
+            self.phase_override = None
+
+    def decode_room(self) -> int | None:
+        """Tokens that can be decoded before some layer's next decode-time eviction (that event fires after the
+        last of them, exactly as it would one token at a time); None when no decode eviction will come."""
+        cfg = self.config
+        if not cfg.evicts or cfg.scope != "prefill_decode":
+            return None
+        room = [
+            max(math.ceil(layer.budget + cfg.slack - layer.occupancy), 1)
+            for layer in self.layers
+            if layer.budget is not None
+        ]
+        return min(room) if room else None
+
     # -- called by the attention function, after layer `layer_idx` attended ---------------------------------
     def owns(self, layer_idx: int, key: torch.Tensor) -> bool:
         return self._returned.get(layer_idx) is key
 
-    def after_attention(self, layer_idx: int, query: torch.Tensor, scaling: float) -> None:
-        """Record the queries, let the policy observe, and evict this layer if its budget says so."""
+    def after_attention(
+        self, layer_idx: int, query: torch.Tensor, scaling: float, queries_recorded: bool = False
+    ) -> None:
+        """Record the queries, let the policy observe, and evict this layer if its budget says so.
+        queries_recorded: a `nexus.batch.CacheStack` already wrote this step's query into the layer's ring."""
         cfg, policy, layer = self.config, self.config.policy, self.layers[layer_idx]
         self._returned.pop(layer_idx, None)
         if not policy.evicts:
             return
         q = query.shape[2]
-        phase = "prefill" if q > 1 else "decode"
-        if policy.needs_queries:
+        phase = self.phase_override or ("prefill" if q > 1 else "decode")
+        if policy.needs_queries and not queries_recorded:
             layer.push_queries(query)
         if policy.observes:
             new_pos = torch.arange(layer.n_seen - q, layer.n_seen, device=query.device)

@@ -7,7 +7,17 @@ from __future__ import annotations
 
 import typer
 
-from nexus_eval.commands import demo, episode, images, service, service_rerun, service_results, tasks, tasks_convert
+from nexus_eval.commands import (
+    demo,
+    episode,
+    images,
+    replay,
+    service,
+    service_rerun,
+    service_results,
+    tasks,
+    tasks_convert,
+)
 
 app = typer.Typer(
     name="nexus-eval",
@@ -25,7 +35,7 @@ def version() -> None:
     typer.echo(_v("nexus-eval"))
 
 
-for _area in (demo, images, tasks, tasks_convert, episode, service, service_results, service_rerun):
+for _area in (demo, images, tasks, tasks_convert, episode, service, service_results, service_rerun, replay):
     _area.register(app)
 
 

@@ -17,6 +17,10 @@ cancelled ones ``cancelled``, both outside ``n``.
 Dense evicts nothing, so a job runs it in one cell only (see ``workers.spec``): a row without its own
 dense episodes reuses the dense episodes of another cell, and the cell says ``reused_dense``.
 
+When dense trajectories of the jobs were replayed (``nexus-eval replay``, ``workers.replay``), the table also
+carries one :class:`workers.replay_stats.ReplayCell` per replayed (scope, protocol, method): mean delta-NLL vs
+dense with a bootstrap interval over tasks, and top-1 agreement. Without replays nothing changes.
+
 Everything here is a pure function over :class:`Outcome` rows (testable without a database), except
 :func:`compare_jobs`, the database entry point. ``workers.compare_render.render`` turns a table into text
 (``table``, ``json``, ``csv``, ``markdown``).
@@ -34,6 +38,7 @@ from typing import Any
 from agent_runner.config import PROTOCOLS
 from db.models import ACTIVE_STATUSES, AGENT_EXIT_STATUSES, COUNTED_STATUSES, RUN_FAILURE_STATUSES, EpisodeStatus
 from nexus.methods import DENSE, METHODS, SCOPES
+from workers.replay_stats import ReplayCell, replay_cells, replay_notes
 from workers.stats import bootstrap_mean_ci, mcnemar_paired, pass_at_k, wilson_interval
 
 PENDING = ACTIVE_STATUSES | AGENT_EXIT_STATUSES
@@ -103,9 +108,10 @@ class CompareTable:
     tasks: list[str]
     grid: dict[tuple[str, str, str], dict[str, list[str]]]
     notes: list[str] = field(default_factory=list)
+    replay: list[ReplayCell] = field(default_factory=list)  # counterfactual replays, when any were stored
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "job_ids": self.job_ids,
             "methods": self.methods,
             "rows": [
@@ -128,6 +134,9 @@ class CompareTable:
             ],
             "notes": self.notes,
         }
+        if self.replay:  # absent without replays: the table of a job never replayed stays as it was
+            out["replay"] = [asdict(c) for c in self.replay]
+        return out
 
 
 def natural_key(text: str) -> list[Any]:
@@ -276,7 +285,10 @@ def compare_jobs(session: Any, job_ids: Sequence[str], *, confidence: float = 0.
     episodes = [latest_attempts(session, [j]) for j in ids]
     outcomes, notes = merge_jobs([outcomes_from_episodes(e) for e in episodes])
     notes += setting_notes(jobs) + grading_notes([e for per_job in episodes for e in per_job])
-    return build_table(outcomes, job_ids=ids, confidence=confidence, seed=seed, notes=notes)
+    table = build_table(outcomes, job_ids=ids, confidence=confidence, seed=seed, notes=notes)
+    table.replay = replay_cells(session, ids, confidence=confidence, seed=seed)
+    table.notes += replay_notes(table.replay)
+    return table
 
 
 def grading_notes(episodes: Sequence[Any]) -> list[str]:

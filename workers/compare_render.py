@@ -6,6 +6,10 @@
   grid=True)`` gives one line per task x cell x seed instead.
 - ``markdown``: the summary table, then the per-task grid (one symbol per seed, see :data:`LEGEND`).
 - ``table``: the same as rich tables (``rich_tables`` for printing to a live console).
+
+A table with counterfactual replays (``CompareTable.replay``) gets more, and only then: ``json`` a top-level
+``replay`` list, ``csv`` the :data:`REPLAY_COLUMNS` on every line (and a line for a replayed cell no episode
+row has), ``markdown`` / ``table`` a replay table after the summary (:func:`replay_text` per cell).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from typing import Any
 
 from db.models import EpisodeStatus
 from workers.compare import Cell, CompareTable
+from workers.replay_stats import REPLAY_CAPTION, ReplayCell
 
 FORMATS = ("table", "json", "csv", "markdown")
 SYMBOLS = {
@@ -82,6 +87,46 @@ SUMMARY_COLUMNS = [
 ]
 
 
+REPLAY_COLUMNS = [
+    "replay_episodes",
+    "replay_tasks",
+    "replay_nll",
+    "replay_top1",
+    "delta_nll_vs_dense",
+    "delta_nll_ci_low",
+    "delta_nll_ci_high",
+    "replay_pairs",
+    "replay_skipped",
+    "replay_failed",
+]
+REPLAY_HEADER = ["scope", "protocol", "method", "episodes", "tasks", "NLL", "top-1", "ΔNLL vs dense [95% CI]"]
+
+
+def _replay_values(r: ReplayCell | None) -> list[Any]:
+    if r is None:
+        return [""] * len(REPLAY_COLUMNS)
+    return [
+        r.episodes,
+        r.tasks,
+        _num(r.nll_mean),
+        _num(r.top1),
+        _num(r.delta_nll),
+        _num(r.delta_ci_low),
+        _num(r.delta_ci_high),
+        r.n_pairs,
+        r.skipped,
+        r.failed,
+    ]
+
+
+def replay_text(r: ReplayCell) -> list[str]:
+    """One replay cell as the cells of :data:`REPLAY_HEADER`: ``+0.124 [+0.051, +0.210]`` and so on."""
+    delta = "-" if r.delta_nll is None else f"{r.delta_nll:+.3f} [{r.delta_ci_low:+.3f}, {r.delta_ci_high:+.3f}]"
+    episodes = str(r.episodes) + "".join(f" +{n} {w}" for n, w in ((r.skipped, "skipped"), (r.failed, "failed")) if n)
+    nll = "-" if r.nll_mean is None else f"{r.nll_mean:.3f}"
+    return [r.scope, r.protocol, r.method, episodes, str(r.tasks), nll, _pct(r.top1), delta]
+
+
 def to_csv(table: CompareTable, *, grid: bool = False) -> str:
     """Long-format CSV: one line per cell (default) or, with ``grid=True``, one per task x cell x seed."""
     out = io.StringIO()
@@ -93,9 +138,12 @@ def to_csv(table: CompareTable, *, grid: bool = False) -> str:
                 for i, status in enumerate(by_task.get(task, [])):
                     writer.writerow([task, scope, protocol, method, i, status])
         return out.getvalue()
-    writer.writerow(SUMMARY_COLUMNS)
+    replays = {(r.scope, r.protocol, r.method): r for r in table.replay}
+    with_replays = bool(replays)  # every line gets the columns (popping below empties the dict)
+    writer.writerow(SUMMARY_COLUMNS + (REPLAY_COLUMNS if with_replays else []))
     for row in table.rows:
         for method, c in row.cells.items():
+            extra = _replay_values(replays.pop((row.scope, row.protocol, method), None)) if with_replays else []
             writer.writerow(
                 [
                     row.scope,
@@ -119,8 +167,11 @@ def to_csv(table: CompareTable, *, grid: bool = False) -> str:
                     c.cancelled,
                     c.failures,
                     str(c.reused_dense).lower(),
+                    *extra,
                 ]
             )
+    for (scope, protocol, method), r in replays.items():  # replayed cells without episodes of their own
+        writer.writerow([scope, protocol, method] + [""] * (len(SUMMARY_COLUMNS) - 3) + _replay_values(r))
     return out.getvalue()
 
 
@@ -134,6 +185,10 @@ def to_markdown(table: CompareTable) -> str:
     for row in table.rows:
         cells = [cell_text(row.cells[m]) for m in table.methods]
         lines.append(f"| {row.scope} | {row.protocol} | " + " | ".join(cells) + " |")
+    if table.replay:
+        lines += ["", f"Counterfactual replay: {REPLAY_CAPTION}.", ""]
+        lines += ["| " + " | ".join(REPLAY_HEADER) + " |", "|" + "---|" * len(REPLAY_HEADER)]
+        lines += ["| " + " | ".join(replay_text(r)) + " |" for r in table.replay]
     lines += ["", "Per task (one symbol per seed): " + LEGEND, ""]
     keys = list(table.grid)
     lines.append("| task | " + " | ".join(f"{s}/{p}/{m}" for s, p, m in keys) + " |")
@@ -159,6 +214,13 @@ def rich_tables(table: CompareTable) -> list[Any]:
             f"{row.scope}\n{row.protocol}", *(cell_text(row.cells[m], multiline=True) for m in table.methods)
         )
     renderables: list[Any] = [summary]
+    if table.replay:
+        replay = Table(title="counterfactual replay", caption=REPLAY_CAPTION)
+        for i, name in enumerate(REPLAY_HEADER):
+            replay.add_column(name, justify="left" if i < 3 else "right")
+        for r in table.replay:
+            replay.add_row(*replay_text(r))
+        renderables.append(replay)
     for row in table.rows:
         title = f"per task: {row.scope} / {row.protocol}"
         grid = Table(title=title, min_width=len(title) + 4)

@@ -83,6 +83,19 @@ def episode_spec_from_config(config: dict[str, Any]) -> EpisodeSpec:
     return spec.model_copy(update=update)
 
 
+def episodes_per_gpu() -> int:
+    """``$NEXUS_EVAL_EPISODES_PER_GPU`` (set by ``nexus-eval worker --episodes-per-gpu N``): how many episodes
+    this worker process decodes together on its one model; 1 (the default) runs each alone."""
+    raw = os.environ.get("NEXUS_EVAL_EPISODES_PER_GPU", "1")
+    try:
+        rows = int(raw)
+    except ValueError:
+        rows = 0
+    if rows < 1:
+        raise ValueError(f"$NEXUS_EVAL_EPISODES_PER_GPU={raw!r} must be a whole number >= 1")
+    return rows
+
+
 def turn_fields(turn: Any) -> dict[str, Any]:
     """``agent_runner.records.TurnRecord`` -> the ``db.models.Turn`` columns ``record_turn`` takes."""
     c = turn.completion
@@ -112,7 +125,11 @@ def turn_fields(turn: Any) -> dict[str, Any]:
             "finish_reason": c.finish_reason,
             "steps_remaining": turn.steps_remaining,
             **({"replayed": True} if c.extra.get("replayed") else {}),
+            # a multi-episode worker: how many episodes' rows were decoded together, on average, this turn
+            **({"batch_rows": c.extra["batch_rows_mean"]} if "batch_rows_mean" in c.extra else {}),
         },
+        # the turn's token stream (hf backend): what `nexus-eval replay` feeds through other methods' caches
+        "tokens": c.extra.get("tokens"),
     }
 
 
@@ -183,7 +200,8 @@ def execute_episode(
         spec = episode_spec_from_config(config)
         task = spec.load_task()
         t0 = time.monotonic()
-        model = build_model(spec, task)  # the worker process loads its model once (host_for caches it)
+        # the worker process loads its model once (host_for caches it); a multi-episode worker batches them
+        model = build_model(spec, task, batch_rows=episodes_per_gpu())
         if hooks.wrap_model is not None:
             model = hooks.wrap_model(model, spec)
         timings["model_s"] = time.monotonic() - t0

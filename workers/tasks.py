@@ -17,6 +17,7 @@ importing this module builds nothing. Senders publish by task name through an ex
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any
 
 from celery import Celery, Task, shared_task
@@ -33,14 +34,16 @@ RUN_EPISODE = "nexus.run_episode"
 GRADE_EPISODE = "nexus.grade_episode"
 RESUME_JOB = "nexus.resume_job"
 _DB: dict[str, Database] = {}
+_DB_LOCK = threading.Lock()  # a multi-episode (threads pool) worker asks from several threads at once
 
 
 def database(app: Celery) -> Database:
     """This process's connection to ``app``'s results database, migrated on first use."""
     url = app.conf.nexus_settings.db_url
-    if url not in _DB:
-        _DB[url] = connect(url)
-    return _DB[url]
+    with _DB_LOCK:
+        if url not in _DB:
+            _DB[url] = connect(url)
+        return _DB[url]
 
 
 def _progress_reporter(task: Task):

@@ -12,7 +12,12 @@ Protocols (what the cache holds across agent turns):
 Why our own decode loop instead of `generate()`: we need the prefill/decode split timed per turn, the cache
 statistics just after the prefill's eviction, stopping at <|im_end|>, a per-episode torch.Generator (generate
 draws from the global RNG), and exact control of what is fed (the last sampled token is fed at the start of the
-next turn). The loop is a dozen lines.
+next turn). The loop is a few lines; with `engine=` the same turn runs batched with other episodes' turns in a
+`DecodeEngine` (agent_runner/engine.py), with the same tokens.
+
+Each completion carries its token stream in `extra["tokens"]` = {"keep", "append", "generated"}: this turn's
+context is the previous stream's first `keep` tokens + `append`, and `generated` are the tokens sampled (the
+stop token included). Counterfactual replay (agent_runner/counterfactual.py) feeds exactly that stream.
 """
 
 from __future__ import annotations
@@ -24,9 +29,9 @@ import torch
 import nexus
 from agent_runner.backends import ModelError
 from agent_runner.config import PROTOCOLS, ModelSpec, ProtocolName, SamplingConfig
+from agent_runner.engine import DecodeEngine, TurnDecoder, TurnTiming, forward_last
 from agent_runner.model_host import ModelHost, load_host, render_chat
 from agent_runner.records import Completion, LayerStats, Message
-from agent_runner.sampling import sample_next
 
 
 def _as_dicts(messages: list[Message]) -> list[dict]:
@@ -45,6 +50,7 @@ class HFBackend:
         protocol: ProtocolName = "true_eviction",
         sampling: SamplingConfig | None = None,
         max_context_tokens: int = 65536,
+        engine: DecodeEngine | None = None,
     ):
         if protocol not in PROTOCOLS:
             raise ValueError(f"unknown protocol {protocol!r}; use one of {', '.join(PROTOCOLS)}")
@@ -56,6 +62,9 @@ class HFBackend:
         self.protocol = protocol
         self.sampling = sampling or SamplingConfig()
         self.max_context_tokens = max_context_tokens
+        if engine is not None and engine.model is not host.model:
+            raise ValueError("the decode engine serves another model than this backend's host")
+        self.engine = engine
         self._cache_kw = nexus.cache_kwarg(host.model)
         self._stop = set(host.stop_token_ids)
         self._im_end = host.tokenizer.convert_tokens_to_ids("<|im_end|>")
@@ -77,7 +86,8 @@ class HFBackend:
         """Next assistant turn. `forced_text` teacher-forces that completion instead of sampling (replaying a
         stored turn): it is fed token by token, so decode-time evictions happen exactly as when sampling."""
         try:
-            feed, mismatch = self._feed(messages)
+            feed, mismatch, keep = self._feed(messages)
+            stored = {"keep": keep, "append": self.stream[keep:], "generated": []}
         except ValueError as exc:
             raise ModelError(f"hf backend: {exc}") from exc
         prompt_tokens = (self.cache.logical_length if self.cache else 0) + len(feed)
@@ -88,7 +98,7 @@ class HFBackend:
                 prompt_tokens=prompt_tokens,
                 logical_length=prompt_tokens,
                 finish_reason="length",
-                extra={"context_full": True},
+                extra={"context_full": True, "tokens": stored},
             )
         # caps: the agent's per-turn one, the sampling config's; neither set (the default) = the rest of the window
         limit = min(cap for cap in (max_new_tokens, self.sampling.max_new_tokens, room) if cap is not None)
@@ -102,6 +112,7 @@ class HFBackend:
         self._consumed = len(messages)
         self._last_text = completion.text
         completion.prompt_tokens = prompt_tokens
+        completion.extra["tokens"] = {**stored, "generated": completion.extra.pop("generated")}
         if mismatch:
             completion.extra["history_mismatch"] = True
         return completion
@@ -110,14 +121,17 @@ class HFBackend:
     def _render(self, messages: list[dict]) -> list[int]:
         return render_chat(self.host.tokenizer, messages)
 
-    def _feed(self, messages: list[Message]) -> tuple[list[int], bool]:
-        """Token ids to feed this call (and whether the caller edited the previous assistant text)."""
+    def _feed(self, messages: list[Message]) -> tuple[list[int], bool, int]:
+        """Token ids to feed this call, whether the caller edited the previous assistant text, and how many
+        tokens of the previous stream this turn's context starts with."""
         if not messages or messages[-1].role != "user":
             raise ValueError("the conversation must end with a user message")
         if self.protocol == "full_context" or self.cache is None:
             self.cache = nexus.EvictableCache(self.host.model.config, self.eviction)
-            self.stream = self._render(_as_dicts(messages))
-            return list(self.stream), False
+            previous, self.stream = self.stream, self._render(_as_dicts(messages))
+            keep = next((i for i, (a, b) in enumerate(zip(previous, self.stream, strict=False)) if a != b), None)
+            keep = min(len(previous), len(self.stream)) if keep is None else keep
+            return list(self.stream), False, keep
         new = messages[self._consumed :]
         if len(new) != 2 or new[0].role != "assistant" or new[1].role != "user":
             raise ValueError(
@@ -132,48 +146,46 @@ class HFBackend:
         nl = self.host.tokenizer.encode("\n", add_special_tokens=False)
         user = self._render([{"role": "user", "content": new[1].content}])
         feed = close + nl + user
+        keep = len(self.stream)
         self.stream += feed
-        return feed, new[0].content != self._last_text
+        return feed, new[0].content != self._last_text, keep
 
     # -- the decode loop --------------------------------------------------------------------------------------
-    @torch.no_grad()
-    def _forward(self, ids: list[int] | torch.Tensor) -> torch.Tensor:
-        x = torch.as_tensor(ids, dtype=torch.long, device=self.host.device).view(1, -1)
-        out = self.host.model(input_ids=x, use_cache=True, logits_to_keep=1, **{self._cache_kw: self.cache})
-        return out.logits[:, -1]
-
     def _sync(self) -> None:
         if self.host.device.type == "cuda":
             torch.cuda.synchronize(self.host.device)
+
+    @torch.no_grad()
+    def _run_alone(self, feed: list[int], decoder: TurnDecoder) -> TurnTiming:
+        """Prefill `feed`, then decode one token per forward until `decoder` ends the turn."""
+        device, model = self.host.device, self.host.model
+        t0 = time.perf_counter()
+        ids = torch.as_tensor(feed, dtype=torch.long, device=device).view(1, -1)
+        tok = decoder.next_token(forward_last(model, self._cache_kw, self.cache, ids))
+        self._sync()
+        t1 = time.perf_counter()
+        while tok is not None:
+            ids = torch.tensor([[tok]], dtype=torch.long, device=device)
+            tok = decoder.next_token(forward_last(model, self._cache_kw, self.cache, ids))
+        self._sync()
+        return TurnTiming(prefill_s=t1 - t0, decode_s=time.perf_counter() - t1)
 
     def _generate(self, feed: list[int], limit: int, forced: list[int] | None = None) -> Completion:
         cache = self.cache
         before = [cache.occupancy(i) + len(feed) for i in range(cache.num_layers)]
         events0 = len(cache.events)
-        t0 = time.perf_counter()
-        logits = self._forward(feed)
-        self._sync()
-        t1 = time.perf_counter()
-        tokens: list[int] = []
-        finish = "length"
-        while True:
-            if forced is not None:
-                tok = forced[len(tokens)]
-            else:
-                tok = int(sample_next(logits, self.sampling, self.generator)[0])
-            tokens.append(tok)
-            if tok in self._stop:
-                finish = "stop"
-                break
-            if len(tokens) >= limit and forced is None:
-                break
-            self.stream.append(tok)
-            logits = self._forward([tok])
-        self._sync()
-        t2 = time.perf_counter()
+        decoder = TurnDecoder(
+            stop=self._stop, limit=limit, sampling=self.sampling, generator=self.generator, forced=forced
+        )
+        if self.engine is not None:
+            timing = self.engine.run_turn(cache, feed, decoder)
+        else:
+            timing = self._run_alone(feed, decoder)
+        tokens, finish = decoder.tokens, decoder.finish
+        self.stream += tokens[:-1]  # every token but the last was fed back; the last opens the next feed
         self._pending = tokens[-1]
         text_ids = tokens[:-1] if finish == "stop" else tokens
-        decode_s = t2 - t1
+        decode_s = timing.decode_s
         return Completion(
             text=self.host.tokenizer.decode(text_ids, skip_special_tokens=False),
             tokens_appended=len(feed),
@@ -183,7 +195,7 @@ class HFBackend:
             physical_after=LayerStats.of([cache.occupancy(i) for i in range(cache.num_layers)]),
             eviction_events=len(cache.events) - events0,
             cache_bytes=cache.nbytes(),
-            prefill_s=t1 - t0,
+            prefill_s=timing.prefill_s,
             decode_s=decode_s,
             tokens_per_s=(len(tokens) - 1) / decode_s if len(tokens) > 1 and decode_s > 0 else None,
             finish_reason=finish,
@@ -192,5 +204,7 @@ class HFBackend:
                 "protocol": self.protocol,
                 "method": self.eviction.method,
                 "scope": self.eviction.scope,
+                "generated": tokens,
+                **({"batch_rows_mean": timing.rows_mean} if self.engine is not None else {}),
             },
         )

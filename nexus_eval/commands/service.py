@@ -6,6 +6,7 @@ broker), ``NEXUS_EVAL_DB`` (unset: ./runs/nexus-eval.db; ``--db`` overrides it).
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -184,6 +185,11 @@ def worker(
     queues: str = typer.Option("gpu,grade,default", "--queues", "-Q", help="comma-separated queues"),
     pool: str = typer.Option("prefork", help="prefork (time limits work) | solo"),
     concurrency: int = typer.Option(1, "--concurrency", "-c", help="processes; keep 1 per GPU on the gpu queue"),
+    episodes_per_gpu: int = typer.Option(
+        1,
+        "--episodes-per-gpu",
+        help="episodes one gpu worker runs at once, decoded together in one batched engine (threads pool)",
+    ),
     hostname: str = typer.Option(None, "--hostname", "-n", help="worker node name"),
     loglevel: str = typer.Option("INFO", "--loglevel", "-l"),
     db: str = DB_OPTION,
@@ -195,7 +201,19 @@ def worker(
     if unknown:
         fail(f"unknown queue(s) {unknown}; known: {', '.join(QUEUES)}")
     if "gpu" in csv_list(queues) and concurrency != 1:
-        fail("the gpu queue takes one process per GPU (the model lives in it): use --concurrency 1")
+        fail(
+            "the gpu queue takes one process per GPU (the model lives in it): use --concurrency 1, and "
+            "--episodes-per-gpu N to run N episodes in it at once"
+        )
+    if episodes_per_gpu < 1:
+        fail(f"--episodes-per-gpu must be >= 1, got {episodes_per_gpu}")
+    if episodes_per_gpu > 1:
+        if "gpu" not in csv_list(queues):
+            fail("--episodes-per-gpu applies to a worker on the gpu queue")
+        # one process (one model), one thread per episode; Celery's time limits need prefork, so the
+        # episode's own soft deadline (checked at turn boundaries) is what ends a long run here
+        pool, concurrency = "threads", episodes_per_gpu
+        os.environ["NEXUS_EVAL_EPISODES_PER_GPU"] = str(episodes_per_gpu)
     argv = ["worker", "-Q", queues, "--pool", pool, "--concurrency", str(concurrency), "--loglevel", loglevel]
     if hostname:
         argv += ["-n", hostname]

@@ -186,6 +186,30 @@ def test_worker_refuses_unknown_queues_and_gpu_concurrency(local):
     assert "one process per GPU" in invoke("worker", "--queues", "gpu", "-c", "2").output
 
 
+def test_worker_episodes_per_gpu_runs_one_threaded_process(local, monkeypatch):
+    import nexus_eval.commands.service as service_cmd
+    from workers.execution import episodes_per_gpu
+
+    assert "must be >= 1" in invoke("worker", "--queues", "gpu", "--episodes-per-gpu", "0").output
+    assert "gpu queue" in invoke("worker", "--queues", "grade", "--episodes-per-gpu", "2").output
+    seen = {}
+
+    class App:
+        def worker_main(self, argv):
+            seen["argv"] = argv
+
+    monkeypatch.setattr(service_cmd, "celery_app", lambda db: App())
+    monkeypatch.delenv("NEXUS_EVAL_EPISODES_PER_GPU", raising=False)
+    done = invoke("worker", "--queues", "gpu", "--episodes-per-gpu", "4")
+    assert done.exit_code == 0, done.output
+    argv = seen["argv"]
+    assert argv[argv.index("--pool") + 1] == "threads" and argv[argv.index("--concurrency") + 1] == "4"
+    assert episodes_per_gpu() == 4  # what execute_episode hands build_model in this process
+    monkeypatch.setenv("NEXUS_EVAL_EPISODES_PER_GPU", "many")
+    with pytest.raises(ValueError, match="whole number"):
+        episodes_per_gpu()
+
+
 @pytest.mark.docker
 @pytest.mark.slow
 def test_embedded_run_goes_through_the_tasks_and_prints_the_compare_table(tmp_path):

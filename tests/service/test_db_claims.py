@@ -75,7 +75,7 @@ def test_claim_record_finish(any_db):
                 action={"name": "bash", "arguments": {"cmd": "ls"}},
             )
     with any_db.session() as s, pytest.raises(TypeError, match="unknown turn field"):
-        st.record_turn(s, claim, 3, tokens=1)
+        st.record_turn(s, claim, 3, token_count=1)
     with any_db.session() as s:
         with pytest.raises(ValueError, match="not one of"):
             st.finish_episode(s, claim, "resolvd")

@@ -1,0 +1,107 @@
+"""Counterfactual replay rows: the stored token streams they read and the scores they write.
+
+A replay teacher-forces a dense episode's stored stream (``turns.tokens``) through another method's cache
+(``workers.replay``). Its row is keyed by what determines the result (source episode, method, scope, protocol
+and the eviction settings, hashed into ``config_key``), so running the same configuration again *replaces* the
+row (the newest measurement is the one that counts) while other settings keep rows of their own::
+
+    with db.session() as s:
+        streams = turn_streams(s, episode_id)          # None: the episode has no (complete) stored stream
+    ...
+    with db.session() as s:
+        record_replay(s, source, method="snapkv", scope=..., protocol=..., config=cfg, status="ok", score=...)
+    with db.session() as s:
+        rows = replays_for_jobs(s, [job_id])
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import delete, select
+from sqlalchemy.orm import Session
+
+from db.connection import begin_write
+from db.models import Episode, Replay, ReplayStatus, Turn, utcnow
+
+#: the ReplayScore fields copied into a row's columns (``turns`` holds the per-turn dumps)
+SCORE_FIELDS = ("tokens", "nll_mean", "top1", "turns", "seconds")
+
+
+def config_key(config: dict[str, Any]) -> str:
+    """sha256 hex of the canonical JSON of an eviction config: equal settings, equal key."""
+    text = json.dumps(config, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def turn_streams(session: Session, episode_id: str) -> list[dict[str, Any]] | None:
+    """The episode's per-turn token streams in turn order, or ``None`` when it has no turns or any turn lacks
+    one (a backend that does not report tokens, or a run stored before they were kept): a stream with a hole
+    cannot be replayed, since every later turn's context is built on the earlier ones."""
+    streams = list(
+        session.execute(select(Turn.tokens).where(Turn.episode_id == episode_id).order_by(Turn.index)).scalars()
+    )
+    if not streams or any(s is None for s in streams):
+        return None
+    return streams
+
+
+def record_replay(
+    session: Session,
+    source: Episode,
+    *,
+    method: str,
+    scope: str,
+    protocol: str,
+    config: dict[str, Any],
+    status: str,
+    error: str | None = None,
+    score: dict[str, Any] | None = None,
+    chunked: bool = True,
+) -> Replay:
+    """Store one replay of ``source`` (replacing the row of the same configuration, if any).
+
+    ``score``: a ``ReplayScore.model_dump(mode="json")`` for an ``ok`` replay (its ``tokens``, ``nll_mean``,
+    ``top1``, ``turns`` and ``seconds`` become columns); ``error`` says why for ``failed`` / ``skipped``."""
+    ReplayStatus(status)  # a typo is an error here, not a CHECK failure halfway through a batch
+    begin_write(session)
+    key = config_key(config)
+    session.execute(
+        delete(Replay)
+        .where(
+            Replay.episode_id == source.id,
+            Replay.method == method,
+            Replay.scope == scope,
+            Replay.protocol == protocol,
+            Replay.config_key == key,
+        )
+        .execution_options(synchronize_session=False)
+    )
+    values = {name: (score or {}).get(name) for name in SCORE_FIELDS}
+    row = Replay(
+        job_id=source.job_id,
+        episode_id=source.id,
+        task_id=source.task_id,
+        method=method,
+        scope=scope,
+        protocol=protocol,
+        config_key=key,
+        config=config,
+        chunked=chunked,
+        status=status,
+        error=error,
+        created_at=utcnow(),
+        **values,
+    )
+    session.add(row)
+    session.flush()
+    return row
+
+
+def replays_for_jobs(session: Session, job_ids: Sequence[str]) -> list[Replay]:
+    """Every replay row of the given jobs, oldest first (so a later row of the same key wins in a dict)."""
+    query = select(Replay).where(Replay.job_id.in_(list(job_ids))).order_by(Replay.created_at, Replay.id)
+    return list(session.execute(query).scalars())

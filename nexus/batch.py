@@ -1,0 +1,263 @@
+"""`CacheStack`: several conversations' `EvictableCache`s decoded together, one token each per forward.
+
+Why: batch-1 decode of a large model reads every weight once per token; N conversations decoded in one forward
+read them once for N tokens. No serving stack we know batches caches that evict per sequence, because each
+row then holds its own number of slots, at its own logical positions, and evicts at its own moments.
+
+How: per layer, one buffer [N, Hkv, C, D] (and positions [N, Hkv, C]) holds every row; C is the longest row's
+capacity. Each row's `EvictableLayer` keeps all of its own state (logical length, budget, policy state, query
+window, events, seeded generator per event) and its K/V/positions become *views* of its row of the stack, so
+every line of eviction code runs per row, unchanged, on exactly the tensors it would see alone. A row holds
+`length` slots at the front of its row; every slot after that has position -1. Row padding is therefore the
+same thing as the -1 slots ragged heads already have, and the attention mask is simply `position >= 0` (at a
+decode step every held token is earlier than the new one).
+
+A decode step appends all rows' new tokens with one indexed write, attends with one masked kernel call over
+the longest row, then lets each row observe and evict on its own (`EvictableCache.after_attention` on the
+row's cache, which touches only its own row). A row that evicts keeps its place: the slots it gave up are
+marked -1. A row's own forward (a new turn's prefill) can run on its cache while it is stacked: it writes into
+its row and grows the whole stack if it needs more room.
+
+Rows join and leave by building a new stack (`CacheStack(caches)`, one copy of the live slots) and detaching
+the rows that left (`release`), which gives each its own right-sized buffers again. Turns are long (hundreds
+of decode steps), so the copy is paid rarely.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+from nexus.cache import ACTIVE_CACHE, EvictableCache, EvictableLayer
+
+
+class StackedLayer(CacheLayerMixin):
+    """Layer `layer_idx` of every row: the shared buffers and the rows' `EvictableLayer`s viewing them."""
+
+    is_compileable = False
+    is_croppable = False
+    is_sliding = False
+
+    def __init__(self, layer_idx: int, rows: list[EvictableLayer]):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.rows = rows
+        first = rows[0]
+        for row in rows:
+            if not row.is_initialized:
+                raise ValueError(f"layer {layer_idx}: every stacked cache must have been fed (prefilled) first")
+            if row._k.shape[0] != 1 or row._k.shape[1] != first._k.shape[1] or row._k.shape[3] != first._k.shape[3]:
+                raise ValueError(f"layer {layer_idx}: stacked caches must hold batch 1 and the same KV heads")
+        self.dtype, self.device, self.is_initialized = first.dtype, first.device, True
+        # room for what each row will append before its next event (its own buffer was sized for that)
+        capacity = max(max(row._k.shape[2], row.length + 1) for row in rows)
+        n, h, d, dv = len(rows), first._k.shape[1], first._k.shape[3], first._v.shape[3]
+        # zeros, not empty: a masked slot gets weight 0, and 0 * (NaN left in uninitialised memory) is NaN
+        self.k = first._k.new_zeros(n, h, capacity, d)
+        self.v = first._v.new_zeros(n, h, capacity, dv)
+        self.pos = first._pos.new_full((n, h, capacity), -1)
+        for r, row in enumerate(rows):
+            self.k[r, :, : row.length] = row._k[0, :, : row.length]
+            self.v[r, :, : row.length] = row._v[0, :, : row.length]
+            self.pos[r, :, : row.length] = row._pos[0, :, : row.length]
+        self._point_rows()
+        self._index = torch.arange(n, device=self.device)
+        self._stack_query_rings()
+        self._known: list[tuple[int, int, int]] = []  # (length, n_seen, queries) per row at the last step
+        self._lengths_t = self._n_seen_t = self._q_slots = None
+
+    def _stack_query_rings(self) -> None:
+        """Rows that keep a window of recent queries share one ring [M, Hq, W, D] (and positions [M, W]), so a
+        decode step records every row's query with one indexed write instead of per-row copies."""
+        self.ring_rows = [r for r, row in enumerate(self.rows) if row._q is not None]
+        shapes = {tuple(self.rows[r]._q.shape[1:]) for r in self.ring_rows}
+        if len(shapes) != 1:  # no ring, or rows with different windows: each row records its own
+            self.ring_rows, self.q = [], None
+            return
+        self.q = torch.cat([self.rows[r]._q for r in self.ring_rows])
+        self.q_pos = torch.stack([self.rows[r]._q_pos for r in self.ring_rows])
+        for i, r in enumerate(self.ring_rows):
+            self.rows[r]._q, self.rows[r]._q_pos = self.q[i : i + 1], self.q_pos[i]
+        self._ring_index = torch.tensor(self.ring_rows, device=self.device)
+        self._ring_arange = torch.arange(len(self.ring_rows), device=self.device)
+
+    def push_queries(self, query: torch.Tensor) -> None:
+        """Record this step's query of every ring row ([N, Hq, 1, D]) at its own ring slot (after `update`)."""
+        window = self.q.shape[2]
+        self.q[self._ring_arange, :, self._q_slots] = query[self._ring_index, :, 0]
+        self.q_pos[self._ring_arange, self._q_slots] = self._n_seen_t[self._ring_index] - 1
+        self._q_slots = (self._q_slots + 1) % window
+        for r in self.ring_rows:
+            self.rows[r]._q_count += 1
+
+    def _point_rows(self) -> None:
+        for r, row in enumerate(self.rows):
+            row._k, row._v, row._pos = self.k[r : r + 1], self.v[r : r + 1], self.pos[r : r + 1]
+            row._owner = self
+            row._refresh_views()
+
+    def ensure_capacity(self, capacity: int) -> None:
+        """Grow every row to at least `capacity` slots (new slots empty); the rows' views follow."""
+        old = self.k.shape[2]
+        if capacity <= old:
+            return
+        n, h, _, d = self.k.shape
+        k, v = self.k.new_zeros(n, h, capacity, d), self.v.new_zeros(n, h, capacity, self.v.shape[3])
+        pos = self.pos.new_full((n, h, capacity), -1)
+        k[:, :, :old], v[:, :, :old], pos[:, :, :old] = self.k, self.v, self.pos
+        self.k, self.v, self.pos = k, v, pos
+        self._point_rows()
+
+    @property
+    def longest(self) -> int:
+        return max(row.length for row in self.rows)
+
+    @property
+    def ragged(self) -> bool:
+        """Some row holds fewer tokens in some head than its padded length (Ada methods)."""
+        return any(row.ragged for row in self.rows)
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        """Append one token per row ([N, Hkv, 1, D]); returns every row's slots [N, Hkv, longest, D]."""
+        n, _, q, _ = key_states.shape
+        if q != 1 or n != len(self.rows):
+            raise ValueError(
+                f"a CacheStack of {len(self.rows)} rows decodes one token per row per forward, got keys of shape "
+                f"{tuple(key_states.shape)}; feed a row's prefill through that row's own EvictableCache"
+            )
+        known = [(row.length, row.n_seen, row._q_count) for row in self.rows]
+        if known != self._known:  # a row evicted or prefilled since the last step: refresh the device copies
+            self._lengths_t = torch.tensor([k[0] for k in known], device=self.device)
+            self._n_seen_t = torch.tensor([k[1] for k in known], device=self.device)
+            if self.q is not None:
+                slots = [known[r][2] % self.q.shape[2] for r in self.ring_rows]
+                self._q_slots = torch.tensor(slots, device=self.device)
+        need = max(k[0] for k in known) + 1
+        if need > self.k.shape[2]:
+            self.ensure_capacity(need + max(256, need // 8))  # chunked growth, as a row alone grows
+        # one indexed write for all rows: row r's token goes to slot lengths[r] at logical position n_seen[r]
+        self.k[self._index, :, self._lengths_t] = key_states[:, :, 0]
+        self.v[self._index, :, self._lengths_t] = value_states[:, :, 0]
+        self.pos[self._index, :, self._lengths_t] = self._n_seen_t.unsqueeze(1)
+        self._lengths_t += 1
+        self._n_seen_t += 1
+        for row in self.rows:
+            row.length, row.n_seen, row.occupancy = row.length + 1, row.n_seen + 1, row.occupancy + 1
+            row._refresh_views()
+        ring = set(self.ring_rows)
+        self._known = [(k[0] + 1, k[1] + 1, k[2] + (r in ring)) for r, k in enumerate(known)]
+        longest = need
+        return self.k[:, :, :longest], self.v[:, :, :longest]
+
+    def attention_mask(self, query: torch.Tensor, additive: bool) -> torch.Tensor:
+        """[N, 1 or Hq, 1, longest]: each row attends to its held slots only."""
+        held = self.pos[:, :, : self.longest] >= 0  # [N, Hkv, P]
+        if self.ragged:
+            allowed = held.repeat_interleave(query.shape[1] // held.shape[1], dim=1).unsqueeze(2)
+        else:
+            allowed = held[:, :1].unsqueeze(2)  # every head of a row holds the same slots
+        if additive:
+            return torch.zeros(allowed.shape, dtype=query.dtype, device=query.device).masked_fill(
+                ~allowed, torch.finfo(query.dtype).min
+            )
+        return allowed
+
+    def flash_decode(self, query: torch.Tensor, scaling: float) -> torch.Tensor | None:
+        """Attention of one new query per row ([N, Hq, 1, D]) with flash-attn's per-row cache lengths, or None
+        where it does not apply (no flash_attn, not CUDA, or ragged rows, whose slots are not a prefix).
+
+        Every held slot of a non-ragged row lies in its first `length` slots (eviction compacts the row), so
+        `flash_attn_with_kvcache(cache_seqlens=lengths)` reads exactly the slots the sdpa mask would allow, and
+        no mask or padding is computed. Returns [N, 1, Hq, D], the layout transformers' kernels return."""
+        if self.ragged or not query.is_cuda or query.dtype not in (torch.float16, torch.bfloat16):
+            return None
+        try:
+            from flash_attn import flash_attn_with_kvcache
+        except ImportError:
+            return None
+        longest = self.longest
+        # [N, Hkv, C, D] viewed as flash's [N, C, Hkv, D]: only the last dim must be contiguous
+        k = self.k[:, :, :longest].transpose(1, 2)
+        v = self.v[:, :, :longest].transpose(1, 2)
+        lengths = self._lengths_t.to(torch.int32)
+        return flash_attn_with_kvcache(
+            query.transpose(1, 2), k, v, cache_seqlens=lengths, softmax_scale=scaling, causal=False
+        )
+
+    # -- what transformers asks (the model's own mask is ignored: `nexus.attention` builds ours) ------------
+    def lazy_initialization(self, key_states, value_states) -> None:  # built initialised
+        return None
+
+    def get_seq_length(self) -> int:
+        return max(row.n_seen for row in self.rows)
+
+    def get_mask_sizes(self, query_length) -> tuple[int, int]:
+        q = query_length if isinstance(query_length, int) else query_length.shape[0]
+        return self.longest + q, 0
+
+    def get_max_length(self) -> int:
+        return -1
+
+
+class CacheStack(Cache):
+    """Decode N conversations together: pass as the cache of a forward with input_ids [N, 1] and
+    position_ids [N, 1] = `position_ids()` (each row's own logical position)."""
+
+    def __init__(self, caches: list[EvictableCache]):
+        if not caches:
+            raise ValueError("a CacheStack needs at least one cache")
+        if len({id(c) for c in caches}) != len(caches):
+            raise ValueError("a cache can be stacked only once")
+        num_layers = caches[0].num_layers
+        if any(c.num_layers != num_layers for c in caches):
+            raise ValueError("stacked caches must belong to the same model")
+        self.caches = list(caches)
+        # a row still in an older stack is copied from there; that stack's `release` then skips it
+        layers = [StackedLayer(i, [c.layers[i] for c in self.caches]) for i in range(num_layers)]
+        super().__init__(layers=layers)
+        self.num_layers = num_layers
+        self._returned: dict[int, torch.Tensor] = {}
+
+    def position_ids(self, device: torch.device | None = None) -> torch.Tensor:
+        """[N, 1] the logical position of each row's next token."""
+        return torch.tensor([[c.logical_length] for c in self.caches], device=device)
+
+    def release(self) -> None:
+        """Detach every row: each gets its own buffers back and the stack's memory is freed."""
+        for cache in self.caches:
+            for layer in cache.layers:
+                if layer._owner is not None and layer._owner in self.layers:
+                    layer.detach()
+
+    def nbytes(self) -> int:
+        """Bytes of the stacked K/V buffers (every row, spare capacity included)."""
+        return sum(t.numel() * t.element_size() for layer in self.layers for t in (layer.k, layer.v))
+
+    # -- the transformers Cache API and what `nexus.attention` asks -------------------------------------------
+    def update(self, key_states, value_states, layer_idx: int, *args, **kwargs):
+        keys, values = self.layers[layer_idx].update(key_states, value_states)
+        self._returned[layer_idx] = keys
+        ACTIVE_CACHE.set(self)
+        return keys, values
+
+    def owns(self, layer_idx: int, key: torch.Tensor) -> bool:
+        return self._returned.get(layer_idx) is key
+
+    def flash_decode(self, layer_idx: int, query: torch.Tensor, scaling: float) -> torch.Tensor | None:
+        return self.layers[layer_idx].flash_decode(query, scaling)
+
+    def layer_mask(self, layer_idx: int, q_len: int, query: torch.Tensor, additive: bool) -> torch.Tensor:
+        return self.layers[layer_idx].attention_mask(query, additive)
+
+    def after_attention(self, layer_idx: int, query: torch.Tensor, scaling: float) -> None:
+        """Each row records its query, observes and evicts on its own, exactly as it would alone."""
+        self._returned.pop(layer_idx, None)
+        layer = self.layers[layer_idx]
+        if layer.q is not None:
+            layer.push_queries(query)
+        ring = set(layer.ring_rows)
+        for r, cache in enumerate(self.caches):
+            cache.after_attention(layer_idx, query[r : r + 1], scaling, queries_recorded=r in ring)
+
+    def crop(self, max_length: int) -> None:
+        raise NotImplementedError("a CacheStack cannot be cropped: evicted tokens are gone")

@@ -1,0 +1,101 @@
+"""``nexus-eval replay JOB``: score the job's dense trajectories under other methods' caches, in this process.
+
+No worker and no container: the stored token streams are teacher-forced through each method's cache on this
+machine's model (``workers.replay``), the rows go to the results database and ``compare`` shows them. Names
+and the job are checked before the model loads, so a typo costs nothing.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from nexus_eval.commands._common import DB_OPTION, csv_list, fail, open_db
+
+
+def replay(
+    job: str = typer.Argument(..., help="job id (prefix)"),
+    methods: str = typer.Option(None, "--methods", help="comma-separated methods (default: the job's own)"),
+    scopes: str = typer.Option(None, "--scopes", help="comma-separated scopes (default: the job's own)"),
+    protocols: str = typer.Option(None, "--protocols", help="comma-separated protocols (default: the job's own)"),
+    token_by_token: bool = typer.Option(
+        False, "--token-by-token", help="feed completions one token per forward (slow; chunks give the same logits)"
+    ),
+    db: str = DB_OPTION,
+) -> None:
+    """Teacher-force the job's dense episodes through each method's cache; store NLL and top-1 per replay."""
+    from rich.console import Console
+
+    from workers.replay import plan_replays
+
+    database = open_db(db)
+    try:
+        plan = plan_replays(
+            database,
+            job,
+            methods=csv_list(methods) if methods else None,
+            scopes=csv_list(scopes) if scopes else None,
+            protocols=csv_list(protocols) if protocols else None,
+        )
+    except (LookupError, ValueError) as exc:
+        fail(str(exc))
+    console = Console(stderr=True, highlight=False)
+    for episode_id, task_id, why in plan.missing:
+        console.print(f"[yellow]not replayed:[/yellow] dense episode {episode_id} ({task_id}): {why}")
+    if not plan.items:
+        fail(f"nothing to replay in job {plan.job_id}: no dense episode has a stored token stream", code=1)
+    try:
+        summary = _run(console, database, plan, chunked=not token_by_token)
+    except ValueError as exc:  # the model host could not load
+        fail(str(exc), code=1)
+    Console().print(_table(summary))
+    _problems(console, summary.results)
+    if summary.counts["failed"]:
+        raise typer.Exit(1)
+
+
+def _run(console, database, plan, *, chunked: bool):  # type: ignore[no-untyped-def]
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from workers.replay import run_plan
+
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=False) as bar:
+        task = bar.add_task(f"replay {plan.job_id}: loading the model", total=len(plan.items))
+
+        def progress(result, done, total):  # type: ignore[no-untyped-def]
+            i = result.item
+            bar.update(task, completed=done, description=f"replay {i.method}/{i.scope}/{i.protocol} {i.task_id}")
+
+        return run_plan(database, plan, chunked=chunked, progress=progress)
+
+
+def _problems(console, results, limit: int = 10) -> None:  # type: ignore[no-untyped-def]
+    """The skipped / failed replays, one line per distinct first line of the error (the rows hold the rest)."""
+    groups: dict[tuple[str, str], list[str]] = {}
+    for r in results:
+        if r.status != "ok":
+            first = (r.error or "").splitlines()[0] if r.error else "(no message)"
+            groups.setdefault((r.status, first), []).append(f"{r.item.method}/{r.item.protocol}")
+    for (status, message), where in list(groups.items())[:limit]:
+        console.print(f"[yellow]{status}[/yellow] {', '.join(sorted(set(where)))}: {message}")
+    if len(groups) > limit:
+        console.print(f"... and {len(groups) - limit} more distinct errors (the replay rows hold every one)")
+
+
+def _table(summary):  # type: ignore[no-untyped-def]
+    from rich.table import Table
+
+    from workers.compare_render import REPLAY_HEADER, replay_text
+    from workers.replay_stats import REPLAY_CAPTION
+
+    counts = ", ".join(f"{n} {status}" for status, n in summary.counts.items() if n)
+    table = Table(title=f"replay {summary.job_id}: {counts or 'nothing ran'}", caption=REPLAY_CAPTION)
+    for i, name in enumerate(REPLAY_HEADER):
+        table.add_column(name, justify="left" if i < 3 else "right")
+    for cell in summary.cells:
+        table.add_row(*replay_text(cell))
+    return table
+
+
+def register(app: typer.Typer) -> None:
+    app.command("replay")(replay)

@@ -1,0 +1,155 @@
+"""DecodeEngine: episodes decoded together equal each episode alone (tiny Qwen3 in fp64, both protocols).
+
+Four episodes with different prompt lengths, join times (each starts after the engine has decoded a few
+batched steps) and turn lengths run in four threads through one engine; each must produce the same sampled
+tokens, the same logits (atol 1e-9) and the same eviction events as when it runs alone on the solo path.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+import nexus
+from agent_runner import engine as engine_module
+from agent_runner.backends.hf import HFBackend
+from agent_runner.engine import DecodeEngine, TurnDecoder
+from agent_runner.model_host import ModelSpec, load_host
+from agent_runner.records import Message
+from agent_runner.sampling import SamplingConfig
+
+SMALL = dict(density=0.25, window=8, block_size=8)
+EPISODES = [  # (system repeats, max new tokens per turn, start after this many batched steps)
+    (6, 14, 0),
+    (14, 22, 3),
+    (3, 9, 6),
+    (10, 18, 9),
+]
+FAST = {("nexus", "prefill_decode", "true_eviction")}
+LOGITS: dict[int, list[torch.Tensor]] = {}  # id(generator) -> every logits row the decoder saw
+
+
+class RecordingDecoder(TurnDecoder):
+    def next_token(self, logits):
+        LOGITS.setdefault(id(self.generator), []).append(logits.detach().clone())
+        return super().next_token(logits)
+
+
+def _matrix():
+    """Every method under both protocols with decode-time eviction (the harder scope), and prefill_only for a
+    few: tests/nexus/test_batch.py covers every method x scope at the stack level. FAST by default, the rest slow."""
+    cells = [(m, "prefill_decode", p) for m in nexus.METHODS for p in ("true_eviction", "full_context")]
+    cells += [(m, "prefill_only", p) for m in ("snapkv", "h2o", "nexus") for p in ("true_eviction", "full_context")]
+    return [pytest.param(*cell, marks=() if cell in FAST else pytest.mark.slow) for cell in cells]
+
+
+@pytest.fixture(scope="module")
+def host():
+    h = load_host(ModelSpec(name="tiny", seed=0, tiny_layers=2))
+    h.model.to(torch.float64)
+    return h
+
+
+def _episode(backend: HFBackend, index: int, turns: int = 3):
+    repeats, _, _ = EPISODES[index]
+    backend.reset(seed=100 + index)
+    msgs = [
+        Message(role="system", content="You fix bugs in small Python projects. " * repeats),
+        Message(role="user", content=f"Issue {index}: the parser drops the last field. " * (2 + index)),
+    ]
+    out = []
+    for t in range(turns):
+        c = backend.complete(msgs)
+        out.append(c)
+        msgs += [Message(role="assistant", content=c.text), Message(role="user", content=f"obs {t} " * (5 + 3 * t))]
+    events = [(e.phase, e.logical_length, dict(e.per_layer)) for e in backend.cache.events]
+    return out, LOGITS[id(backend.generator)], events
+
+
+def _backend(host, cfg, protocol, index, engine=None):
+    sampling = SamplingConfig(temperature=1.0, max_new_tokens=EPISODES[index][1])
+    return HFBackend(host, eviction=cfg, protocol=protocol, sampling=sampling, engine=engine)
+
+
+@pytest.mark.parametrize(("method", "scope", "protocol"), _matrix())
+def test_batched_episodes_equal_each_alone(host, monkeypatch, method, scope, protocol):
+    monkeypatch.setattr("agent_runner.backends.hf.TurnDecoder", RecordingDecoder)
+    cfg = nexus.EvictionConfig(method=method, scope=scope, **SMALL)
+    LOGITS.clear()
+    alone = [_episode(_backend(host, cfg, protocol, i), i) for i in range(len(EPISODES))]
+    LOGITS.clear()
+    engine = DecodeEngine(host.model, host.device, max_rows=4)
+    results: dict[int, tuple] = {}
+    errors: list[BaseException] = []
+
+    def run(i: int) -> None:
+        try:
+            while engine.steps < EPISODES[i][2]:  # join once the others have decoded a few steps together
+                time.sleep(0.001)
+            results[i] = _episode(_backend(host, cfg, protocol, i, engine), i)
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the test thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(EPISODES))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    engine.close()
+    assert not errors, errors
+    for i, (comps, logits, events) in enumerate(alone):
+        b_comps, b_logits, b_events = results[i]
+        assert [c.extra["tokens"] for c in b_comps] == [c.extra["tokens"] for c in comps], f"episode {i}"
+        assert len(b_logits) == len(logits)
+        torch.testing.assert_close(torch.cat(b_logits), torch.cat(logits), atol=1e-9, rtol=0)
+        assert b_events == events
+    assert engine.rows_decoded > engine.steps  # rows really were decoded together
+    if cfg.evicts and scope == "prefill_decode":
+        assert any(e[0] == "decode" for *_, events in alone for e in events)
+
+
+def test_engine_reports_rows_and_refuses_after_close(host):
+    cfg = nexus.EvictionConfig(method="snapkv", **SMALL)
+    engine = DecodeEngine(host.model, host.device, max_rows=2)
+    backend = _backend(host, cfg, "true_eviction", 0, engine)
+    backend.reset(seed=1)
+    c = backend.complete([Message(role="system", content="hi " * 30), Message(role="user", content="fix it " * 9)])
+    assert c.extra["batch_rows_mean"] == 1.0 and c.tokens_generated > 0
+    engine.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        backend.complete(
+            [
+                Message(role="system", content="hi " * 30),
+                Message(role="user", content="fix it " * 9),
+                Message(role="assistant", content=c.text),
+                Message(role="user", content="next"),
+            ]
+        )
+    with pytest.raises(ValueError, match="max_rows"):
+        DecodeEngine(host.model, host.device, max_rows=0)
+
+
+def test_a_failing_forward_fails_every_decoding_row_and_the_engine_goes_on(host, monkeypatch):
+    cfg = nexus.EvictionConfig(method="dense")
+    engine = DecodeEngine(host.model, host.device, max_rows=2)
+    real = engine_module.forward_last
+    calls = {"n": 0}
+
+    def flaky(model, kw, cache, ids, **extra):
+        calls["n"] += 1
+        if calls["n"] == 2:  # the first batched decode step (call 1 is the prefill)
+            raise torch.OutOfMemoryError("simulated")
+        return real(model, kw, cache, ids, **extra)
+
+    monkeypatch.setattr(engine_module, "forward_last", flaky)
+    backend = _backend(host, cfg, "true_eviction", 0, engine)
+    backend.reset(seed=0)
+    msgs = [Message(role="system", content="s " * 20), Message(role="user", content="u " * 20)]
+    with pytest.raises(Exception, match="out of memory"):
+        backend.complete(msgs)
+    backend.reset(seed=0)
+    assert backend.complete(msgs).tokens_generated > 0  # the engine thread survived
+    engine.close()

@@ -1,0 +1,138 @@
+"""CacheStack: rows decoded together equal each row decoded alone (fp64 logits, eviction events, kept slots)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import nexus
+from tests.nexus.conftest import tiny_qwen3
+
+SMALL = dict(density=0.25, window=8, block_size=8)
+FAST = {("nexus", "prefill_decode"), ("ada_nexus", "prefill_decode"), ("h2o", "prefill_decode")}
+
+
+def _matrix():
+    cells = [(m, s) for m in nexus.METHODS for s in nexus.SCOPES]
+    return [pytest.param(*cell, marks=() if cell in FAST else pytest.mark.slow) for cell in cells]
+
+
+def _step(model, cache, ids, **kw):
+    out = model(input_ids=ids, use_cache=True, logits_to_keep=1, **{nexus.cache_kwarg(model): cache}, **kw)
+    return out.logits[:, -1]
+
+
+def _events(cache):
+    return [(e.phase, e.logical_length, dict(e.per_layer)) for e in cache.events]
+
+
+def _alone(model, cfg, prompt, steps):
+    cache = nexus.EvictableCache(model.config, cfg)
+    logits = [_step(model, cache, prompt)]
+    for _ in range(steps):
+        logits.append(_step(model, cache, logits[-1].argmax(-1, keepdim=True)))
+    return torch.cat(logits), cache
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_qwen3(torch.float64, layers=3)
+
+
+@pytest.mark.parametrize(("method", "scope"), _matrix())
+@torch.no_grad()
+def test_stacked_rows_equal_each_row_alone(model, method, scope):
+    cfg = nexus.EvictionConfig(method=method, scope=scope, **SMALL)
+    gen = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(0, 1000, (1, n), generator=gen) for n in (211, 97, 160, 64)]
+    steps = 40
+    alone = [_alone(model, cfg, p, steps) for p in prompts]
+
+    caches = [nexus.EvictableCache(model.config, cfg) for _ in prompts]
+    logits = [[_step(model, c, p)] for c, p in zip(caches, prompts, strict=True)]
+    stack = nexus.CacheStack(caches)
+    for _ in range(steps):
+        ids = torch.cat([row[-1].argmax(-1, keepdim=True) for row in logits])
+        out = _step(model, stack, ids, position_ids=stack.position_ids())
+        for r, row in enumerate(logits):
+            row.append(out[r : r + 1])
+    stack.release()
+    for r, (ref, ref_cache) in enumerate(alone):
+        torch.testing.assert_close(torch.cat(logits[r]), ref, atol=1e-9, rtol=0)
+        assert _events(caches[r]) == _events(ref_cache), f"row {r}"
+        for layer in range(ref_cache.num_layers):
+            assert torch.equal(caches[r].retained_positions(layer), ref_cache.retained_positions(layer))
+    if cfg.evicts:
+        assert any(e.phase == "prefill" for e in caches[0].events)
+    if cfg.evicts and scope == "prefill_decode":
+        assert any(e.phase == "decode" for c in caches for e in c.events)
+
+
+@torch.no_grad()
+def test_a_stacked_row_can_prefill_and_grow_the_stack(model):
+    """A new turn's prefill on a row's own cache while it is stacked writes into its row (growing the stack)."""
+    cfg = nexus.EvictionConfig(method="snapkv", scope="prefill_decode", **SMALL)
+    a, b = nexus.EvictableCache(model.config, cfg), nexus.EvictableCache(model.config, cfg)
+    ref = nexus.EvictableCache(model.config, cfg)
+    pa, pb, more = torch.randint(0, 1000, (1, 120)), torch.randint(0, 1000, (1, 80)), torch.randint(0, 1000, (1, 300))
+    _step(model, a, pa), _step(model, b, pb), _step(model, ref, pb)
+    stack = nexus.CacheStack([a, b])
+    capacity = stack.layers[0].k.shape[2]
+    out_b = _step(model, b, more)  # b's next turn, fed through its own cache while stacked
+    out_ref = _step(model, ref, more)
+    torch.testing.assert_close(out_b, out_ref, atol=1e-9, rtol=0)
+    assert stack.layers[0].k.shape[2] > capacity  # the whole stack grew for b
+    assert b.layers[0]._owner is stack.layers[0]
+    step = _step(model, stack, torch.tensor([[1], [2]]), position_ids=stack.position_ids())
+    torch.testing.assert_close(step[1:], _step(model, ref, torch.tensor([[2]])), atol=1e-9, rtol=0)
+    assert _events(b) == _events(ref)
+
+
+@torch.no_grad()
+def test_release_gives_rows_their_own_buffers(model):
+    cfg = nexus.EvictionConfig(method="nexus", scope="prefill_decode", **SMALL)
+    caches = [nexus.EvictableCache(model.config, cfg) for _ in range(3)]
+    for c, n in zip(caches, (90, 150, 60), strict=True):
+        _step(model, c, torch.randint(0, 1000, (1, n)))
+    held = [c.retained_positions(0) for c in caches]
+    stack = nexus.CacheStack(caches)
+    assert stack.nbytes() > 0 and all(c.layers[0]._owner is stack.layers[0] for c in caches)
+    # a new stack of two rows takes them over; the old stack's release then frees only the row that left
+    newer = nexus.CacheStack(caches[:2])
+    stack.release()
+    assert caches[2].layers[0]._owner is None and caches[0].layers[0]._owner is newer.layers[0]
+    assert caches[2].layers[0]._k.shape[0] == 1
+    newer.release()
+    for c, h in zip(caches, held, strict=True):
+        assert c.layers[0]._owner is None and torch.equal(c.retained_positions(0), h)
+
+
+def test_bad_stacks_are_refused(model):
+    cfg = nexus.EvictionConfig(method="snapkv", **SMALL)
+    fresh = nexus.EvictableCache(model.config, cfg)
+    with pytest.raises(ValueError, match="at least one"):
+        nexus.CacheStack([])
+    with pytest.raises(ValueError, match="prefilled"):
+        nexus.CacheStack([fresh])
+    with torch.no_grad():
+        _step(model, fresh, torch.randint(0, 1000, (1, 50)))
+    with pytest.raises(ValueError, match="only once"):
+        nexus.CacheStack([fresh, fresh])
+    stack = nexus.CacheStack([fresh])
+    with pytest.raises(ValueError, match="one token per row"), torch.no_grad():
+        _step(model, stack, torch.randint(0, 1000, (1, 3)), position_ids=torch.arange(50, 53).view(1, -1))
+
+
+@torch.no_grad()
+def test_a_growing_stack_grows_in_chunks(model):
+    """Dense rows grow one slot per step: the stack must not reallocate every step once its spare room is used."""
+    cfg = nexus.EvictionConfig(method="dense")
+    caches = [nexus.EvictableCache(model.config, cfg) for _ in range(2)]
+    for c, n in zip(caches, (64, 50), strict=True):
+        _step(model, c, torch.randint(0, 1000, (1, n)))
+    stack = nexus.CacheStack(caches)
+    buffers = set()
+    for _ in range(400):
+        _step(model, stack, torch.randint(0, 1000, (2, 1)), position_ids=stack.position_ids())
+        buffers.add(stack.layers[0].k.data_ptr())
+    assert caches[0].layers[0].length == 464 and len(buffers) <= 3

@@ -1,0 +1,169 @@
+"""The numbers a counterfactual replay adds to ``compare`` and to ``nexus-eval replay``'s closing table.
+
+A replay row scores one dense trajectory under one (method, scope, protocol): the mean NLL of the stored
+completion tokens and the share that were still the model's argmax (top-1 agreement). Raw NLL says as much
+about the task as about the method, so the headline is the **delta-NLL vs dense**, paired by source episode:
+the method's replay NLL minus the dense replay NLL of the *same* episode under the *same* protocol. Dense
+replayed under true_eviction reproduces the episode's own logits, so it is the baseline each method's damage
+is measured from (and dense vs itself is exactly 0).
+
+Aggregation follows ``compare``'s Pass@1: episodes are averaged per task first (several seeds of a task are
+not independent samples of the task population), then the mean over tasks gets a seeded bootstrap interval
+over tasks (``workers.stats.bootstrap_mean_ci``). Pure functions over :class:`ReplayOutcome`; no database.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from agent_runner.config import PROTOCOLS
+from nexus.methods import DENSE, METHODS, SCOPES
+from workers.stats import bootstrap_mean_ci
+
+
+@dataclass(frozen=True)
+class ReplayOutcome:
+    """One stored replay row, as far as the statistics are concerned."""
+
+    episode_id: str
+    task_id: str
+    method: str
+    scope: str
+    protocol: str
+    status: str  # ok | failed | skipped
+    nll_mean: float | None = None
+    top1: float | None = None
+    tokens: int | None = None
+
+
+@dataclass
+class ReplayCell:
+    """One (method, scope, protocol): ``episodes`` ok replays over ``tasks`` tasks; means are over tasks."""
+
+    method: str
+    scope: str
+    protocol: str
+    episodes: int = 0
+    tasks: int = 0
+    skipped: int = 0
+    failed: int = 0
+    nll_mean: float | None = None
+    top1: float | None = None
+    delta_nll: float | None = None  # mean over tasks of (method NLL - dense NLL), paired by source episode
+    delta_ci_low: float | None = None
+    delta_ci_high: float | None = None
+    n_pairs: int = 0  # episodes with both this replay and a dense replay under the same protocol
+
+
+def outcomes_from_rows(rows: Iterable[Any]) -> list[ReplayOutcome]:
+    """``db.models.Replay`` rows (oldest first) -> one outcome per (episode, method, scope, protocol).
+
+    Rows of the same key that differ only in their eviction settings (a preset changed between two runs)
+    are collapsed to the newest, so one episode is never counted twice in a cell."""
+    newest: dict[tuple[str, str, str, str], ReplayOutcome] = {}
+    for r in rows:
+        newest[(r.episode_id, r.method, r.scope, r.protocol)] = ReplayOutcome(
+            r.episode_id, r.task_id, r.method, r.scope, r.protocol, r.status, r.nll_mean, r.top1, r.tokens
+        )
+    return list(newest.values())
+
+
+def _order(values: Iterable[str], canonical: Sequence[str]) -> list[str]:
+    present = set(values)
+    return [v for v in canonical if v in present] + sorted(present - set(canonical))
+
+
+def _task_mean(pairs: Iterable[tuple[str, float]]) -> list[float]:
+    """Per-task means of ``(task_id, value)`` pairs, in task order."""
+    by_task: dict[str, list[float]] = defaultdict(list)
+    for task, value in pairs:
+        by_task[task].append(value)
+    return [sum(v) / len(v) for _, v in sorted(by_task.items())]
+
+
+def _dense_baseline(outcomes: Sequence[ReplayOutcome]) -> dict[tuple[str, str, str], float]:
+    """Dense replay NLL by (episode, protocol, scope); scope ``""`` holds the first scope's value, the
+    fallback for a method replayed under a scope dense was not (dense evicts nothing: its scope is moot)."""
+    baseline: dict[tuple[str, str, str], float] = {}
+    rank = {s: i for i, s in enumerate(SCOPES)}
+    dense = [o for o in outcomes if o.method == DENSE and o.status == "ok" and o.nll_mean is not None]
+    for o in sorted(dense, key=lambda o: rank.get(o.scope, len(rank))):
+        baseline[(o.episode_id, o.protocol, o.scope)] = o.nll_mean  # type: ignore[assignment]
+        baseline.setdefault((o.episode_id, o.protocol, ""), o.nll_mean)  # type: ignore[arg-type]
+    return baseline
+
+
+def summarize_replays(
+    outcomes: Iterable[ReplayOutcome], *, confidence: float = 0.95, seed: int = 0
+) -> list[ReplayCell]:
+    """One cell per (scope, protocol, method) present, ordered like ``compare``'s rows and columns."""
+    rows = list(outcomes)
+    baseline = _dense_baseline(rows)
+    cells = []
+    for scope in _order((o.scope for o in rows), SCOPES):
+        for protocol in _order((o.protocol for o in rows if o.scope == scope), PROTOCOLS):
+            here = [o for o in rows if (o.scope, o.protocol) == (scope, protocol)]
+            for method in _order((o.method for o in here), METHODS):
+                mine = [o for o in here if o.method == method]
+                cells.append(summarize_cell(method, scope, protocol, mine, baseline, confidence=confidence, seed=seed))
+    return cells
+
+
+def summarize_cell(
+    method: str,
+    scope: str,
+    protocol: str,
+    outcomes: Sequence[ReplayOutcome],
+    baseline: dict[tuple[str, str, str], float],
+    *,
+    confidence: float = 0.95,
+    seed: int = 0,
+) -> ReplayCell:
+    """Statistics of one method's replays in one scope x protocol; ``baseline`` from :func:`_dense_baseline`."""
+    cell = ReplayCell(method, scope, protocol)
+    ok = [o for o in outcomes if o.status == "ok" and o.nll_mean is not None]
+    cell.skipped = sum(o.status == "skipped" for o in outcomes)
+    cell.failed = sum(o.status == "failed" for o in outcomes)
+    cell.episodes, cell.tasks = len(ok), len({o.task_id for o in ok})
+    if not ok:
+        return cell
+    nll = _task_mean((o.task_id, o.nll_mean) for o in ok)  # type: ignore[misc]
+    cell.nll_mean = sum(nll) / len(nll)
+    top1 = _task_mean((o.task_id, o.top1) for o in ok if o.top1 is not None)
+    cell.top1 = sum(top1) / len(top1) if top1 else None
+    deltas = []
+    for o in ok:
+        dense = baseline.get((o.episode_id, protocol, scope), baseline.get((o.episode_id, protocol, "")))
+        if dense is not None:
+            deltas.append((o.task_id, o.nll_mean - dense))  # type: ignore[operator]
+    cell.n_pairs = len(deltas)
+    if deltas:
+        per_task = _task_mean(deltas)
+        cell.delta_nll = sum(per_task) / len(per_task)
+        cell.delta_ci_low, cell.delta_ci_high = bootstrap_mean_ci(per_task, confidence=confidence, seed=seed)
+    return cell
+
+
+def replay_cells(session: Any, job_ids: Sequence[str], *, confidence: float = 0.95, seed: int = 0) -> list[ReplayCell]:
+    """The replay statistics of the given jobs from the database (empty when none was replayed)."""
+    from db.replays import replays_for_jobs
+
+    return summarize_replays(outcomes_from_rows(replays_for_jobs(session, job_ids)), confidence=confidence, seed=seed)
+
+
+#: what the replay columns mean (printed under every replay table)
+REPLAY_CAPTION = (
+    "dense trajectories teacher-forced through each method's cache; NLL in nats per completion token; "
+    "ΔNLL = method minus dense on the same episode and protocol, averaged per task, bootstrap CI over tasks"
+)
+
+
+def replay_notes(cells: Sequence[ReplayCell]) -> list[str]:
+    """How many stored replays could not be scored (none: no note)."""
+    skipped, failed = sum(c.skipped for c in cells), sum(c.failed for c in cells)
+    if not (skipped or failed):
+        return []
+    return [f"replay: {skipped} skipped (a stream not replayable that way), {failed} failed; their rows say why"]
