@@ -146,8 +146,7 @@ class StackedLayer(CacheLayerMixin):
             row._refresh_views()
         ring = set(self.ring_rows)
         self._known = [(k[0] + 1, k[1] + 1, k[2] + (r in ring)) for r, k in enumerate(known)]
-        longest = need
-        return self.k[:, :, :longest], self.v[:, :, :longest]
+        return self.k[:, :, :need], self.v[:, :, :need]  # `need` is now the longest row
 
     def attention_mask(self, query: torch.Tensor, additive: bool) -> torch.Tensor:
         """[N, 1 or Hq, 1, longest]: each row attends to its held slots only."""

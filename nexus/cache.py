@@ -164,8 +164,8 @@ class EvictableLayer(CacheLayerMixin):
         if self._owner is not None:
             # a stacked row keeps its place in the stack; the slots it gave up become empty (-1) so the
             # stack's masks ignore them
-            if needed > capacity:
-                self._owner.ensure_capacity(needed)
+            if needed > capacity:  # a ragged (Ada) row: leave a slack's headroom, not one reallocation per event
+                self._owner.ensure_capacity(needed + (slack or 0))
             self._k[:, :, :kept], self._v[:, :, :kept], self._pos[:, :, :kept] = k, v, pos
             self._pos[:, :, kept : self.length] = -1
         elif needed <= capacity <= needed + (slack or 0):
