@@ -21,6 +21,15 @@ if TYPE_CHECKING:
 
 ProtocolName = Literal["true_eviction", "full_context"]
 PROTOCOLS: tuple[str, ...] = ProtocolName.__args__  # type: ignore[attr-defined]
+
+
+def check_protocol(name: str) -> str:
+    """`name` if it is a protocol; ValueError naming the choices otherwise."""
+    if name not in PROTOCOLS:
+        raise ValueError(f"unknown protocol {name!r}; use one of {', '.join(PROTOCOLS)}")
+    return name
+
+
 BackendName = Literal["hf", "openai", "oracle"]
 #: a method / scope name, validated against ``nexus.methods`` (pydantic field types)
 MethodName = Annotated[str, AfterValidator(lambda name: check_method(name, noun="method"))]

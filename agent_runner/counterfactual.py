@@ -30,7 +30,7 @@ import torch
 from pydantic import BaseModel, Field
 
 import nexus
-from agent_runner.config import PROTOCOLS
+from agent_runner.config import check_protocol
 from agent_runner.records import LayerStats
 
 #: chunks are capped so the [chunk, vocab] logits stay small (any split between events is exact)
@@ -112,8 +112,10 @@ def teacher_force(
     chunked: bool = True,
 ) -> Iterator[tuple[int, nexus.EvictableCache, torch.Tensor, list[int], int]]:
     """Yield (turn index, cache, logits [n, V], the n stored tokens they predict, forwards) per turn."""
-    if protocol not in PROTOCOLS:
-        raise ReplayError(f"unknown protocol {protocol!r}; use one of {', '.join(PROTOCOLS)}")
+    try:
+        check_protocol(protocol)
+    except ValueError as exc:
+        raise ReplayError(str(exc)) from None
     ctxs = contexts(turns)
     cache, fed = None, 0
     for t, turn in enumerate(turns):

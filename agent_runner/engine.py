@@ -74,6 +74,12 @@ class TurnTiming:
     rows_mean: float = 1.0  # mean number of rows decoded together during this turn
 
 
+def sync(device: torch.device) -> None:
+    """Wait for the device, so host timings cover the work (a no-op on the CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def forward_last(model: torch.nn.Module, cache_kw: str, cache, ids: torch.Tensor, **kwargs) -> torch.Tensor:
     """Logits [B, V] of the last fed position, with `cache` as the model's cache."""
     out = model(input_ids=ids, use_cache=True, logits_to_keep=1, **{cache_kw: cache}, **kwargs)
@@ -161,7 +167,7 @@ class DecodeEngine:
             t0 = time.perf_counter()
             ids = torch.as_tensor(row.feed, dtype=torch.long, device=self.device).view(1, -1)
             logits = forward_last(self.model, self.cache_kw, row.cache, ids)
-            self._sync()
+            sync(self.device)
             row.t_decode = time.perf_counter()
             row.prefill_s = row.t_decode - t0
             row.next_token = row.decoder.next_token(logits)
@@ -191,7 +197,7 @@ class DecodeEngine:
             if row.next_token is None:
                 done.append(row)
         if done:
-            self._sync()
+            sync(self.device)
             self._active = [r for r in rows if r.next_token is not None]
             self._restack()  # before the episodes look at their caches
             for row in done:
@@ -206,7 +212,3 @@ class DecodeEngine:
             # the rows already carry `exc` and their caches are not used again: a second failure adds nothing
             with contextlib.suppress(Exception):
                 old.release()
-
-    def _sync(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)

@@ -225,7 +225,7 @@ class CacheStack(Cache):
         """Detach every row: each gets its own buffers back and the stack's memory is freed."""
         for cache in self.caches:
             for layer in cache.layers:
-                if layer._owner is not None and layer._owner in self.layers:
+                if layer._owner is self.layers[layer.layer_idx]:  # rows already in a newer stack stay there
                     layer.detach()
 
     def nbytes(self) -> int:

@@ -31,3 +31,9 @@ def should_evict(config: EvictionConfig, *, phase: str, occupancy: float, budget
     if phase == "prefill":
         return occupancy > budget
     return config.scope == "prefill_decode" and occupancy >= budget + config.slack
+
+
+def appends_before_decode_event(*, budget: int, slack: int, occupancy: float) -> int:
+    """Tokens a layer holding `occupancy` per head can append before its next decode-time event, which fires
+    after the append that reaches `budget + slack` (the `should_evict` rule): at least the one that fires it."""
+    return max(math.ceil(budget + slack - occupancy), 1)

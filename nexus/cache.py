@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,7 +22,7 @@ from typing import Any
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from nexus.budget import prefill_budget, should_evict
+from nexus.budget import appends_before_decode_event, prefill_budget, should_evict
 from nexus.config import EvictionConfig
 from nexus.policies.base import LayerView
 from nexus.policies.reservoir import event_generator
@@ -158,8 +157,10 @@ class EvictableLayer(CacheLayerMixin):
         kept = idx.shape[-1]
         ragged = bool(empty.any())  # one host sync per event, never per decode step
         occupancy = float((~empty).sum()) / (idx.shape[0] * idx.shape[1]) if ragged else float(kept)
-        # the event fires after the append that reaches budget + slack, so that append needs a slot (>= 1)
-        needed = kept if slack is None else kept + max(math.ceil(self.budget + slack - occupancy), 1)
+        if slack is None:
+            needed = kept
+        else:
+            needed = kept + appends_before_decode_event(budget=self.budget, slack=slack, occupancy=occupancy)
         capacity = self._k.shape[2]
         if self._owner is not None:
             # a stacked row keeps its place in the stack; the slots it gave up become empty (-1) so the
@@ -308,7 +309,7 @@ class EvictableCache(Cache):
         if not cfg.evicts or cfg.scope != "prefill_decode":
             return None
         room = [
-            max(math.ceil(layer.budget + cfg.slack - layer.occupancy), 1)
+            appends_before_decode_event(budget=layer.budget, slack=cfg.slack, occupancy=layer.occupancy)
             for layer in self.layers
             if layer.budget is not None
         ]

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from celery import Celery
 from kombu import Exchange, Queue
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 from db.connection import default_url
 
@@ -64,6 +64,20 @@ class ServiceSettings(BaseModel):
     stale_after_s: float = Field(
         3 * 3600.0, gt=0, description="a running episode whose heartbeat is older is taken over"
     )
+    episodes_per_gpu: int = Field(
+        1, description="episodes a gpu worker process decodes together on its one model (docs/engine.md)"
+    )
+
+    @field_validator("episodes_per_gpu", mode="before")
+    @classmethod
+    def _whole_rows(cls, value: object) -> int:
+        try:
+            rows = int(str(value))
+        except ValueError:
+            rows = 0
+        if rows < 1:
+            raise ValueError(f"$NEXUS_EVAL_EPISODES_PER_GPU={value!r} must be a whole number >= 1")
+        return rows
 
     @model_validator(mode="after")
     def _ordered(self) -> ServiceSettings:
@@ -86,6 +100,8 @@ class ServiceSettings(BaseModel):
             "broker_url": env.get("NEXUS_EVAL_BROKER") or None,
             "result_backend": env.get("NEXUS_EVAL_RESULT_BACKEND") or None,
         }
+        if env.get("NEXUS_EVAL_EPISODES_PER_GPU"):  # set by `nexus-eval worker --episodes-per-gpu N`
+            values["episodes_per_gpu"] = env["NEXUS_EVAL_EPISODES_PER_GPU"]
         for field, var in (
             ("soft_time_limit_s", "NEXUS_EVAL_SOFT_TIME_LIMIT"),
             ("hard_time_limit_s", "NEXUS_EVAL_HARD_TIME_LIMIT"),

@@ -83,19 +83,6 @@ def episode_spec_from_config(config: dict[str, Any]) -> EpisodeSpec:
     return spec.model_copy(update=update)
 
 
-def episodes_per_gpu() -> int:
-    """``$NEXUS_EVAL_EPISODES_PER_GPU`` (set by ``nexus-eval worker --episodes-per-gpu N``): how many episodes
-    this worker process decodes together on its one model; 1 (the default) runs each alone."""
-    raw = os.environ.get("NEXUS_EVAL_EPISODES_PER_GPU", "1")
-    try:
-        rows = int(raw)
-    except ValueError:
-        rows = 0
-    if rows < 1:
-        raise ValueError(f"$NEXUS_EVAL_EPISODES_PER_GPU={raw!r} must be a whole number >= 1")
-    return rows
-
-
 def turn_fields(turn: Any) -> dict[str, Any]:
     """``agent_runner.records.TurnRecord`` -> the ``db.models.Turn`` columns ``record_turn`` takes."""
     c = turn.completion
@@ -150,6 +137,7 @@ def execute_episode(
     celery_task_id: str | None = None,
     soft_deadline_s: float | None = None,
     stale_after_s: float | None = None,
+    batch_rows: int = 1,
     hooks: EpisodeHooks = EpisodeHooks(),
 ) -> ExecutionOutcome:
     """Claim, run and finish ``episode_id``. Never raises for episode failures (they become statuses).
@@ -157,6 +145,8 @@ def execute_episode(
     ``soft_deadline_s``: seconds from now after which the run stops at its next turn and is stored as
     ``timeout`` with its partial trajectory (so does any of ``hooks.time_limits`` raised into the run).
     ``stale_after_s``: a running row whose heartbeat is older is taken over (see ``db.claims``).
+    ``batch_rows``: > 1 decodes this episode together with the process's other episodes (a multi-episode
+    worker, ``ServiceSettings.episodes_per_gpu``; see ``agent_runner.episode.build_model``).
     """
     started = time.monotonic()
     timings: dict[str, float] = {}
@@ -201,7 +191,7 @@ def execute_episode(
         task = spec.load_task()
         t0 = time.monotonic()
         # the worker process loads its model once (host_for caches it); a multi-episode worker batches them
-        model = build_model(spec, task, batch_rows=episodes_per_gpu())
+        model = build_model(spec, task, batch_rows=batch_rows)
         if hooks.wrap_model is not None:
             model = hooks.wrap_model(model, spec)
         timings["model_s"] = time.monotonic() - t0

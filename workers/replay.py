@@ -29,7 +29,7 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
-from agent_runner.config import PROTOCOLS, ModelSpec
+from agent_runner.config import ModelSpec, check_protocol
 from db import Database
 from db import store as db_store
 from db.models import ACTIVE_STATUSES, Replay
@@ -96,8 +96,7 @@ def _check_names(methods: Sequence[str] | None, scopes: Sequence[str] | None, pr
     for s in scopes or ():
         check_scope(s)
     for p in protocols or ():
-        if p not in PROTOCOLS:
-            raise ValueError(f"unknown protocol {p!r}; use one of {', '.join(PROTOCOLS)}")
+        check_protocol(p)
 
 
 def _job_spec(job: Any, methods: Sequence[str]) -> JobSpec:

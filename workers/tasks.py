@@ -85,6 +85,7 @@ def run_episode_task(self: Task, episode_id: str) -> dict[str, Any]:
         celery_task_id=self.request.id,
         soft_deadline_s=soft - min(0.1 * soft, 300.0),
         stale_after_s=settings.stale_after_s,
+        batch_rows=settings.episodes_per_gpu,
         hooks=EpisodeHooks(progress=_progress_reporter(self), time_limits=(SoftTimeLimitExceeded,)),
     )
     if outcome.needs_grade:

@@ -28,8 +28,8 @@ import torch
 
 import nexus
 from agent_runner.backends import ModelError
-from agent_runner.config import PROTOCOLS, ModelSpec, ProtocolName, SamplingConfig
-from agent_runner.engine import DecodeEngine, TurnDecoder, TurnTiming, forward_last
+from agent_runner.config import ModelSpec, ProtocolName, SamplingConfig, check_protocol
+from agent_runner.engine import DecodeEngine, TurnDecoder, TurnTiming, forward_last, sync
 from agent_runner.model_host import ModelHost, load_host, render_chat
 from agent_runner.records import Completion, LayerStats, Message
 
@@ -52,8 +52,7 @@ class HFBackend:
         max_context_tokens: int = 65536,
         engine: DecodeEngine | None = None,
     ):
-        if protocol not in PROTOCOLS:
-            raise ValueError(f"unknown protocol {protocol!r}; use one of {', '.join(PROTOCOLS)}")
+        check_protocol(protocol)
         if host is None:
             spec = model if isinstance(model, ModelSpec) else ModelSpec(name=model or "tiny")
             host = load_host(spec)
@@ -151,10 +150,6 @@ class HFBackend:
         return feed, new[0].content != self._last_text, keep
 
     # -- the decode loop --------------------------------------------------------------------------------------
-    def _sync(self) -> None:
-        if self.host.device.type == "cuda":
-            torch.cuda.synchronize(self.host.device)
-
     @torch.no_grad()
     def _run_alone(self, feed: list[int], decoder: TurnDecoder) -> TurnTiming:
         """Prefill `feed`, then decode one token per forward until `decoder` ends the turn."""
@@ -162,12 +157,12 @@ class HFBackend:
         t0 = time.perf_counter()
         ids = torch.as_tensor(feed, dtype=torch.long, device=device).view(1, -1)
         tok = decoder.next_token(forward_last(model, self._cache_kw, self.cache, ids))
-        self._sync()
+        sync(device)
         t1 = time.perf_counter()
         while tok is not None:
             ids = torch.tensor([[tok]], dtype=torch.long, device=device)
             tok = decoder.next_token(forward_last(model, self._cache_kw, self.cache, ids))
-        self._sync()
+        sync(device)
         return TurnTiming(prefill_s=t1 - t0, decode_s=time.perf_counter() - t1)
 
     def _generate(self, feed: list[int], limit: int, forced: list[int] | None = None) -> Completion:

@@ -188,7 +188,7 @@ def test_worker_refuses_unknown_queues_and_gpu_concurrency(local):
 
 def test_worker_episodes_per_gpu_runs_one_threaded_process(local, monkeypatch):
     import nexus_eval.commands.service as service_cmd
-    from workers.execution import episodes_per_gpu
+    from workers.app import ServiceSettings
 
     assert "must be >= 1" in invoke("worker", "--queues", "gpu", "--episodes-per-gpu", "0").output
     assert "gpu queue" in invoke("worker", "--queues", "grade", "--episodes-per-gpu", "2").output
@@ -204,10 +204,10 @@ def test_worker_episodes_per_gpu_runs_one_threaded_process(local, monkeypatch):
     assert done.exit_code == 0, done.output
     argv = seen["argv"]
     assert argv[argv.index("--pool") + 1] == "threads" and argv[argv.index("--concurrency") + 1] == "4"
-    assert episodes_per_gpu() == 4  # what execute_episode hands build_model in this process
+    assert ServiceSettings.from_env().episodes_per_gpu == 4  # what the task hands execute_episode here
     monkeypatch.setenv("NEXUS_EVAL_EPISODES_PER_GPU", "many")
     with pytest.raises(ValueError, match="whole number"):
-        episodes_per_gpu()
+        ServiceSettings.from_env()
 
 
 @pytest.mark.docker
