@@ -66,7 +66,8 @@ def _episode(backend: HFBackend, index: int, turns: int = 3):
         out.append(c)
         msgs += [Message(role="assistant", content=c.text), Message(role="user", content=f"obs {t} " * (5 + 3 * t))]
     events = [(e.phase, e.logical_length, dict(e.per_layer)) for e in backend.cache.events]
-    return out, LOGITS[id(backend.generator)], events
+    # pop, not read: once this backend is gone a later generator may reuse its id(), and must start a fresh list
+    return out, LOGITS.pop(id(backend.generator)), events
 
 
 def _backend(host, cfg, protocol, index, engine=None):
