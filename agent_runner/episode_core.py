@@ -6,7 +6,8 @@ anything that goes wrong during the episode: every failure ends up as ``exit_sta
 
 Order of events:
 1. ``DockerEnvironment.open`` (image, container, tools). A failure here -> ``infra_failure``, no turns.
-2. ``Agent.run``: the loop; its exit status is kept whatever happens next.
+2. ``Agent.run``: the loop; its exit status is kept whatever happens next. The backend's final cache is
+   read at once (``retention``: the backend still holds the cache until its next ``reset``).
 3. ``environment.diff()`` -> ``patch`` (None if the container died: then nothing is graded).
 4. The sandbox is closed, then ``env.grading.grade(task, patch)`` runs in a fresh container when
    ``grade=True``. R2E grades every trajectory whatever the agent's exit reason; so do we, except after an
@@ -45,6 +46,20 @@ def _close(environment: Environment) -> str | None:
     except Exception as exc:  # must not hide the episode's own outcome; recorded on it instead
         return f"closing the sandbox failed: {_failure(exc)}"
     return None
+
+
+def final_retention(model: Model) -> tuple[dict[str, Any] | None, str | None]:
+    """(the retention map of ``model``'s final cache, or None; an error note if reading it failed).
+
+    A backend that keeps a cache (hf) has ``retention()`` (see ``agent_runner.backends``); others have none.
+    Reading it never ends the episode: a failure is noted on the result and the map is left out."""
+    read = getattr(model, "retention", None)
+    if read is None:
+        return None, None
+    try:
+        return read(), None
+    except Exception as exc:
+        return None, f"reading the final cache's retention map failed: {_failure(exc)}"
 
 
 def run_episode(
@@ -90,6 +105,9 @@ def run_episode(
     timings["setup_s"] = time.monotonic() - started
     try:  # run_agent records its own failures; only KeyboardInterrupt & co. pass through (after close)
         result = run_agent(model, environment, task, agent_config, on_turn=on_turn, intervene=intervene)
+        result.retention, retention_error = final_retention(model)
+        if retention_error:
+            _note(result, retention_error)
         t0 = time.monotonic()
         try:
             result.patch = environment.diff()

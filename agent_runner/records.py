@@ -147,6 +147,7 @@ class EpisodeResult(BaseModel):
     ``env.grading.regrade`` needs), ``None`` when not graded.
     ``status`` is the one word the service reports: the grade's status when graded, else the exit status.
     ``error`` says why, for every exit but ``submitted``; ``grade_error`` is set when grading itself raised.
+    ``retention`` is the final cache's retention map (see ``nexus.retention``) for backends that keep a cache.
     """
 
     task_id: str
@@ -161,6 +162,9 @@ class EpisodeResult(BaseModel):
     timings: dict[str, float] = Field(default_factory=dict)  # e.g. setup_s, agent_s, diff_s, grade_s, total_s
     totals: EpisodeTotals = Field(default_factory=EpisodeTotals)
     scaffold: ScaffoldRecord | None = None  # None when no agent ran (e.g. the sandbox did not open)
+    # the final cache's retention map (nexus.retention: {"logical_length", "kv_heads", "layers": runs}), read
+    # from the backend when the loop ended; None for backends without a cache (oracle, openai)
+    retention: dict[str, Any] | None = None
     # the exception behind an infra_failure or an unexpected end (never stored): callers tell a time limit
     # raised into the loop (in the model, a tool or a hook) from a crash by its type, not by reading ``error``
     _exception: BaseException | None = PrivateAttr(None)

@@ -259,6 +259,7 @@ FINISH_FIELDS = frozenset(
         "generated_tokens",
         "n_turns",
         "peak_cache_bytes",
+        "retention",
         "result",
         "config",
     }

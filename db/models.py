@@ -199,6 +199,9 @@ class Episode(Base):
 
     config: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)  # the full merged episode config
     result: Mapped[dict[str, Any] | None] = mapped_column(JSONType)  # extra result fields (grade report...)
+    # the final cache's retention map {"logical_length", "kv_heads", "layers": per layer [[count, run], ...]}
+    # (nexus.retention); None for backends without a cache and for runs that ended before the agent loop did
+    retention: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
 
     job: Mapped[Job] = relationship(back_populates="episodes")
     turns: Mapped[list[Turn]] = relationship(

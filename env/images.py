@@ -19,7 +19,8 @@ import re
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -81,9 +82,7 @@ def docker_client() -> docker.DockerClient:
         client = docker.from_env(timeout=300)
         client.ping()
     except Exception as exc:  # docker raises several unrelated types here
-        raise ImageError(
-            f"cannot reach the Docker engine ({exc}); start it with `bash .ci/parts/20-docker.sh`"
-        ) from exc
+        raise ImageError(f"cannot reach the Docker engine ({exc}); start it with `nexus-eval setup`") from exc
     return client
 
 
@@ -313,3 +312,30 @@ def ensure_task_image(task: Task, client: docker.DockerClient | None = None, *, 
             labels={"nexus-eval.task": task.instance_id},
         )
     return tag
+
+
+@dataclass(frozen=True)
+class TaskImage:
+    """One task's image as the local engine has it (see `task_images`)."""
+
+    task_id: str
+    image: str | None  # the tag or name; None for a local task while the base image (part of its hash) is missing
+    present: bool
+    buildable: bool  # a local task, built here from the base image; registry images never are
+
+
+def task_images(
+    tasks: Iterable[Task], client: docker.DockerClient | None = None, *, base_tag: str = BASE_IMAGE_TAG
+) -> list[TaskImage]:
+    """Which of `tasks`' images exist locally, without building anything (preflight and `doctor`)."""
+    client = client or docker_client()
+    base_id = client.images.get(base_tag).id if image_exists(client, base_tag) else None
+    found = []
+    for task in tasks:
+        if task.kind == "local":
+            tag = task_image_tag(task, base_id) if base_id else None
+            found.append(TaskImage(task.instance_id, tag, bool(tag) and image_exists(client, tag), True))
+        else:
+            name = task_image_name(task)
+            found.append(TaskImage(task.instance_id, name, bool(name) and image_exists(client, name), False))
+    return found

@@ -5,6 +5,7 @@
     cache = nexus.EvictableCache(model.config, nexus.EvictionConfig(method="nexus", density=0.2))
     model.generate(ids, cache=cache, max_new_tokens=64)    # eviction happens inside the forward
     cache.logical_length, cache.physical_length(0), cache.retained_positions(0), cache.nbytes(), cache.events
+    nexus.retention_runs(cache)                            # per layer: how many KV heads hold each position
 
 ``import nexus`` needs no torch: the vocabulary (``METHODS``, ``SCOPES``) and ``EvictionConfig`` are plain
 Python, and the tensor parts below are imported on first attribute access.
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
     from nexus.budget import prefill_budget, should_evict
     from nexus.cache import EvictableCache, EvictionEvent
     from nexus.policies import make_policy
+    from nexus.retention import retention_runs
 
 #: name -> the module that defines it (imported when the name is first used)
 _LAZY = {
@@ -35,6 +37,7 @@ _LAZY = {
     "prefill_budget": "nexus.budget",
     "should_evict": "nexus.budget",
     "make_policy": "nexus.policies",
+    "retention_runs": "nexus.retention",
 }
 
 
@@ -57,5 +60,6 @@ __all__ = [
     "make_policy",
     "prefill_budget",
     "prepare",
+    "retention_runs",
     "should_evict",
 ]

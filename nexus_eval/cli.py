@@ -15,8 +15,10 @@ from nexus_eval.commands import (
     service,
     service_rerun,
     service_results,
+    setup,
     tasks,
     tasks_convert,
+    web,
 )
 
 app = typer.Typer(
@@ -35,7 +37,7 @@ def version() -> None:
     typer.echo(_v("nexus-eval"))
 
 
-for _area in (demo, images, tasks, tasks_convert, episode, service, service_results, service_rerun, replay):
+for _area in (demo, setup, images, tasks, tasks_convert, episode, service, service_results, service_rerun, replay, web):
     _area.register(app)
 
 

@@ -176,6 +176,14 @@ def _dense_for(outcomes: list[Outcome], scope: str, protocol: str) -> tuple[list
     return list(chosen.values()), True
 
 
+def cell_outcomes(outcomes: list[Outcome], scope: str, protocol: str, method: str) -> list[Outcome]:
+    """The outcomes one table cell summarizes: the method's own in (scope, protocol); for dense, the row's
+    dense outcomes, reused from another cell when the row has none of its own (see :func:`build_table`)."""
+    if method == DENSE:
+        return _dense_for(outcomes, scope, protocol)[0]
+    return [o for o in outcomes if (o.method, o.scope, o.protocol) == (method, scope, protocol)]
+
+
 def summarize_cell(
     method: str,
     outcomes: list[Outcome],
@@ -242,11 +250,7 @@ def build_table(
             dense, reused = _dense_for(rows_in, scope, protocol)
             cells = {}
             for method in methods:
-                mine = (
-                    dense
-                    if method == DENSE
-                    else [o for o in rows_in if (o.method, o.scope, o.protocol) == (method, scope, protocol)]
-                )
+                mine = dense if method == DENSE else cell_outcomes(rows_in, scope, protocol, method)
                 cell = summarize_cell(method, mine, dense if dense else None, confidence=confidence, seed=seed)
                 cell.reused_dense = method == DENSE and reused
                 cells[method] = cell

@@ -219,6 +219,7 @@ def execute_episode(
         status = result.exit_status
         agent_s = result.timings.get("agent_s")
         fields.update(exit_status=result.exit_status, error=result.error, patch=result.patch, agent_s=agent_s)
+        fields["retention"] = result.retention  # the final cache's retention map (None without a cache)
     else:
         status, fields["error"] = EpisodeStatus.infra_failure, error
     if isinstance(interrupted, out_of_time):

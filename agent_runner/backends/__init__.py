@@ -21,6 +21,9 @@ A backend is anything with these two methods (structural typing; no base class n
         like R2E's pre-call token check.
         Telemetry fields a backend cannot measure keep their defaults (see records.Completion).
 
+A backend that keeps a KV cache may also have ``retention() -> dict | None``: the retention map of its final
+cache (``nexus.retention_runs``), read once after the episode's last call (``EpisodeResult.retention``).
+
 Guarantees the agent loop (agent_runner.agent) gives a backend, so a stateful backend can work out which
 messages are new since its last call without re-tokenising history:
 

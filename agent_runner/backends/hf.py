@@ -84,14 +84,15 @@ class HFBackend:
     ) -> Completion:
         """Next assistant turn. `forced_text` teacher-forces that completion instead of sampling (replaying a
         stored turn): it is fed token by token, so decode-time evictions happen exactly as when sampling."""
+        fresh = self.protocol == "full_context" or self.cache is None
         try:
-            feed, mismatch, keep = self._feed(messages)
+            feed, mismatch, keep = self._feed(messages, fresh=fresh)
             stored = {"keep": keep, "append": self.stream[keep:], "generated": []}
         except ValueError as exc:
             raise ModelError(f"hf backend: {exc}") from exc
-        prompt_tokens = (self.cache.logical_length if self.cache else 0) + len(feed)
+        prompt_tokens = (0 if fresh else self.cache.logical_length) + len(feed)
         room = self.max_context_tokens - prompt_tokens
-        if room <= 0:
+        if room <= 0:  # nothing is fed: under full_context the last turn's cache stays the final one
             return Completion(
                 text="",
                 prompt_tokens=prompt_tokens,
@@ -101,6 +102,9 @@ class HFBackend:
             )
         # caps: the agent's per-turn one, the sampling config's; neither set (the default) = the rest of the window
         limit = min(cap for cap in (max_new_tokens, self.sampling.max_new_tokens, room) if cap is not None)
+        if fresh:
+            self.cache = None  # free the last turn's buffers before the new prefill allocates its own
+            self.cache = nexus.EvictableCache(self.host.model.config, self.eviction)
         forced = None
         if forced_text is not None:
             forced = self.host.tokenizer.encode(forced_text, add_special_tokens=False) + [self._im_end]
@@ -116,17 +120,25 @@ class HFBackend:
             completion.extra["history_mismatch"] = True
         return completion
 
+    def retention(self) -> dict | None:
+        """The retention map of the episode's final cache (`nexus.retention_runs`): the cache carried across
+        the turns under true_eviction, the last turn's under full_context. None before any turn was fed.
+        Read it after the episode's last call and before the next `reset`, which drops the cache."""
+        if self.cache is None or self.cache.logical_length == 0:
+            return None
+        return nexus.retention_runs(self.cache)
+
     # -- what to feed ----------------------------------------------------------------------------------------
     def _render(self, messages: list[dict]) -> list[int]:
         return render_chat(self.host.tokenizer, messages)
 
-    def _feed(self, messages: list[Message]) -> tuple[list[int], bool, int]:
+    def _feed(self, messages: list[Message], *, fresh: bool) -> tuple[list[int], bool, int]:
         """Token ids to feed this call, whether the caller edited the previous assistant text, and how many
-        tokens of the previous stream this turn's context starts with."""
+        tokens of the previous stream this turn's context starts with. fresh: the whole conversation is
+        rendered, for a new cache (full_context, or the first call)."""
         if not messages or messages[-1].role != "user":
             raise ValueError("the conversation must end with a user message")
-        if self.protocol == "full_context" or self.cache is None:
-            self.cache = nexus.EvictableCache(self.host.model.config, self.eviction)
+        if fresh:
             previous, self.stream = self.stream, self._render(_as_dicts(messages))
             keep = next((i for i, (a, b) in enumerate(zip(previous, self.stream, strict=False)) if a != b), None)
             keep = min(len(previous), len(self.stream)) if keep is None else keep

@@ -32,3 +32,8 @@ class ReplayModel:
             self._next += 1
             return recorded.model_copy(update={"extra": {**recorded.extra, "replayed": True}})
         return self.then.complete(messages, max_new_tokens=max_new_tokens)
+
+    def retention(self) -> dict | None:
+        """The live backend's final cache (None when it keeps none or every turn was replayed)."""
+        read = getattr(self.then, "retention", None)
+        return read() if read is not None else None

@@ -80,6 +80,8 @@ def episode(
     from agent_runner.episode import build_model
     from agent_runner.episode_core import run_episode
     from nexus.presets import preset_settings, split_settings
+    from nexus_eval.commands._preflight import build_or_fail, refuse_unless_ready
+    from nexus_eval.readiness import container_checks
 
     console = Console(stderr=True)
     try:
@@ -108,6 +110,11 @@ def episode(
     except (ValueError, ValidationError) as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from exc
+    # every backend works in a container: no engine, or an image that cannot be had, is exit 2 (after the
+    # input errors above, which come first); a missing local image (base or task) is built, with a progress bar
+    checks = container_checks([the_task])
+    refuse_unless_ready(checks, "nothing was run")
+    build_or_fail(checks, console, "nothing was run")
     the_model.reset(seed=spec.seed)
     with console.status(f"{task}: {method}/{scope}/{protocol}") as status:
 

@@ -116,8 +116,16 @@ def submit(
     spec = _job_spec(file, flags, what="nothing was submitted")
     from rich.console import Console
 
+    from nexus_eval.commands._preflight import refuse_unless_ready
+    from nexus_eval.readiness import preflight
     from workers.submit import submit as submit_job
 
+    # Workers build missing task images on their own machine, so submit only checks. With the embedded
+    # broker the worker is this machine: its engine and images are checked too; with Redis they are not
+    # (the workers' machines are elsewhere), but the broker must answer.
+    broker = os.environ.get("NEXUS_EVAL_BROKER") or None
+    tasks = None if broker else spec.tasks.load()
+    refuse_unless_ready(preflight(tasks, db_url=db_url(db), broker=broker, check_broker=True), "nothing was submitted")
     app = celery_app(db)
     try:
         job_id, n = submit_job(open_db(db), spec, app=app)
@@ -158,6 +166,8 @@ def run(
     spec = _job_spec(file, flags, what="nothing was run")
     from rich.console import Console
 
+    from nexus_eval.commands._preflight import build_or_fail, print_failure_reasons, refuse_unless_ready
+    from nexus_eval.readiness import preflight
     from workers.compare import compare_jobs
     from workers.compare_render import render
     from workers.embedded import EmbeddedWorker, watch_job
@@ -165,6 +175,11 @@ def run(
 
     console = Console(stderr=True)
     url = db_url(db)
+    # every backend drives containers: refuse (exit 2, nothing stored) what cannot work here, and build
+    # what is only missing (the base image, local task images) before the job exists
+    checks = preflight(spec.tasks.load(), db_url=url)
+    refuse_unless_ready(checks, "nothing was stored")
+    build_or_fail(checks, console)
     database = open_db(url)
     job_id, n = submit_job(database, spec, app=celery_app(url, embedded=True))
     console.print(f"job {job_id}: {n} episodes; embedded worker on {url}")
@@ -174,11 +189,13 @@ def run(
     with EmbeddedWorker(url, log_file=log_file) as worker:
         finished = watch_job(database, job_id, worker=worker, timeout=timeout, console=console)
     if not finished:
+        print_failure_reasons(database, job_id, console)  # the episodes that did end, and why
         where = f" (worker log: {log_file})" if log_file else ""
         fail(f"job {job_id} did not finish{where}; `nexus-eval status {job_id}` shows where it stopped", 1)
     with database.session() as s:
         table = compare_jobs(s, [job_id])
     typer.echo(render(table, fmt))
+    print_failure_reasons(database, job_id, console)
 
 
 def worker(

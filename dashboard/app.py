@@ -1,0 +1,145 @@
+"""The dashboard's FastAPI app: the factory, the token guard, error pages, and the two write actions.
+
+Pages (``dashboard.pages``) read through a read-only engine (``dashboard.readonly``); only cancel and
+rerun-failed open the normal read-write database, and they do exactly what ``nexus-eval cancel JOB`` and
+``nexus-eval rerun JOB --failed`` do (``workers.tasks.cancel``, ``db.store.rerun_job`` + ``enqueue_episode``).
+Errors are HTML pages (JSON under ``/api/``) that never show a traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from fastapi.staticfiles import StaticFiles
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from dashboard import pages
+from dashboard.auth import COOKIE, Access
+from dashboard.context import Context, NotFound, job_id_of
+from dashboard.readonly import open_readonly
+from dashboard.render import STATIC, render
+
+log = logging.getLogger(__name__)
+SECURITY_HEADERS = {
+    # everything is served from here: no inline or foreign script. Charts' <image> tiles are data: URIs and SVG
+    # charts carry inline styles; 'unsafe-eval' only because browser test drivers (Playwright's wait_for_function)
+    # evaluate their predicates with eval; live.js never evaluates text
+    "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; style-src 'self' 'unsafe-inline'; "
+    "script-src 'self' 'unsafe-eval'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",  # never to another site (a ?token= URL); same-origin keeps Origin on forms
+}
+TITLES = {400: "Bad request", 401: "Token needed", 403: "Forbidden", 404: "Not found", 405: "Method not allowed"}
+
+
+def error_page(request: Request, status: int, detail: str) -> Response:
+    """The error answer: JSON ``{"error"}`` under /api/, else the error page; never a traceback."""
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    if request.url.path.startswith("/api/"):
+        return JSONResponse({"error": detail}, status_code=status, headers=headers)
+    title = TITLES.get(status, "Internal error" if status >= 500 else "Error")
+    body = render("error.html", inline_style=True, title=title, detail=detail)
+    return HTMLResponse(body, status_code=status, headers=headers)
+
+
+def _default_celery(db_url: str) -> Callable[[], Any]:
+    """The Celery app the CLI's ``cancel``/``rerun`` would use: the environment's settings, this database."""
+
+    def make() -> Any:
+        from workers.app import ServiceSettings, get_app
+
+        return get_app(ServiceSettings.from_env().model_copy(update={"db_url": db_url}))
+
+    return make
+
+
+def create_app(db_url: str, *, token: str | None, public: bool, celery_app: Callable[[], Any] | None = None) -> FastAPI:
+    """The dashboard over the results database at ``db_url``.
+
+    ``public``: the server listens beyond loopback, so every request needs ``token`` (required then).
+    ``celery_app``: builds the Celery app the write actions enqueue/revoke through (default: the environment's,
+    as the CLI builds it). Raises ``dashboard.readonly.DatabaseUnavailable`` when the database cannot be read.
+    """
+    if public and not token:
+        raise ValueError("a dashboard reachable from the network needs a token")
+    ctx = Context(db_url, open_readonly(db_url), celery_app or _default_celery(db_url))
+    access = Access(token, public)
+    app = FastAPI(title="nexus-eval dashboard", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.ctx = ctx
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")
+
+    @app.middleware("http")
+    async def guard(request: Request, call_next: Callable[[Request], Any]) -> Response:
+        decision = access.decide(request)
+        if decision.status is not None:
+            response = error_page(request, decision.status, decision.reason)
+        else:
+            response = await call_next(request)
+            if decision.set_cookie and token:
+                response.set_cookie(COOKIE, token, httponly=True, samesite="strict", path="/")
+        response.headers.update(SECURITY_HEADERS)
+        return response
+
+    @app.exception_handler(NotFound)
+    async def not_found(request: Request, exc: NotFound) -> Response:
+        return error_page(request, 404, exc.what)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        detail = f"nothing at {request.url.path}" if exc.status_code == 404 else str(exc.detail)
+        return error_page(request, exc.status_code, detail)
+
+    @app.exception_handler(RequestValidationError)
+    async def bad_request(request: Request, exc: RequestValidationError) -> Response:
+        fields = ", ".join(".".join(str(p) for p in e.get("loc", ())) for e in exc.errors())
+        return error_page(request, 400, f"bad request parameter(s): {fields}")
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, exc: Exception) -> Response:
+        log.exception("error serving %s %s", request.method, request.url.path)
+        return error_page(request, 500, "the dashboard hit an error; the server's log has the details")
+
+    pages.register(app, ctx)
+    _register_actions(app, ctx)
+    return app
+
+
+def _register_actions(app: FastAPI, ctx: Context) -> None:
+    """The two POST forms of the job page; each answers with a redirect back to the job page (303)."""
+
+    @app.post("/jobs/{job_id}/cancel")
+    def cancel(job_id: str) -> Response:
+        from workers.tasks import cancel as cancel_job
+
+        full_id = job_id_of(ctx, job_id)
+        revoked = cancel_job(ctx.database(), full_id, app=ctx.celery_factory())
+        return RedirectResponse(f"/jobs/{full_id}?notice=cancelled&n={len(revoked)}", status_code=303)
+
+    @app.post("/jobs/{job_id}/rerun-failed")
+    def rerun_failed(request: Request, job_id: str) -> Response:
+        from db import store as db_store
+        from db.models import FAILED_STATUSES
+        from workers.tasks import enqueue_episode
+
+        full_id = job_id_of(ctx, job_id)
+        database = ctx.database()
+        with database.session() as s:
+            new_ids = [r.id for r in db_store.rerun_job(s, full_id, sorted(FAILED_STATUSES))]
+        if new_ids:
+            celery = ctx.celery_factory()
+            try:
+                for episode_id in new_ids:
+                    enqueue_episode(database, episode_id, app=celery)
+            except Exception as exc:  # the attempts are stored (queued): the nexus.resume_job task sends them later
+                log.exception("enqueueing reruns of job %s", full_id)
+                detail = (
+                    f"{len(new_ids)} new attempts are stored (queued) but could not all be sent to the queue: {exc}; "
+                    "the Celery task nexus.resume_job sends a job's queued episodes once the broker is reachable"
+                )
+                return error_page(request, 503, detail)
+        return RedirectResponse(f"/jobs/{full_id}?notice=rerun&n={len(new_ids)}", status_code=303)

@@ -1,0 +1,280 @@
+"""Read-only data access for the dashboard: plain dataclasses out of the results database.
+
+Every function takes a Session (the read-only one of :mod:`dashboard.readonly`) and returns objects that no
+longer need it, so templates never touch the ORM (no lazy loads after the session closed, no writes). Bad
+ids raise ``LookupError`` with the store's wording ("no job with id 'x'"), which the app turns into a 404.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, defer
+
+from db import store as db_store
+from db.models import Episode, Turn
+from env.grading.hostlog import unpack
+from workers.compare import CompareTable, cell_outcomes, compare_jobs, outcomes_from_episodes
+
+# env.grading.hostlog's packing of large grading logs (``pack``); read here without importing env.grading,
+# whose package pulls in Docker. tests/dashboard/test_app_unit.py checks the two stay in step.
+SHORT_TURN_CHARS = 1500  # a turn whose texts are shorter than this is shown open
+MAX_SHOWN_CHARS = 20_000  # one observation / thought on the page; `nexus-eval inspect --json` has it whole
+MAX_LOG_CHARS = 200_000  # the grading log's tail (the test results are at its end)
+
+
+@dataclass
+class JobRow:
+    id: str
+    name: str | None
+    status: str
+    created_at: datetime
+    total: int
+    finished: int
+    counts: dict[str, int]
+    error: str | None = None
+    config: dict[str, Any] = field(default_factory=dict)
+    git_revision: str | None = None
+
+    @property
+    def live(self) -> bool:
+        """Whether the page should keep polling: the job may still change by itself."""
+        return self.status in ("pending", "running")
+
+
+@dataclass
+class EpisodeRow:
+    id: str
+    task_id: str
+    method: str
+    scope: str
+    protocol: str
+    seed: int
+    attempt: int
+    status: str
+
+
+@dataclass
+class TurnView:
+    index: int
+    action: dict[str, Any] | None
+    action_name: str
+    action_json: str
+    format_error: bool
+    thought: str
+    observation: str
+    completion: str
+    intervened: bool
+    tokens_appended: int
+    tokens_generated: int
+    logical_length: int
+    physical_before: dict[str, float] | None
+    physical_after: dict[str, float] | None
+    eviction_events: int
+    cache_bytes: int | None
+    prefill_s: float
+    decode_s: float
+    tokens_per_s: float | None
+
+    @property
+    def is_short(self) -> bool:
+        return len(self.thought) + len(self.observation) + len(self.action_json) <= SHORT_TURN_CHARS
+
+    @property
+    def divergence_key(self) -> tuple[bool, str]:
+        """What two trajectories must share at a turn to count as not yet diverged: the parsed call (name and
+        arguments) and whether the completion was a format error."""
+        return self.format_error, json.dumps(self.action, sort_keys=True)
+
+
+@dataclass
+class EpisodeView:
+    row: EpisodeRow
+    job_id: str
+    exit_status: str | None
+    error: str | None
+    n_turns: int | None
+    generated_tokens: int | None
+    peak_cache_bytes: int | None
+    agent_s: float | None
+    patch: str | None
+    test_log: str
+    test_log_cut: int  # characters left off the front of the shown log
+    grader: str | None
+    grader_version: str | None
+    retention: dict[str, Any] | None
+    turns: list[TurnView]
+    siblings: list[EpisodeRow]
+
+
+@dataclass
+class CompareView:
+    table: CompareTable
+    # (scope, protocol, method, task) -> [(episode id, status)] ordered by seed, exactly as table.grid's statuses
+    links: dict[tuple[str, str, str, str], list[tuple[str, str]]]
+
+
+def _job_row(session: Session, job: Any) -> JobRow:
+    summary = db_store.job_summary(session, job.id)
+    return JobRow(
+        job.id, job.name, job.status, job.created_at, summary.total, summary.finished, summary.counts,
+        job.error, job.config or {}, job.git_revision,
+    )  # fmt: skip
+
+
+def list_jobs(session: Session, *, limit: int = 100) -> list[JobRow]:
+    """The newest ``limit`` jobs, newest first, with their progress."""
+    return [_job_row(session, job) for job in db_store.list_jobs(session, limit=limit)]
+
+
+def job(session: Session, job_id: str) -> JobRow:
+    """One job (id or unique prefix)."""
+    return _job_row(session, db_store.get_job(session, job_id))
+
+
+def progress(session: Session, job_id: str) -> dict[str, Any]:
+    """What live.js polls: ``{"job_id", "status", "total", "finished", "counts"}``."""
+    row = job(session, job_id)
+    return {"job_id": row.id, "status": row.status, "total": row.total, "finished": row.finished, "counts": row.counts}
+
+
+def _episode_row(e: Any) -> EpisodeRow:
+    return EpisodeRow(e.id, e.task_id, e.method, e.scope, e.protocol, e.seed, e.attempt, e.status)
+
+
+def job_episodes(session: Session, job_id: str) -> list[EpisodeRow]:
+    """The newest attempt of each of the job's episodes, by key."""
+    return [_episode_row(e) for e in db_store.latest_attempts(session, [job_id])]
+
+
+def compare_view(session: Session, job_id: str) -> CompareView:
+    """``compare_jobs`` for one job, plus the episode behind every status of its per-task grid."""
+    table = compare_jobs(session, [job_id])
+    episodes = db_store.latest_attempts(session, table.job_ids)
+    outcomes = outcomes_from_episodes(episodes)
+    by_outcome = {
+        (o.task_id, o.method, o.scope, o.protocol, o.seed): e.id for o, e in zip(outcomes, episodes, strict=True)
+    }
+    links: dict[tuple[str, str, str, str], list[tuple[str, str]]] = {}
+    for scope, protocol, method in table.grid:
+        # the grid's dense column may reuse another cell's dense episodes: ask compare which ones it used
+        mine = cell_outcomes(outcomes, scope, protocol, method)
+        per_task: dict[str, list[tuple[str, str]]] = defaultdict(list)
+        for o in sorted(mine, key=lambda o: o.seed):
+            per_task[o.task_id].append((by_outcome[(o.task_id, o.method, o.scope, o.protocol, o.seed)], o.status))
+        for task, items in per_task.items():
+            links[(scope, protocol, method, task)] = items
+    return CompareView(table, links)
+
+
+def _clip(text: str | None) -> str:
+    text = text or ""
+    if len(text) <= MAX_SHOWN_CHARS:
+        return text
+    return text[:MAX_SHOWN_CHARS] + f"\n… ({len(text) - MAX_SHOWN_CHARS} more characters: nexus-eval inspect --json)"
+
+
+def _turn_view(t: Turn) -> TurnView:
+    extra = t.extra or {}
+    action = t.action
+    return TurnView(
+        index=t.index,
+        action=action,
+        action_name=(action or {}).get("name") or "(no call)",
+        action_json=json.dumps(action, indent=2, ensure_ascii=False) if action is not None else "",
+        format_error=bool(extra.get("format_error", action is None)),
+        thought=_clip(t.thought),
+        observation=_clip(t.observation),
+        completion=_clip(t.completion) if action is None else "",
+        intervened=bool(extra.get("intervened")),
+        tokens_appended=t.tokens_appended or 0,
+        tokens_generated=t.tokens_generated or 0,
+        logical_length=t.logical_length or 0,
+        physical_before=t.physical_before,
+        physical_after=t.physical_after,
+        eviction_events=t.eviction_events or 0,
+        cache_bytes=t.cache_bytes,
+        prefill_s=t.prefill_s or 0.0,
+        decode_s=t.decode_s or 0.0,
+        tokens_per_s=t.tokens_per_s,
+    )
+
+
+def siblings(session: Session, e: Episode) -> list[EpisodeRow]:
+    """The newest attempts of the same job, task and seed under the other methods / scopes / protocols."""
+    rows = session.execute(
+        select(Episode).where(Episode.job_id == e.job_id, Episode.task_id == e.task_id, Episode.seed == e.seed)
+    ).scalars()
+    newest: dict[str, Episode] = {}
+    for r in rows:
+        if r.episode_key == e.episode_key:
+            continue
+        if r.episode_key not in newest or r.attempt > newest[r.episode_key].attempt:
+            newest[r.episode_key] = r
+    return [_episode_row(r) for _, r in sorted(newest.items())]
+
+
+def episode(session: Session, episode_id: str) -> EpisodeView:
+    """One episode (id or unique prefix) with its turns, patch, grading log and siblings."""
+    e = db_store.get_episode(session, episode_id)
+    # not the token streams (Turn.tokens, the largest column): the page shows text and telemetry only
+    turns = session.execute(
+        select(Turn).where(Turn.episode_id == e.id).order_by(Turn.index).options(defer(Turn.tokens))
+    ).scalars()
+    log = unpack(e.test_log)
+    cut = max(0, len(log) - MAX_LOG_CHARS)
+    return EpisodeView(
+        row=_episode_row(e),
+        job_id=e.job_id,
+        exit_status=e.exit_status,
+        error=e.error,
+        n_turns=e.n_turns,
+        generated_tokens=e.generated_tokens,
+        peak_cache_bytes=e.peak_cache_bytes,
+        agent_s=e.agent_s,
+        patch=e.patch,
+        test_log=log[cut:],
+        test_log_cut=cut,
+        grader=e.grader,
+        grader_version=e.grader_version,
+        retention=getattr(e, "retention", None),  # episodes.retention (migration 0003); None before it
+        turns=[_turn_view(t) for t in turns],
+        siblings=siblings(session, e),
+    )
+
+
+def divergence(a: list[TurnView], b: list[TurnView]) -> int | None:
+    """The first turn index where two trajectories differ (call, format error, or one has ended); None if equal."""
+    for i in range(max(len(a), len(b))):
+        if i >= len(a) or i >= len(b) or a[i].divergence_key != b[i].divergence_key:
+            return i
+    return None
+
+
+def method_curves(session: Session, job_id: str) -> dict[tuple[str, str], dict[str, list[tuple[int, float, float]]]]:
+    """Per (scope, protocol) and method, per turn: (turn, mean physical slots after eviction, mean eviction
+    events), averaged over the job's newest attempts that reached that turn. Only telemetry columns are read."""
+    episodes = {e.id: e for e in db_store.latest_attempts(session, [db_store.get_job(session, job_id).id])}
+    if not episodes:
+        return {}
+    query = select(Turn.episode_id, Turn.index, Turn.physical_after, Turn.eviction_events).where(
+        Turn.episode_id.in_(list(episodes))
+    )
+    sums: dict[tuple[str, str, str, int], list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0, 0.0])
+    for episode_id, index, physical, events in session.execute(query):
+        e = episodes[episode_id]
+        acc = sums[(e.scope, e.protocol, e.method, index)]
+        if physical and physical.get("mean") is not None:
+            acc[0] += float(physical["mean"])
+            acc[1] += 1
+        acc[2] += events or 0
+        acc[3] += 1
+    out: dict[tuple[str, str], dict[str, list[tuple[int, float, float]]]] = defaultdict(lambda: defaultdict(list))
+    for (scope, protocol, method, index), (slots, n_slots, events, n) in sorted(sums.items()):
+        out[(scope, protocol)][method].append((index, slots / n_slots if n_slots else float("nan"), events / n))
+    return {k: dict(v) for k, v in out.items()}

@@ -1,0 +1,116 @@
+"""Templates and what they show: one Jinja2 environment for the server's pages and the standalone report.
+
+The environment autoescapes everything (every string from the database is text to show, never markup);
+the only markup passed in is the charts' SVG, wrapped in ``Markup`` where it is made. The pages and the
+report include the same partials (``_compare.html``), so the compare table's markup exists once.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+from markupsafe import Markup
+
+from workers.compare import Cell, CompareTable
+from workers.compare_render import LEGEND, REPLAY_CAPTION, REPLAY_HEADER, SYMBOLS, cell_text, replay_text
+
+TEMPLATES = Path(__file__).with_name("templates")
+STATIC = Path(__file__).with_name("static")
+
+
+def num(x: float | None) -> str:
+    """A float for a data attribute: ``repr`` (exact round trip, as JSON writes it) or '' for None."""
+    return "" if x is None else repr(float(x))
+
+
+def when(dt: datetime | None) -> str:
+    return "" if dt is None else f"{dt:%Y-%m-%d %H:%M} UTC"
+
+
+def symbol(status: str) -> str:
+    """The CLI grid's symbol for a status (``…`` for anything still pending)."""
+    return SYMBOLS.get(status, "…")
+
+
+def diff_lines(patch: str | None) -> list[tuple[str, str]]:
+    """(css class, line) per line of a unified diff: add / del / hunk / file (headers) / ctx."""
+    out = []
+    for line in (patch or "").splitlines():
+        if line.startswith(("+++", "---", "diff --git", "index ", "new file", "deleted file")):
+            cls = "file"
+        elif line.startswith("@@"):
+            cls = "hunk"
+        elif line.startswith("+"):
+            cls = "add"
+        elif line.startswith("-"):
+            cls = "del"
+        else:
+            cls = "ctx"
+        out.append((cls, line))
+    return out
+
+
+def cell_view(scope: str, protocol: str, cell: Cell) -> dict[str, Any]:
+    """One compare cell: the exact numbers of ``CompareTable.to_dict()`` as data attributes, and the CLI's text."""
+    return {
+        "scope": scope,
+        "protocol": protocol,
+        "method": cell.method,
+        "n": cell.n,
+        "resolved": cell.resolved,
+        "rate": num(cell.rate),
+        "ci_low": num(cell.ci_low),
+        "ci_high": num(cell.ci_high),
+        "p_value": num(cell.p_value),
+        "lines": cell_text(cell, multiline=True).split("\n"),
+    }
+
+
+def compare_rows(table: CompareTable) -> list[dict[str, Any]]:
+    rows = []
+    for r in table.rows:
+        cells = [cell_view(r.scope, r.protocol, r.cells[m]) for m in table.methods]
+        rows.append({"scope": r.scope, "protocol": r.protocol, "cells": cells})
+    return rows
+
+
+def replay_rows(table: CompareTable) -> list[list[str]]:
+    return [replay_text(r) for r in table.replay]
+
+
+def _environment() -> Environment:
+    env = Environment(
+        loader=FileSystemLoader(TEMPLATES),
+        autoescape=select_autoescape(default=True, default_for_string=True),
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters.update(num=num, when=when, symbol=symbol)
+    env.globals.update(
+        diff_lines=diff_lines,
+        compare_rows=compare_rows,
+        replay_rows=replay_rows,
+        LEGEND=LEGEND,
+        REPLAY_CAPTION=REPLAY_CAPTION,
+        REPLAY_HEADER=REPLAY_HEADER,
+    )
+    return env
+
+
+ENV = _environment()
+
+
+def render(template: str, *, standalone: bool = False, inline_style: bool = False, **context: Any) -> str:
+    """A page. ``standalone=True`` (the report) inlines the stylesheet and leaves out every server link;
+    ``inline_style=True`` (error pages) only inlines the stylesheet, so a page refused for want of a token
+    does not fetch /static/style.css, which would be refused too."""
+    css = Markup((STATIC / "style.css").read_text(encoding="utf-8")) if standalone or inline_style else None
+    return ENV.get_template(template).render(standalone=standalone, inline_css=css, **context)
+
+
+def svg(markup: str) -> Markup:
+    """Chart SVG made by :mod:`dashboard.charts` (our own markup, never database text), marked safe."""
+    return Markup(markup)

@@ -1,0 +1,53 @@
+"""``nexus-eval report``: one job's results as a single self-contained HTML file.
+
+The same templates, partials and charts as the server's compare page (``render(..., standalone=True)``),
+with the stylesheet inlined and nothing that points anywhere: no link to the server, no script, no external
+URL, charts as inline SVG. It opens from a mail attachment or a file share years later as it did today.
+Per-method plots come on top of the compare table: the mean KV slots after eviction and the eviction events
+per turn, averaged over the job's episodes, one panel per scope x protocol row.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sqlalchemy.orm import Session
+
+from dashboard import charts, queries
+from dashboard.readonly import check_schema, readonly_engine
+from dashboard.render import render, svg
+from db.models import utcnow
+from db.store import get_job
+from workers.compare import compare_jobs
+
+
+def report_html(session: Session, job_id: str) -> str:
+    """The report of job ``job_id`` (id or unique prefix); ``LookupError`` when there is no such job."""
+    full_id = get_job(session, job_id).id
+    job = queries.job(session, full_id)
+    table = compare_jobs(session, [full_id])
+    curves = queries.method_curves(session, full_id)
+    rows = [(r.scope, r.protocol) for r in table.rows]
+    method_charts = [(title, svg(chart)) for title, chart in charts.method_charts(curves, rows, table.methods)]
+    return render(
+        "report.html",
+        standalone=True,
+        job=job,
+        table=table,
+        chart=svg(charts.compare_chart(table)),
+        method_charts=method_charts,
+        written=utcnow(),
+    )
+
+
+def write_report(db_url: str, job_id: str, output: Path) -> Path:
+    """Write the report of ``job_id`` from the database at ``db_url`` (read-only) to ``output``."""
+    engine = readonly_engine(db_url)
+    try:
+        check_schema(engine)
+        with Session(engine) as session:
+            html = report_html(session, job_id)
+    finally:
+        engine.dispose()
+    output.write_text(html, encoding="utf-8")
+    return output

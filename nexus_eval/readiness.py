@@ -1,0 +1,278 @@
+"""What a job needs before it runs, as typed checks: one list for `nexus-eval doctor`, and the subset a verb
+needs for the preflight of `run`, `submit` and `episode`.
+
+Why a preflight at all: an episode that cannot reach Docker fails inside the worker as ``infra_failure``,
+so a job on a machine without an engine used to "finish" in seconds with a table of ``!`` cells and the
+reason only in the database. Checking first costs a ping and a few image lookups, and a refused job stores
+and enqueues nothing.
+
+Every check returns a :class:`Check` and never raises; heavy imports stay inside the functions.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from env.tasks import Task
+
+SETUP = "nexus-eval setup"
+# (distribution, module): the dependencies a job imports on its way through the worker
+PACKAGES = [
+    ("torch", "torch"),
+    ("transformers", "transformers"),
+    ("celery", "celery"),
+    ("sqlalchemy", "sqlalchemy"),
+    ("alembic", "alembic"),
+    ("docker", "docker"),
+    ("swebench", "swebench"),
+    ("redis", "redis"),
+    ("psycopg", "psycopg"),
+    ("datasets", "datasets"),
+]
+
+
+@dataclass(frozen=True)
+class Check:
+    """One thing a job needs (``required``) or may use, whether it is there, and the command that fixes it.
+
+    ``build``: ready, but an image has to be built first (`run` and `setup` do that; it takes time)."""
+
+    name: str
+    ok: bool
+    required: bool
+    detail: str
+    fix: str = ""
+    build: bool = False
+
+    @property
+    def status(self) -> str:
+        if self.ok:
+            return "buildable" if self.build else "ok"
+        return "missing" if self.required else "optional-missing"
+
+
+def package_checks() -> list[Check]:
+    """Each dependency imported for real (a broken install fails here, not in the worker), with its version."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    checks = []
+    for dist, module in PACKAGES:
+        try:
+            importlib.import_module(module)
+            checks.append(Check(f"python: {dist}", True, True, version(dist)))
+        except (ImportError, PackageNotFoundError, OSError) as exc:
+            detail = f"{type(exc).__name__}: {exc}".splitlines()[0]
+            checks.append(Check(f"python: {dist}", False, True, detail, "pip install -e ."))
+    return checks
+
+
+def engine_check() -> Check:
+    from env.engine import engine_state
+
+    state = engine_state()
+    if state.answering:
+        return Check("docker engine", True, True, f"Docker {state.version} at {state.host}")
+    return Check("docker engine", False, True, f"no engine answers at {state.host}: {state.reason}", SETUP)
+
+
+def lookup_client() -> Any:
+    """A docker-py client with a short timeout for lookups (None when no engine answers)."""
+    import docker
+
+    try:
+        client = docker.from_env(timeout=30)
+        client.ping()
+    except Exception:  # no engine: the engine check says why
+        return None
+    return client
+
+
+def base_image_check(client: Any, tag: str | None = None) -> Check:
+    """Present, or buildable here (debootstrap on PATH), or neither."""
+    from env.images import BASE_IMAGE_TAG, image_exists
+
+    tag = tag or BASE_IMAGE_TAG
+    name = "base image"
+    if client is None:
+        return Check(name, False, True, f"{tag}: unknown until a Docker engine answers", SETUP)
+    if image_exists(client, tag):
+        return Check(name, True, True, f"{tag} ({client.images.get(tag).short_id.removeprefix('sha256:')})")
+    if shutil.which("debootstrap"):
+        return Check(name, True, True, f"{tag} not built yet; debootstrap is installed (about a minute)", SETUP, True)
+    return Check(name, False, True, f"{tag} is missing and debootstrap (which builds it) is not on PATH", SETUP)
+
+
+def task_images_check(tasks: list[Task], client: Any, base: Check) -> tuple[Check, list[Task]]:
+    """One row for the tasks' images, and the local tasks whose image must be built first. A local task's
+    image is built from the base image; a SWE-bench / R2E image must already be here (never pulled)."""
+    from env.images import task_images
+
+    name = f"task images ({len(tasks)})"
+    if client is None:
+        return Check(name, False, True, "unknown until a Docker engine answers", SETUP), []
+    states = task_images(tasks, client)
+    by_id = {t.instance_id: t for t in tasks}
+    build = [by_id[s.task_id] for s in states if s.buildable and not s.present]
+    absent = [s for s in states if not s.buildable and not s.present]
+    present = sum(s.present for s in states)
+    parts = [f"{present}/{len(states)} present"]
+    if build:
+        parts.append(f"{len(build)} to build from the base image ({_few([t.instance_id for t in build])})")
+    if absent:
+        names = _few([s.image or f"{s.task_id} (no docker_image)" for s in absent])
+        parts.append(f"{len(absent)} registry image(s) missing, never pulled here: {names}")
+        fix = (
+            "where it can be pulled: `docker pull IMAGE && docker save IMAGE | gzip > i.tgz`; here: "
+            "`docker load < i.tgz`"
+        )
+        return Check(name, False, True, "; ".join(parts), fix), build
+    if build and not base.ok:
+        return Check(name, False, True, "; ".join(parts) + "; the base image cannot be built", base.fix), build
+    return Check(name, True, True, "; ".join(parts), SETUP if build else "", bool(build)), build
+
+
+def _few(names: list[str], n: int = 3) -> str:
+    return ", ".join(names[:n]) + (f" and {len(names) - n} more" if len(names) > n else "")
+
+
+def broker_check(url: str | None, *, required: bool = True) -> Check:
+    """The embedded SQLite broker needs nothing; a Redis broker must answer a PING within 2 s. (`doctor` passes
+    ``required=False``: `run` always uses the embedded broker; `submit` and `worker` need this one.)"""
+    if not url:
+        return Check("broker", True, required, "embedded SQLite broker beside the database ($NEXUS_EVAL_BROKER unset)")
+    if not url.startswith(("redis://", "rediss://")):
+        return Check("broker", True, required, f"{url}: not checked (only redis:// brokers are)")
+    import redis
+
+    fix = "start Redis there (e.g. `docker compose up -d redis`), or unset NEXUS_EVAL_BROKER and use `nexus-eval run`"
+    try:
+        redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=2).ping()
+    except Exception as exc:  # redis raises ConnectionError, TimeoutError, AuthenticationError, ...
+        detail = f"Redis at {url} does not answer: {exc}" + ("" if required else " (submit and worker need it)")
+        return Check("broker", False, required, detail, fix)
+    return Check("broker", True, required, f"Redis at {url} answers")
+
+
+def database_check(url: str) -> Check:
+    """Reachable, and at a schema revision this version knows (older ones migrate on first use). A SQLite
+    file that does not exist yet is fine if its folder can be created: nothing is written here."""
+    from sqlalchemy.engine import make_url
+
+    from db.connection import MIGRATIONS_DIR, current_revision, head_revision
+
+    fix = "set NEXUS_EVAL_DB (or --db) to a writable SQLite path or a reachable postgresql+psycopg:// URL"
+    try:
+        parsed = make_url(url)
+        if parsed.get_backend_name() == "sqlite":
+            path = Path(parsed.database or "")
+            if not parsed.database or not path.exists():
+                folder = next(p for p in [path.parent, *path.parent.parents] if p.exists())
+                if not folder.is_dir() or not os.access(folder, os.W_OK):
+                    return Check("database", False, True, f"{path}: cannot create it in {folder}", fix)
+                return Check("database", True, True, f"{path} (created on first use)")
+        elif "connect_timeout" not in parsed.query:
+            parsed = parsed.update_query_dict({"connect_timeout": "3"})
+        revision = current_revision(parsed.render_as_string(hide_password=False))
+    except Exception as exc:  # any driver error means "not reachable"; the message says which
+        return Check("database", False, True, f"{_safe(url)}: {type(exc).__name__}: {exc}".splitlines()[0], fix)
+    head = head_revision()
+    if revision == head:
+        return Check("database", True, True, f"{_safe(url)} (schema at {head})")
+    from alembic.script import ScriptDirectory
+
+    if revision is not None and revision not in {
+        s.revision for s in ScriptDirectory(str(MIGRATIONS_DIR)).walk_revisions()
+    }:
+        detail = f"{_safe(url)}: schema revision {revision} is unknown to this version (a newer nexus-eval wrote it)"
+        return Check("database", False, True, detail, "pip install -e . from a newer checkout, or use another database")
+    return Check("database", True, True, f"{_safe(url)} (schema {revision or 'empty'} -> {head} on first use)")
+
+
+def _safe(url: str) -> str:
+    from sqlalchemy.engine import make_url
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # not a URL at all: show it as given
+        return url
+
+
+def gpu_check() -> Check:
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            names = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+            return Check("gpu", True, False, f"{len(names)} CUDA device(s): {_few(names)}")
+        detail = f"torch {torch.__version__} sees no CUDA device (the tiny model runs on CPU)"
+    except Exception as exc:  # a broken torch is reported by the package rows
+        detail = f"{type(exc).__name__}: {exc}".splitlines()[0]
+    return Check("gpu", False, False, detail, "only for real models: a machine with an NVIDIA GPU and a CUDA torch")
+
+
+def flash_attn_check() -> Check:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        importlib.import_module("flash_attn")
+        return Check("flash-attn", True, False, version("flash-attn"))
+    except (ImportError, PackageNotFoundError, OSError) as exc:
+        detail = f"not importable ({type(exc).__name__}); sdpa attention is used instead"
+        return Check("flash-attn", False, False, detail, 'pip install -e ".[gpu]"  (needs CUDA to build)')
+
+
+@dataclass
+class Preflight:
+    """The checks one verb needs, and the images a run builds before starting (base, then local tasks)."""
+
+    checks: list[Check]
+    build_base: bool = False
+    build_tasks: list[Task] = field(default_factory=list)
+
+    @property
+    def failures(self) -> list[Check]:
+        return [c for c in self.checks if c.required and not c.ok]
+
+
+def container_checks(tasks: list[Task]) -> Preflight:
+    """Engine, base image (when a task is local) and the tasks' images."""
+    engine = engine_check()
+    client = lookup_client() if engine.ok else None
+    checks = [engine]
+    base = Check("base image", True, True, "not needed (no local task)")
+    if any(t.kind == "local" for t in tasks):
+        base = base_image_check(client)
+        checks.append(base)
+    images, build = task_images_check(tasks, client, base)
+    checks.append(images)
+    return Preflight(checks, build_base=base.build, build_tasks=build)
+
+
+def preflight(
+    tasks: list[Task] | None, *, db_url: str | None = None, broker: str | None = None, check_broker: bool = False
+) -> Preflight:
+    """The preflight of a verb: containers for ``tasks`` (None: not run here), the database at ``db_url``
+    (None: not used), and the broker when ``check_broker``."""
+    result = container_checks(tasks) if tasks is not None else Preflight([])
+    if check_broker:
+        result.checks.append(broker_check(broker))
+    if db_url is not None:
+        result.checks.append(database_check(db_url))
+    return result
+
+
+def doctor_checks(db_url: str, suite: str = "mini") -> list[Check]:
+    """Everything `nexus-eval doctor` shows: packages, the containers of ``suite``, broker, database, GPU."""
+    from env.tasks import load_suite
+
+    checks = package_checks()
+    checks += container_checks(load_suite(suite)).checks
+    checks.append(broker_check(os.environ.get("NEXUS_EVAL_BROKER") or None, required=False))
+    checks.append(database_check(db_url))
+    return [*checks, gpu_check(), flash_attn_check()]

@@ -1,0 +1,64 @@
+"""The hf backend's final cache (``HFBackend.retention``): the carried cache under true_eviction, the last fed
+turn's under full_context, None before anything was fed; ``run_episode`` stores it on the result."""
+
+from __future__ import annotations
+
+import pytest
+
+import nexus
+from agent_runner.backends.hf import HFBackend
+from agent_runner.backends.replay import ReplayModel
+from agent_runner.config import AgentConfig
+from agent_runner.episode_core import run_episode
+from agent_runner.model_host import ModelSpec, load_host
+from agent_runner.records import Message
+from agent_runner.sampling import SamplingConfig
+from tests.agent.conftest import RecordingEnvironment, TinyTask
+
+SYSTEM = "You are a careful software engineer. " * 20
+ISSUE = "The parser drops the last field of every row when the line ends with a comma. " * 8
+
+
+@pytest.fixture(scope="module")
+def host():
+    return load_host(ModelSpec(name="tiny", seed=0))
+
+
+def _backend(host, protocol, method="snapkv"):
+    cfg = nexus.EvictionConfig(method=method, scope="prefill_decode")
+    return HFBackend(host, eviction=cfg, protocol=protocol, sampling=SamplingConfig(max_new_tokens=12))
+
+
+@pytest.mark.parametrize("protocol", ["true_eviction", "full_context"])
+def test_retention_is_the_last_fed_caches_even_after_a_full_context_window(host, protocol):
+    b = _backend(host, protocol)
+    b.reset(seed=0)
+    assert b.retention() is None
+    msgs = [Message(role="system", content=SYSTEM), Message(role="user", content=ISSUE)]
+    first = b.complete(msgs)
+    after_first = b.retention()
+    assert after_first["logical_length"] == first.logical_length
+    assert after_first == nexus.retention_runs(b.cache)
+    # the next call finds the window full: nothing is fed, and the final cache stays the first turn's
+    b.max_context_tokens = first.logical_length + 1
+    msgs += [Message(role="assistant", content=first.text), Message(role="user", content="Exit code: 0\n" * 20)]
+    second = b.complete(msgs)
+    assert second.extra.get("context_full") and second.tokens_generated == 0
+    assert b.retention() == after_first
+    b.reset(seed=0)
+    assert b.retention() is None
+
+
+def test_run_episode_stores_the_retention_map_read_before_the_next_reset(host):
+    b = _backend(host, "true_eviction")
+    replay = ReplayModel(["no call here"], then=b)  # a replayed prefix, then the live backend
+    result = run_episode(
+        TinyTask(),
+        replay,
+        agent_config=AgentConfig(max_steps=2, max_format_errors=None),
+        grade=False,
+        open_environment=lambda task, **kw: RecordingEnvironment(),
+    )
+    assert result.exit_status == "step_limit", result.error
+    assert result.retention is not None and result.retention == b.retention()
+    assert result.retention["logical_length"] == result.turns[-1].completion.logical_length
