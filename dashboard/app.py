@@ -2,7 +2,7 @@
 
 Pages (``dashboard.pages``) read through a read-only engine (``dashboard.readonly``); only cancel and
 rerun-failed open the normal read-write database, and they do exactly what ``nexus-eval cancel JOB`` and
-``nexus-eval rerun JOB --failed`` do (``workers.tasks.cancel``, ``db.store.rerun_job`` + ``enqueue_episode``).
+``nexus-eval rerun JOB --failed`` do (``workers.tasks.cancel``, ``workers.tasks.rerun``).
 Errors are HTML pages (JSON under ``/api/``) that never show a traceback.
 """
 
@@ -51,9 +51,9 @@ def _default_celery(db_url: str) -> Callable[[], Any]:
     """The Celery app the CLI's ``cancel``/``rerun`` would use: the environment's settings, this database."""
 
     def make() -> Any:
-        from workers.app import ServiceSettings, get_app
+        from workers.app import app_for_db
 
-        return get_app(ServiceSettings.from_env().model_copy(update={"db_url": db_url}))
+        return app_for_db(db_url)
 
     return make
 
@@ -122,24 +122,13 @@ def _register_actions(app: FastAPI, ctx: Context) -> None:
 
     @app.post("/jobs/{job_id}/rerun-failed")
     def rerun_failed(request: Request, job_id: str) -> Response:
-        from db import store as db_store
         from db.models import FAILED_STATUSES
-        from workers.tasks import enqueue_episode
+        from workers.tasks import NotEnqueued, rerun
 
         full_id = job_id_of(ctx, job_id)
-        database = ctx.database()
-        with database.session() as s:
-            new_ids = [r.id for r in db_store.rerun_job(s, full_id, sorted(FAILED_STATUSES))]
-        if new_ids:
-            celery = ctx.celery_factory()
-            try:
-                for episode_id in new_ids:
-                    enqueue_episode(database, episode_id, app=celery)
-            except Exception as exc:  # the attempts are stored (queued): the nexus.resume_job task sends them later
-                log.exception("enqueueing reruns of job %s", full_id)
-                detail = (
-                    f"{len(new_ids)} new attempts are stored (queued) but could not all be sent to the queue: {exc}; "
-                    "the Celery task nexus.resume_job sends a job's queued episodes once the broker is reachable"
-                )
-                return error_page(request, 503, detail)
+        try:
+            new_ids = rerun(ctx.database(), full_id, sorted(FAILED_STATUSES), app=ctx.celery_factory())
+        except NotEnqueued as exc:  # the attempts are stored (queued); nexus.resume_job sends them later
+            log.exception("enqueueing reruns of job %s", full_id)
+            return error_page(request, 503, str(exc))
         return RedirectResponse(f"/jobs/{full_id}?notice=rerun&n={len(new_ids)}", status_code=303)

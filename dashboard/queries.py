@@ -17,12 +17,11 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, defer
 
 from db import store as db_store
+from db.job_status import summarize
 from db.models import Episode, Turn
 from env.grading.hostlog import unpack
-from workers.compare import CompareTable, cell_outcomes, compare_jobs, outcomes_from_episodes
+from workers.compare import CompareTable, cell_outcomes, compare_jobs
 
-# env.grading.hostlog's packing of large grading logs (``pack``); read here without importing env.grading,
-# whose package pulls in Docker. tests/dashboard/test_app_unit.py checks the two stay in step.
 SHORT_TURN_CHARS = 1500  # a turn whose texts are shorter than this is shown open
 MAX_SHOWN_CHARS = 20_000  # one observation / thought on the page; `nexus-eval inspect --json` has it whole
 MAX_LOG_CHARS = 200_000  # the grading log's tail (the test results are at its end)
@@ -120,7 +119,7 @@ class CompareView:
 
 
 def _job_row(session: Session, job: Any) -> JobRow:
-    summary = db_store.job_summary(session, job.id)
+    summary = summarize(session, job)
     return JobRow(
         job.id, job.name, job.status, job.created_at, summary.total, summary.finished, summary.counts,
         job.error, job.config or {}, job.git_revision,
@@ -155,18 +154,12 @@ def job_episodes(session: Session, job_id: str) -> list[EpisodeRow]:
 def compare_view(session: Session, job_id: str) -> CompareView:
     """``compare_jobs`` for one job, plus the episode behind every status of its per-task grid."""
     table = compare_jobs(session, [job_id])
-    episodes = db_store.latest_attempts(session, table.job_ids)
-    outcomes = outcomes_from_episodes(episodes)
-    by_outcome = {
-        (o.task_id, o.method, o.scope, o.protocol, o.seed): e.id for o, e in zip(outcomes, episodes, strict=True)
-    }
     links: dict[tuple[str, str, str, str], list[tuple[str, str]]] = {}
     for scope, protocol, method in table.grid:
         # the grid's dense column may reuse another cell's dense episodes: ask compare which ones it used
-        mine = cell_outcomes(outcomes, scope, protocol, method)
         per_task: dict[str, list[tuple[str, str]]] = defaultdict(list)
-        for o in sorted(mine, key=lambda o: o.seed):
-            per_task[o.task_id].append((by_outcome[(o.task_id, o.method, o.scope, o.protocol, o.seed)], o.status))
+        for o in sorted(cell_outcomes(table.outcomes, scope, protocol, method), key=lambda o: o.seed):
+            per_task[o.task_id].append((o.episode_id, o.status))
         for task, items in per_task.items():
             links[(scope, protocol, method, task)] = items
     return CompareView(table, links)

@@ -82,15 +82,13 @@ def engine_check() -> Check:
 
 
 def lookup_client() -> Any:
-    """A docker-py client with a short timeout for lookups (None when no engine answers)."""
-    import docker
+    """The engine's docker-py client for image lookups (None when no engine answers: the engine check says why)."""
+    from env.images import ImageError, docker_client
 
     try:
-        client = docker.from_env(timeout=30)
-        client.ping()
-    except Exception:  # no engine: the engine check says why
+        return docker_client()
+    except ImageError:
         return None
-    return client
 
 
 def base_image_check(client: Any, tag: str | None = None) -> Check:

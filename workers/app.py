@@ -190,3 +190,13 @@ def get_app(settings: ServiceSettings | None = None) -> Celery:
     elif settings is not None and settings != _APP[0].conf.nexus_settings:
         raise RuntimeError("this process's Celery app was already built with other settings")
     return _APP[0]
+
+
+def app_for_db(db_url: str, *, embedded: bool = False) -> Celery:
+    """This process's app for the results database ``db_url``: the environment's settings (broker, limits)
+    with that database; ``embedded`` uses the SQLite broker beside it whatever ``$NEXUS_EVAL_BROKER`` says.
+    ``ValueError`` when the environment's settings are invalid."""
+    settings = ServiceSettings.from_env().model_copy(update={"db_url": db_url})
+    if embedded:
+        settings = settings.model_copy(update={"broker_url": None, "result_backend": None})
+    return get_app(settings)

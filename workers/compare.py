@@ -56,6 +56,7 @@ class Outcome:
     status: str
     job_id: str = ""
     attempt: int = 1
+    episode_id: str = ""  # the attempt's row (links from a rendered grid back to the episode)
 
     @property
     def counted(self) -> bool:
@@ -109,6 +110,8 @@ class CompareTable:
     grid: dict[tuple[str, str, str], dict[str, list[str]]]
     notes: list[str] = field(default_factory=list)
     replay: list[ReplayCell] = field(default_factory=list)  # counterfactual replays, when any were stored
+    # the outcomes the table was built from (not serialized): which episode is behind each grid status
+    outcomes: list[Outcome] = field(default_factory=list, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
         out = {
@@ -269,13 +272,24 @@ def build_table(
         tasks=sorted({o.task_id for o in rows_in}, key=natural_key),
         grid=grid,
         notes=notes,
+        outcomes=rows_in,
     )
 
 
 def outcomes_from_episodes(episodes: Iterable[Any]) -> list[Outcome]:
     """``db.models.Episode`` rows (or anything with the same attributes) -> outcomes."""
     return [
-        Outcome(e.task_id, e.method, e.scope, e.protocol, e.seed, e.status, job_id=e.job_id, attempt=e.attempt)
+        Outcome(
+            e.task_id,
+            e.method,
+            e.scope,
+            e.protocol,
+            e.seed,
+            e.status,
+            job_id=e.job_id,
+            attempt=e.attempt,
+            episode_id=e.id,
+        )
         for e in episodes
     ]
 

@@ -16,20 +16,28 @@ from workers.spec import JobSpec, JobSpecError
 if TYPE_CHECKING:
     from celery import Celery
 
+    from env.tasks import Task
+
 
 def load_spec(path: str | Path) -> JobSpec:
     """A JobSpec from a YAML file; ``JobSpecError`` names the file and the field."""
     return JobSpec.from_yaml(path)
 
 
-def plan_episodes(spec: JobSpec) -> list:
-    """The fanned-out episodes (``workers.spec.EpisodeKey``); raises ``JobSpecError`` for a bad selection."""
+def load_tasks(spec: JobSpec) -> list[Task]:
+    """The job's tasks; ``JobSpecError`` for a bad selection (an unknown id, a missing suite)."""
     try:
-        tasks = spec.tasks.load()
+        return spec.tasks.load()
     except JobSpecError:
         raise
     except (ValueError, OSError, LookupError) as exc:
         raise JobSpecError("<task selection>", [("tasks", f"cannot load {spec.tasks.source!r}: {exc}")]) from None
+
+
+def plan_episodes(spec: JobSpec, tasks: list[Task] | None = None) -> list:
+    """The fanned-out episodes (``workers.spec.EpisodeKey``) over ``tasks`` (default: :func:`load_tasks`);
+    raises ``JobSpecError`` for a bad selection."""
+    tasks = load_tasks(spec) if tasks is None else tasks
     return spec.episodes([t.instance_id for t in tasks])
 
 

@@ -139,6 +139,33 @@ def enqueue_pending(db: Database, job_id: str, *, app: Celery | None = None) -> 
     return counts
 
 
+class NotEnqueued(RuntimeError):
+    """Rerun attempts were stored (``queued``) but not all sent to the broker; ``episode_ids`` are the stored
+    ones. Nothing is lost: ``nexus.resume_job`` (``enqueue_pending``) sends a job's queued episodes later."""
+
+    def __init__(self, episode_ids: list[str], cause: Exception) -> None:
+        super().__init__(
+            f"{len(episode_ids)} new attempt(s) are stored (queued) but could not all be sent to the queue: "
+            f"{type(cause).__name__}: {cause}; the Celery task nexus.resume_job sends a job's queued episodes "
+            "once the broker is reachable"
+        )
+        self.episode_ids = episode_ids
+
+
+def rerun(db: Database, job_id: str, statuses: list[str], *, app: Celery | None = None) -> list[str]:
+    """New attempt rows for the job's newest episodes in ``statuses`` (the old rows stay), sent to the ``gpu``
+    queue; returns their ids. ``LookupError``/``ValueError`` for a bad job or status; :class:`NotEnqueued` when
+    the rows are stored but the broker could not take them all."""
+    with db.session() as s:
+        new_ids = [r.id for r in db_store.rerun_job(s, db_store.get_job(s, job_id).id, statuses)]
+    try:
+        for episode_id in new_ids:
+            enqueue_episode(db, episode_id, app=app)
+    except Exception as exc:  # the broker: the rows are already stored as queued
+        raise NotEnqueued(new_ids, exc) from exc
+    return new_ids
+
+
 def cancel(db: Database, job_id: str, reason: str = "cancelled by user", *, app: Celery | None = None) -> list[str]:
     """Cancel a job: its queued/running episodes become ``cancelled`` in the database (what every worker
     checks), and their Celery messages are revoked. A running episode stops at its next turn."""

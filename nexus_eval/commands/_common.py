@@ -49,15 +49,12 @@ def open_db(db: str | None = None) -> Database:
 def celery_app(db: str | None = None, *, embedded: bool = False) -> Celery:
     """This process's Celery app: the environment's settings with ``--db`` applied; ``embedded`` uses the
     SQLite broker beside the results database whatever ``$NEXUS_EVAL_BROKER`` says."""
-    from workers.app import ServiceSettings, get_app
+    from workers.app import app_for_db
 
     try:
-        settings = ServiceSettings.from_env().model_copy(update={"db_url": db_url(db)})
+        return app_for_db(db_url(db), embedded=embedded)
     except ValueError as exc:
         fail(f"service settings: {exc}")
-    if embedded:
-        settings = settings.model_copy(update={"broker_url": None, "result_backend": None})
-    return get_app(settings)
 
 
 def job_id_of(database: Database, job: str) -> str:

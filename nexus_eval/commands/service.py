@@ -15,6 +15,7 @@ import typer
 from nexus_eval.commands._common import DB_OPTION, celery_app, csv_list, db_url, fail, job_id_of, open_db
 
 if TYPE_CHECKING:
+    from env.tasks import Task
     from workers.spec import JobSpec
 
 DEFAULT_RUN_METHODS = "dense,snapkv,nexus"
@@ -32,20 +33,21 @@ _SUITE = typer.Option("mini", help="bundled suite name or task folder")
 _TEMPERATURE = typer.Option(1.0)
 
 
-def _job_spec(file: Path | None, flags: dict[str, Any], *, what: str) -> JobSpec:
-    """The job from ``--file`` or from the flags, with its task selection checked; exit 2 on any error, before
-    anything is stored (``what`` ends the message: "nothing was submitted")."""
+def _job_spec(file: Path | None, flags: dict[str, Any], *, what: str) -> tuple[JobSpec, list[Task]]:
+    """The job from ``--file`` or from the flags, and its tasks (the selection checked, for the preflight);
+    exit 2 on any error, before anything is stored (``what`` ends the message: "nothing was submitted")."""
     from workers.spec import JobSpec, JobSpecError
-    from workers.submit import load_spec, plan_episodes
+    from workers.submit import load_spec, load_tasks, plan_episodes
 
     try:
         source = str(file) if file else "<command-line flags>"
         spec = load_spec(file) if file else JobSpec.from_dict(_flags_to_data(**flags), source=source)
         spec.check_with_library(source=source)  # every method's hyperparameters, by building its policy
-        plan_episodes(spec)  # a bad task selection is an error before anything is stored
+        tasks = load_tasks(spec)
+        plan_episodes(spec, tasks)  # a bad task selection is an error before anything is stored
     except JobSpecError as exc:
         fail(f"{exc}\n{what}")
-    return spec
+    return spec, tasks
 
 
 def _flags_to_data(
@@ -113,7 +115,7 @@ def submit(
     flags = dict(locals())
     for key in ("file", "db"):
         flags.pop(key)
-    spec = _job_spec(file, flags, what="nothing was submitted")
+    spec, tasks = _job_spec(file, flags, what="nothing was submitted")
     from rich.console import Console
 
     from nexus_eval.commands._preflight import refuse_unless_ready
@@ -124,8 +126,8 @@ def submit(
     # broker the worker is this machine: its engine and images are checked too; with Redis they are not
     # (the workers' machines are elsewhere), but the broker must answer.
     broker = os.environ.get("NEXUS_EVAL_BROKER") or None
-    tasks = None if broker else spec.tasks.load()
-    refuse_unless_ready(preflight(tasks, db_url=db_url(db), broker=broker, check_broker=True), "nothing was submitted")
+    pre = preflight(None if broker else tasks, db_url=db_url(db), broker=broker, check_broker=True)
+    refuse_unless_ready(pre, "nothing was submitted")
     app = celery_app(db)
     try:
         job_id, n = submit_job(open_db(db), spec, app=app)
@@ -163,7 +165,7 @@ def run(
     flags = dict(locals())
     for key in ("file", "db", "timeout", "fmt"):
         flags.pop(key)
-    spec = _job_spec(file, flags, what="nothing was run")
+    spec, tasks = _job_spec(file, flags, what="nothing was run")
     from rich.console import Console
 
     from nexus_eval.commands._preflight import build_or_fail, print_failure_reasons, refuse_unless_ready
@@ -177,7 +179,7 @@ def run(
     url = db_url(db)
     # every backend drives containers: refuse (exit 2, nothing stored) what cannot work here, and build
     # what is only missing (the base image, local task images) before the job exists
-    checks = preflight(spec.tasks.load(), db_url=url)
+    checks = preflight(tasks, db_url=url)
     refuse_unless_ready(checks, "nothing was stored")
     build_or_fail(checks, console)
     database = open_db(url)

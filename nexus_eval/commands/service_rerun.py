@@ -31,20 +31,16 @@ def rerun(
         fail("--from-turn needs --interactive")
     if failed == bool(statuses):
         fail("give exactly one of --status a,b or --failed")
-    from db import store as db_store
     from db.models import FAILED_STATUSES
-    from workers.tasks import enqueue_episode
+    from workers.tasks import NotEnqueued, rerun
 
     wanted = sorted(FAILED_STATUSES) if failed else csv_list(statuses)
     try:
-        with database.session() as s:
-            rows = db_store.rerun_job(s, db_store.get_job(s, target).id, wanted)
-            new_ids = [r.id for r in rows]
+        new_ids = rerun(database, target, wanted, app=celery_app(db))
     except (LookupError, ValueError) as exc:
         fail(str(exc))
-    app = celery_app(db)
-    for episode_id in new_ids:
-        enqueue_episode(database, episode_id, app=app)
+    except NotEnqueued as exc:
+        fail(str(exc), 1)
     typer.echo(f"{len(new_ids)} new attempts enqueued ({', '.join(wanted)})")
 
 
