@@ -63,10 +63,14 @@ def report(
     from dashboard.readonly import DatabaseUnavailable
     from dashboard.report import write_report
 
+    if not output.parent.is_dir():  # before reading anything: a typo in -o is found at once
+        fail(f"cannot write {output}: the folder {output.parent} does not exist")
     try:
         written = write_report(db_url(db), job, output)
     except (DatabaseUnavailable, LookupError) as exc:
         fail(str(exc))
+    except OSError as exc:
+        fail(f"cannot write {output}: {exc.strerror or exc}", 1)
     typer.echo(f"wrote {written}")
 
 

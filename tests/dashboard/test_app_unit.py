@@ -375,3 +375,6 @@ def test_cli_verbs(filled, tmp_path, monkeypatch):
     assert done.exit_code == 0 and '<table id="compare"' in out.read_text(encoding="utf-8")
     done = CliRunner().invoke(app, ["report", "nope", "-o", str(out), "--db", filled.url])
     assert done.exit_code == 2 and "no job with id 'nope'" in done.output
+    missing = tmp_path / "no-such-folder" / "r.html"
+    done = CliRunner().invoke(app, ["report", filled.job_id, "-o", str(missing), "--db", filled.url])
+    assert done.exit_code == 2 and "does not exist" in done.output and not missing.parent.exists()
