@@ -69,35 +69,37 @@ Intervene = Callable[[int, ParsedAction], ParsedAction | None]
 
 
 class Agent:
-    """Runs one episode of ``model`` against ``environment``. ``on_turn`` sees every TurnRecord as it is
-    made (persist it, print it); ``intervene(turn_index, parsed)`` may return a replacement action before
+    """Runs episodes of ``model`` under ``config``'s limits and prompts. ``on_turn`` sees every TurnRecord as
+    it is made (persist it, print it); ``intervene(turn_index, parsed)`` may return a replacement action before
     it executes (interactive rerun), or None to keep the model's."""
 
     def __init__(
         self,
         model: Model,
-        environment: Environment,
         config: AgentConfig | None = None,
         *,
         on_turn: Callable[[TurnRecord], Any] | None = None,
         intervene: Intervene | None = None,
     ):
         self.model = model
-        self.env = environment
         self.config = config or AgentConfig()
         self.scaffold: Scaffold = self.config.scaffold()  # ScaffoldError (ValueError) for a bad YAML
         self.on_turn = on_turn
         self.intervene = intervene
+        self.env: Environment | None = None
         self.messages: list[Message] = []
         self.turns: list[TurnRecord] = []
         self.started = 0.0
         self.format_errors = 0
 
-    def run(self, task: TaskLike) -> EpisodeResult:
-        """The whole episode: turns until an exit; every outcome, even a crash, is a returned status."""
+    def run(self, environment: Environment, task: TaskLike, *, seed: int) -> EpisodeResult:
+        """The whole episode in ``environment``: turns until an exit; every outcome, even a crash, is a
+        returned status. ``seed`` (the episode's one seed) resets the backend, seeding its sampler."""
         cfg = self.config
+        self.env = environment
         self.started = time.monotonic()
         self.format_errors = 0
+        self.turns = []
         self.messages = [
             Message(role="system", content=self.scaffold.system_prompt()),
             Message(role="user", content=self.scaffold.instance_prompt(task, cfg.soft_step_limit)),
@@ -105,7 +107,7 @@ class Agent:
         scaffold = ScaffoldRecord(**self.scaffold.record(m.content for m in self.messages))
         exit_status, error, unexpected = "infra_failure", None, None
         try:
-            self.model.reset(seed=cfg.seed)
+            self.model.reset(seed=seed)
             for index in range(cfg.max_steps):
                 self._turn(index)  # raises an AgentExit when the model submits or a limit is reached
             raise StepLimit(f"reached max_steps={cfg.max_steps}")
@@ -165,7 +167,7 @@ class Agent:
     def _complete(self) -> tuple[Completion, float]:
         t0 = time.monotonic()
         try:
-            completion = self.model.complete(list(self.messages), max_new_tokens=self.config.max_new_tokens)
+            completion = self.model.complete(list(self.messages))
         except ModelError as exc:
             raise InfraFailure(f"model: {exc}") from exc
         except Exception as exc:
@@ -214,16 +216,3 @@ def _describe(exc: AgentExit) -> str | None:
     if cause is None or isinstance(cause, ModelError | SandboxError):
         return str(exc)
     return f"{exc}\n" + "".join(traceback.format_exception(cause)).strip()
-
-
-def run_agent(
-    model: Model,
-    environment: Environment,
-    task: TaskLike,
-    config: AgentConfig | None = None,
-    *,
-    on_turn: Callable[[TurnRecord], Any] | None = None,
-    intervene: Intervene | None = None,
-) -> EpisodeResult:
-    """Run one episode and return its result (no patch, no grade: see agent_runner.episode_core)."""
-    return Agent(model, environment, config, on_turn=on_turn, intervene=intervene).run(task)

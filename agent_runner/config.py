@@ -49,8 +49,19 @@ class ModelSpec(_Config):
     dtype: str = Field("auto", description="auto (bf16 on GPU, fp32 on CPU) | bfloat16 | float16 | float32")
     device: str = Field("auto", description="auto | cpu | cuda | cuda:N")
     attn: str = Field("auto", description="auto (flash_attention_2 if installed on GPU, else sdpa) | sdpa | eager")
-    seed: int = Field(0, description="tiny preset: weight init seed")
+    weights_seed: int = Field(
+        0, description="tiny preset: the random weights' init seed (part of the model, never the episode's seed)"
+    )
     tiny_layers: int = Field(2, ge=1, description="tiny preset: number of decoder layers")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy_seed(cls, data: Any) -> Any:
+        """Stored configs before the rename called ``weights_seed`` ``seed``; read them, never write them."""
+        if isinstance(data, dict) and "seed" in data:
+            data = dict(data)
+            data.setdefault("weights_seed", data.pop("seed"))
+        return data
 
 
 class SamplingConfig(_Config):
@@ -60,22 +71,22 @@ class SamplingConfig(_Config):
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = Field(0, ge=0, description="0 = off")
     max_new_tokens: int | None = Field(
-        None, ge=1, description="per-turn generation cap of the hf backend; None: the rest of the context window"
+        None, ge=1, description="per-turn generation cap, every backend; None (DeepSWE): the rest of the window"
     )
 
 
 class AgentConfig(_Config):
-    """Limits and formatting of one agent run (DeepSWE's evaluation values by default)."""
+    """Limits and formatting of one agent run (DeepSWE's evaluation values by default).
+
+    It has no seed and no per-turn token cap: the episode's one ``seed`` (``EpisodeSpec.seed``) and the one
+    ``SamplingConfig.max_new_tokens`` are those. Stored configs that still carry ``seed`` / ``max_new_tokens``
+    (written before they were removed) are read by ``EpisodeSpec``, which drops or moves them."""
 
     max_steps: int = Field(100, ge=1, description="absolute turn limit (R2E max_steps_absolute)")
     soft_step_limit: int = Field(40, ge=1, description="the step budget shown as 'Steps Remaining'")
     max_context_tokens: int = Field(65536, ge=1, description="logical tokens (prompt + generated)")
     wall_time_s: float = Field(50_000.0, gt=0, description="model + env time for the whole run")
     max_format_errors: int | None = Field(10, ge=1, description="consecutive turns without a call; None: off")
-    max_new_tokens: int | None = Field(
-        None, ge=1, description="per-turn cap passed to the backend; None (DeepSWE): max_context_tokens - prompt"
-    )
-    seed: int = 0
     history: Literal["raw", "resynthesized"] = Field(
         "raw", description="assistant messages as generated (rLLM default) or R2E's thought + canonical call"
     )
@@ -114,10 +125,38 @@ class AgentConfig(_Config):
 _LEGACY_EVICTION_KEYS = ("method", "scope", "density", "budget_tokens", "block_size", "window", "method_params")
 
 
+#: OpenAIConfig fields that the episode already says once: they come from ``sampling`` and ``seed``
+_OPENAI_FROM_EPISODE = {"max_tokens": "sampling.max_new_tokens", "temperature": "sampling.temperature", "seed": "seeds"}
+
+
+def check_openai_fields(openai: dict[str, Any]) -> dict[str, Any]:
+    """``openai`` unless it sets what the episode already says once (ValueError naming where it goes)."""
+    doubled = sorted(set(openai) & set(_OPENAI_FROM_EPISODE))
+    if doubled:
+        where = ", ".join(f"openai.{k} -> {_OPENAI_FROM_EPISODE[k]}" for k in doubled)
+        raise ValueError(f"openai sets {doubled}, which the job sets once elsewhere: {where}")
+    return openai
+
+
+def legacy_agent_fields(agent: dict[str, Any], sampling: Any) -> tuple[dict[str, Any], Any]:
+    """A stored ``agent`` from before the seed and the token cap left it: its ``seed`` is dropped (what sampled
+    then was this value, always 0, and the stored row keeps it), its ``max_new_tokens`` moves to ``sampling``
+    when that has none (the smaller cap applied then)."""
+    agent = dict(agent)
+    agent.pop("seed", None)
+    cap = agent.pop("max_new_tokens", None)
+    if cap is not None and isinstance(sampling, dict | None):
+        sampling = dict(sampling or {})
+        own = sampling.get("max_new_tokens")
+        sampling["max_new_tokens"] = cap if own is None else min(own, cap)
+    return agent, sampling
+
+
 class EpisodeSpec(_Config):
     """Everything that determines one episode (stored whole with its result).
 
-    ``seed`` seeds the sampler, the agent and the eviction policy; ``eviction.seed`` always equals it.
+    ``seed`` is the episode's one seed: the runner (``agent_runner.episode.run_episode``) resets the backend's
+    sampler with it, and the eviction policy draws from it (``eviction.seed`` always equals it).
     """
 
     suite: str | None = Field("mini", description="a bundled suite name or a folder of local tasks")
@@ -140,7 +179,7 @@ class EpisodeSpec(_Config):
     @model_validator(mode="before")
     @classmethod
     def _seeded_eviction(cls, data: Any) -> Any:
-        """Fill ``eviction`` (default: nexus) with the episode's seed; accept the older flat layout too."""
+        """Fill ``eviction`` (default: nexus) with the episode's seed; read the older stored layouts too."""
         if not isinstance(data, dict):
             return data
         data = dict(data)
@@ -148,24 +187,37 @@ class EpisodeSpec(_Config):
         eviction = data.get("eviction", {})
         if isinstance(eviction, dict):
             data["eviction"] = {**legacy, **eviction, "seed": eviction.get("seed", data.get("seed", 0))}
+        agent = data.get("agent")
+        if isinstance(agent, dict) and ("seed" in agent or "max_new_tokens" in agent):
+            data["agent"], sampling = legacy_agent_fields(agent, data.get("sampling"))
+            if sampling is not None:
+                data["sampling"] = sampling
         return data
 
     @model_validator(mode="after")
     def _one_seed(self) -> EpisodeSpec:
         if self.eviction.seed != self.seed:
             raise ValueError(f"eviction.seed ({self.eviction.seed}) must equal the episode's seed ({self.seed})")
+        check_openai_fields(self.openai)
         return self
 
-    def grade_config(self):
-        """The grading settings this episode asks for (``env.grading.GradeConfig``)."""
+    def grade_config(self, job: str = "grade"):
+        """The grading settings this episode asks for (``env.grading.GradeConfig``); ``job`` labels the grading
+        container (the job id, so a job's containers can be found and reaped)."""
         from env.grading import GradeConfig
 
-        return GradeConfig(r2e_swebench_route=self.grade_route)
+        return GradeConfig(r2e_swebench_route=self.grade_route, job=job)
+
+    def task_source(self) -> dict[str, str | None]:
+        """Where the task comes from, as ``env.tasks.load_source``'s keywords (a file, else a suite)."""
+        if self.tasks_file:
+            return {"suite": None, "file": self.tasks_file, "split": self.split}
+        return {"suite": self.suite or "mini", "file": None, "split": self.split}
 
     def load_task(self) -> Task:
-        """This episode's task; ``env.tasks.TaskNotFound`` (a ValueError) names the source and the known ids."""
+        """This episode's task, its source loaded for it alone (a process that runs many episodes keeps the
+        sources it loaded: ``workers.task_cache.TaskCache``). ``env.tasks.TaskNotFound`` (a ValueError) names
+        the source and the known ids."""
         from env.tasks import find_task
 
-        if self.tasks_file:
-            return find_task(self.task_id, file=self.tasks_file, split=self.split)
-        return find_task(self.task_id, suite=self.suite or "mini")
+        return find_task(self.task_id, **self.task_source())

@@ -27,11 +27,11 @@ import time
 from collections.abc import Callable, Iterator
 
 import torch
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 
 import nexus
 from agent_runner.config import check_protocol
-from agent_runner.records import LayerStats
+from agent_runner.records import LayerStats, TurnTokens
 
 #: chunks are capped so the [chunk, vocab] logits stay small (any split between events is exact)
 MAX_CHUNK = 256
@@ -39,14 +39,6 @@ MAX_CHUNK = 256
 
 class ReplayError(ValueError):
     """The stored stream cannot be replayed as asked (say why)."""
-
-
-class TurnTokens(BaseModel):
-    """One turn's token stream as a backend stored it."""
-
-    keep: int = Field(ge=0)  # tokens of the previous stream this turn's context starts with
-    append: list[int]  # then these
-    generated: list[int]  # the completion's tokens, its stop token included
 
 
 class TurnScore(BaseModel):

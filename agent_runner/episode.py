@@ -1,89 +1,159 @@
-"""One episode from its config: `build_model` turns an `EpisodeSpec` into a backend, `run` is the whole episode.
+"""One episode from its ``EpisodeSpec``: the only way an episode runs (the CLI, a worker, an interactive rerun).
 
-`EpisodeSpec` (``agent_runner.config``) is what the CLI builds from flags and the service stores with every
-episode row. `build_model` loads the model once per process and reuses the host. Every bad input (unknown
-method, model path, suite, task) raises ValueError here, before any container starts.
+:func:`run_episode` does, in order:
+
+1. **The task**: the one given (a worker's per-process ``TaskCache`` loaded it) or ``spec.load_task()``.
+2. **The backend**: the one given (a test double) or ``model_cache.backend_for(spec, ...)``, the process's
+   loaded model; ``wrap_model`` may wrap it (``rerun --from-turn K`` forces the stored prefix).
+3. **The prompts**: ``spec.agent.scaffold()``. Steps 1-3 raise ValueError for bad input, before any container.
+4. **The sandbox** (``DockerEnvironment.open``). A failure here -> ``infra_failure``, no turns.
+5. **The agent** (``Agent.run(environment, task, seed=spec.seed)``): the seed is applied here, once, by resetting the
+   backend with it (its sampler); the eviction policy draws from ``spec.eviction.seed``, which ``EpisodeSpec``
+   holds equal to it. The exit status is kept whatever happens next. The backend's final cache is read at once
+   (``retention``: the backend holds the cache until its next ``reset``).
+6. **The diff** -> ``patch`` (None if the container died: then nothing is graded), then the sandbox closes.
+7. **The grade**, in a fresh container, when ``spec.grade``. R2E grades every trajectory whatever the agent's
+   exit reason; so do we, except after an ``infra_failure`` (the run is broken, not the agent's answer: rerun
+   it) or when there is no patch.
+
+From step 4 on nothing raises for what goes wrong in the episode: every failure ends up as ``exit_status`` +
+``error`` (or ``grade_error``) on the returned :class:`EpisodeResult`, with the turns made so far kept.
 """
 
 from __future__ import annotations
 
-import threading
+import time
+import traceback
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from agent_runner.backends import Model, make_backend
-from agent_runner.config import EpisodeSpec, ModelSpec
-from agent_runner.episode_core import run_episode
-from agent_runner.model_host import ModelHost, load_host
-from agent_runner.records import EpisodeResult
-from env.tasks import Task
+from agent_runner.agent import Agent, Intervene
+from agent_runner.backends import Model
+from agent_runner.config import EpisodeSpec
+from agent_runner.environment import DockerEnvironment, Environment
+from agent_runner.records import EpisodeResult, TurnRecord
 
 if TYPE_CHECKING:
-    from agent_runner.engine import DecodeEngine
-
-_HOSTS: dict[ModelSpec, ModelHost] = {}  # one loaded model per process, keyed by its spec
-_ENGINES: dict[int, DecodeEngine] = {}  # id(host.model) -> the engine batching that model's episodes
-_LOCK = threading.Lock()  # episodes of a multi-episode worker ask for the host from several threads at once
+    from env.sandbox import SandboxConfig
+    from env.tasks import Task
 
 
-def host_for(model: ModelSpec) -> ModelHost:
-    """Load the model once per process (a Celery worker hosts one model for all its episodes)."""
-    with _LOCK:
-        if model not in _HOSTS:
-            for engine in _ENGINES.values():
-                engine.close()
-            _ENGINES.clear()
-            _HOSTS.clear()  # one model at a time: a worker never holds two on its GPU
-            _HOSTS[model] = load_host(model)
-        return _HOSTS[model]
+def _failure(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}\n" + "".join(traceback.format_exception(exc)).strip()
 
 
-def engine_for(host: ModelHost, rows: int) -> DecodeEngine:
-    """The process's decode engine for `host`, decoding up to `rows` episodes together."""
-    from agent_runner.engine import DecodeEngine
-
-    with _LOCK:
-        engine = _ENGINES.get(id(host.model))
-        if engine is None or engine.max_rows != rows:
-            if engine is not None:
-                engine.close()
-            engine = _ENGINES[id(host.model)] = DecodeEngine(host.model, host.device, max_rows=rows)
-        return engine
+def _note(result: EpisodeResult, note: str) -> None:
+    result.error = f"{result.error}\n{note}" if result.error else note
 
 
-def build_model(spec: EpisodeSpec, task: Task | None = None, *, batch_rows: int = 1) -> Model:
-    """The backend for `spec`, validated (eviction config, model, endpoint) before any container starts.
-
-    batch_rows > 1: the hf backend's turns go through the process's `DecodeEngine`, decoded together with
-    up to `batch_rows` - 1 other episodes' turns (a multi-episode worker; see agent_runner/engine.py)."""
-    _ = spec.eviction.policy  # the method's own parameters, even for backends that ignore the cache
-    if spec.backend == "oracle":
-        return make_backend("oracle", task=task)
-    if spec.backend == "openai":
-        if spec.eviction.method != "dense":
-            raise ValueError("the openai backend serves dense reference runs only (method=dense)")
-        settings = {"max_tokens": spec.sampling.max_new_tokens, "temperature": spec.sampling.temperature}
-        return make_backend("openai", **{**settings, **spec.openai})
-    from agent_runner.backends.hf import HFBackend
-
-    if batch_rows < 1:
-        raise ValueError(f"batch_rows must be >= 1, got {batch_rows}")
-    host = host_for(spec.model)
-    return HFBackend(
-        host,
-        engine=engine_for(host, batch_rows) if batch_rows > 1 else None,
-        eviction=spec.eviction,
-        protocol=spec.protocol,
-        sampling=spec.sampling,
-        max_context_tokens=spec.agent.max_context_tokens,
-    )
+def _close(environment: Environment) -> str | None:
+    try:
+        environment.close()
+    except Exception as exc:  # must not hide the episode's own outcome; recorded on it instead
+        return f"closing the sandbox failed: {_failure(exc)}"
+    return None
 
 
-def run(spec: EpisodeSpec, **kwargs: Any) -> EpisodeResult:
-    """Run one episode end to end (see agent_runner.episode_core.run_episode for the keyword hooks)."""
-    task = spec.load_task()
-    model = build_model(spec, task)
-    model.reset(seed=spec.seed)
-    agent = spec.agent.model_copy(update={"seed": spec.seed})
-    result = run_episode(task, model, agent_config=agent, grade=spec.grade, **kwargs)
-    result.config = {**result.config, "episode": spec.model_dump(mode="json")}
+def final_retention(model: Model) -> tuple[dict[str, Any] | None, str | None]:
+    """(the retention map of ``model``'s final cache, or None; an error note if reading it failed).
+
+    A backend that keeps a cache (hf) has ``retention()`` (see ``agent_runner.backends``); others have none.
+    Reading it never ends the episode: a failure is noted on the result and the map is left out."""
+    read = getattr(model, "retention", None)
+    if read is None:
+        return None, None
+    try:
+        return read(), None
+    except Exception as exc:
+        return None, f"reading the final cache's retention map failed: {_failure(exc)}"
+
+
+def run_episode(
+    spec: EpisodeSpec,
+    *,
+    task: Task | None = None,
+    model: Model | None = None,
+    episodes_per_gpu: int = 1,
+    wrap_model: Callable[[Model], Model] | None = None,
+    sandbox_config: SandboxConfig | None = None,
+    labels: dict[str, str] | None = None,
+    on_turn: Callable[[TurnRecord], Any] | None = None,
+    intervene: Intervene | None = None,
+    open_environment: Callable[..., Environment] | None = None,
+) -> EpisodeResult:
+    """Run the episode ``spec`` describes, in a real container, and grade it (see the module docstring).
+
+    ``task``: the loaded task (its id must be ``spec.task_id``). ``model``: a backend to use instead of the
+    one ``spec`` names (a test double). ``episodes_per_gpu``: > 1 decodes this episode's turns together with
+    the process's other episodes (``agent_runner.engine``). ``open_environment(task, labels=...,
+    sandbox_config=...)`` replaces ``DockerEnvironment.open``. ``on_turn`` sees each TurnRecord as it is made;
+    ``intervene`` may replace an action before it runs (``agent_runner.agent.Intervene``).
+    """
+    from agent_runner.model_cache import backend_for
+
+    # 1-3: inputs, each a ValueError before any container starts
+    task = task if task is not None else spec.load_task()
+    if task.instance_id != spec.task_id:
+        raise ValueError(f"the task given is {task.instance_id!r} but the episode names {spec.task_id!r}")
+    model = model if model is not None else backend_for(spec, task, episodes_per_gpu=episodes_per_gpu)
+    if wrap_model is not None:
+        model = wrap_model(model)
+    agent = Agent(model, spec.agent, on_turn=on_turn, intervene=intervene)  # a bad prompt file: ValueError
+    config = {
+        "episode": spec.model_dump(mode="json"),
+        "sandbox": sandbox_config.model_dump(mode="json") if sandbox_config is not None else None,
+        "model": type(model).__name__,
+    }
+    # 4: the sandbox
+    started = time.monotonic()
+    timings: dict[str, float] = {}
+    try:
+        environment = (open_environment or DockerEnvironment.open)(
+            task, labels=dict(labels or {}), sandbox_config=sandbox_config
+        )
+    except Exception as exc:  # ImageMissing, SandboxError, docker errors: recorded, nothing started
+        failed = EpisodeResult(
+            task_id=task.instance_id,
+            exit_status="infra_failure",
+            config=config,
+            error=f"opening the environment failed: {_failure(exc)}",
+            timings={"setup_s": time.monotonic() - started},
+        )
+        failed.exception = exc
+        return failed
+    timings["setup_s"] = time.monotonic() - started
+    # 5-6: the agent, seeded once; then the final cache and the diff
+    try:  # Agent.run records its own failures; only KeyboardInterrupt & co. pass through (after close)
+        result = agent.run(environment, task, seed=spec.seed)
+        result.retention, retention_error = final_retention(model)
+        if retention_error:
+            _note(result, retention_error)
+        t0 = time.monotonic()
+        try:
+            result.patch = environment.diff()
+        except Exception as exc:
+            _note(result, f"taking the diff failed: {_failure(exc)}")
+            result.exception = result.exception or exc
+            if result.exit_status == "submitted":
+                result.exit_status = "infra_failure"
+        timings["diff_s"] = time.monotonic() - t0
+    finally:
+        close_error = _close(environment)
+    if close_error:
+        _note(result, close_error)
+    timings["agent_s"] = result.timings.get("agent_s", 0.0)
+    # 7: the grade
+    if spec.grade and result.patch is not None and result.exit_status != "infra_failure":
+        t0 = time.monotonic()
+        try:
+            from env.grading import grade as grade_patch
+
+            job = (labels or {}).get("nexus-eval.job", "grade")
+            result.grade = grade_patch(task, result.patch, config=spec.grade_config(job=job))
+        except Exception as exc:
+            result.grade_error = _failure(exc)
+        timings["grade_s"] = time.monotonic() - t0
+    timings["total_s"] = time.monotonic() - started
+    result.timings = timings
+    result.config = {**result.config, **config}
     return result

@@ -103,11 +103,13 @@ def load_tokenizer(name: str, revision: str | None = None):
     return tok
 
 
-def tiny_model(seed: int = 0, layers: int = 2, vocab_size: int = 151936):
-    """A randomly initialised Qwen3ForCausalLM: the real architecture, 19.5 M parameters at 2 layers."""
+def tiny_model(weights_seed: int = 0, layers: int = 2, vocab_size: int = 151936):
+    """A randomly initialised Qwen3ForCausalLM: the real architecture, 19.5 M parameters at 2 layers.
+
+    The weights are drawn from torch's global RNG (module init uses it) seeded with ``weights_seed`` inside
+    ``fork_rng``, so loading the model never changes the process's RNG state that anything else draws from."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    torch.manual_seed(seed)
     cfg = Qwen3Config(
         vocab_size=vocab_size,
         hidden_size=64,
@@ -120,7 +122,9 @@ def tiny_model(seed: int = 0, layers: int = 2, vocab_size: int = 151936):
         tie_word_embeddings=True,
         attn_implementation="sdpa",
     )
-    return Qwen3ForCausalLM(cfg).eval()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(weights_seed)
+        return Qwen3ForCausalLM(cfg).eval()
 
 
 def load_host(spec: ModelSpec | None = None) -> ModelHost:
@@ -130,7 +134,7 @@ def load_host(spec: ModelSpec | None = None) -> ModelHost:
     dtype = _dtype(spec, device)
     if spec.name == TINY:
         tokenizer = load_tokenizer(TINY)
-        model = tiny_model(spec.seed, spec.tiny_layers).to(device=device, dtype=dtype)
+        model = tiny_model(spec.weights_seed, spec.tiny_layers).to(device=device, dtype=dtype)
     else:
         if os.path.sep in spec.name and not Path(spec.name).exists() and spec.name.startswith(("/", ".")):
             raise ValueError(f"model path {spec.name!r} does not exist")

@@ -2,7 +2,7 @@
 
 These are plain pydantic models so the service can store them whole (``model_dump(mode="json")``) and the
 CLI can print them. Backends fill a :class:`Completion` per model call; the agent loop wraps it in a
-:class:`TurnRecord` with the parsed action and the observation; :func:`agent_runner.episode_core.run_episode`
+:class:`TurnRecord` with the parsed action and the observation; :func:`agent_runner.episode.run_episode`
 returns an :class:`EpisodeResult` with the patch and the grade.
 """
 
@@ -46,6 +46,16 @@ class LayerStats(BaseModel):
         return cls(min=min(values), mean=sum(values) / len(values), max=max(values))
 
 
+class TurnTokens(BaseModel):
+    """One turn's token stream as a backend fed and sampled it (hf): this turn's context is the previous
+    stream's first ``keep`` tokens + ``append``; ``generated`` are the sampled tokens, the stop token included.
+    Counterfactual replay (``agent_runner.counterfactual``) feeds exactly this stream."""
+
+    keep: int = Field(ge=0)
+    append: list[int]
+    generated: list[int]
+
+
 class Completion(BaseModel):
     """One model call's text and telemetry, as reported by a backend.
 
@@ -53,6 +63,8 @@ class Completion(BaseModel):
     stream the model has seen after this call (prompt + generated); ``physical_before/after`` are cache
     slots held per layer just before and after this turn's eviction (``None`` for backends without a
     visible cache, e.g. an HTTP endpoint). Fields a backend cannot measure stay at their defaults.
+    Every field is stored with the turn (``workers.execution.turn_row``); ``extra`` holds what only one
+    backend reports (an endpoint's request id, the hf backend's budget).
     """
 
     text: str
@@ -68,6 +80,11 @@ class Completion(BaseModel):
     decode_s: float = 0.0
     tokens_per_s: float | None = None
     finish_reason: str | None = None  # "stop" (end of turn) | "length" (hit max_new_tokens) | backend's own
+    tokens: TurnTokens | None = None  # the token stream (hf backend); None for backends that see only text
+    context_full: bool = False  # the prompt alone filled the context window: nothing was fed or generated
+    history_mismatch: bool = False  # the last assistant message was not the backend's own text (true_eviction)
+    batch_rows: float | None = None  # episodes decoded together per forward this turn, on average (engine)
+    forced: bool = False  # teacher-forced from a stored attempt's turn (``rerun --from-turn``), not sampled
     extra: dict[str, Any] = Field(default_factory=dict)
 
 

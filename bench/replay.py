@@ -1,7 +1,7 @@
 """Counterfactual replay: chunked vs token-by-token teacher forcing of one stored trajectory, and its delta-NLL table.
 
 A dense episode of the tiny model (real Qwen3 architecture and tokenizer, random weights) is generated with the
-hf backend; its stored token stream (`Completion.extra["tokens"]`) is then replayed under each method, once in
+hf backend; its stored token stream (`Completion.tokens`) is then replayed under each method, once in
 chunks (`EvictableCache.decoding()` split at `decode_room()`) and once token by token, both timed in the same run.
 The two give the same logits (tests/agent/test_counterfactual.py); the table shows the speed-up and the
 largest logit difference measured here. NLL numbers on random weights are a smoke test of the pipeline, not a
@@ -29,9 +29,12 @@ from common import environment, set_threads, write_json  # noqa: E402
 
 import nexus  # noqa: E402
 from agent_runner.backends.hf import HFBackend  # noqa: E402
-from agent_runner.counterfactual import TurnTokens, model_forward, replay_episode, teacher_force  # noqa: E402
+from agent_runner.counterfactual import model_forward, replay_episode, teacher_force  # noqa: E402
 from agent_runner.model_host import ModelSpec, load_host  # noqa: E402
-from agent_runner.records import Message  # noqa: E402
+from agent_runner.records import (
+    Message,  # noqa: E402
+    TurnTokens,  # noqa: E402
+)
 from agent_runner.sampling import SamplingConfig  # noqa: E402
 
 
@@ -48,7 +51,7 @@ def dense_trajectory(host, turns: int, new_tokens: int, seed: int, temperature: 
     out = []
     for t in range(turns):
         c = backend.complete(msgs)
-        out.append(TurnTokens(**c.extra["tokens"]))
+        out.append(c.tokens)
         msgs += [Message(role="assistant", content=c.text), Message(role="user", content=f"Exit code: 0 ({t}) " * 40)]
     return out
 

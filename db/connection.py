@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,9 +34,10 @@ MIGRATIONS_DIR = Path(__file__).with_name("migrations")
 MIGRATION_LOCK_KEY = 0x6E657875  # "nexu": the PostgreSQL advisory lock held while migrating
 
 
-def default_url() -> str:
-    """The database URL to use when none is given: ``$NEXUS_EVAL_DB`` (URL or file path) or ./runs/nexus-eval.db."""
-    configured = os.environ.get("NEXUS_EVAL_DB", "").strip()
+def default_url(environ: Mapping[str, str] | None = None) -> str:
+    """The database URL to use when none is given: ``$NEXUS_EVAL_DB`` (URL or file path; from ``environ``,
+    default ``os.environ``) or ./runs/nexus-eval.db."""
+    configured = (os.environ if environ is None else environ).get("NEXUS_EVAL_DB", "").strip()
     if "://" in configured:
         return configured
     path = Path(configured) if configured else DEFAULT_DB_PATH

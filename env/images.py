@@ -82,7 +82,7 @@ def docker_client() -> docker.DockerClient:
         client = docker.from_env(timeout=300)
         client.ping()
     except Exception as exc:  # docker raises several unrelated types here
-        raise ImageError(f"cannot reach the Docker engine ({exc}); start it with `nexus-eval setup`") from exc
+        raise ImageError(f"cannot reach the Docker daemon ({exc}); start it with `nexus-eval setup`") from exc
     return client
 
 

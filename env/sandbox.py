@@ -157,7 +157,7 @@ class Sandbox:
             try:
                 client = docker.from_env(timeout=300)
             except docker.errors.DockerException as exc:
-                raise SandboxError(f"cannot reach the Docker engine: {exc}") from exc
+                raise SandboxError(f"cannot reach the Docker daemon: {exc}") from exc
         all_labels = episode_labels(job, episode or uuid.uuid4().hex[:12], config.ttl_s)
         all_labels.update(labels or {})
         try:

@@ -280,9 +280,14 @@ def find_task(
 ) -> Task:
     """The task ``task_id`` of one source (see :func:`load_source`); :class:`TaskNotFound` names the source and
     some of the ids it does have."""
-    tasks = load_source(suite=suite, file=file, split=split)
+    return pick_task(load_source(suite=suite, file=file, split=split), task_id, source=str(file or suite))
+
+
+def pick_task(tasks: list[Task], task_id: str, *, source: str) -> Task:
+    """The task ``task_id`` among a loaded source's ``tasks``; :class:`TaskNotFound` names ``source`` and some
+    of the ids it does have."""
     for task in tasks:
         if task.instance_id == task_id:
             return task
     known = ", ".join(t.instance_id for t in tasks[:20]) + (", ..." if len(tasks) > 20 else "")
-    raise TaskNotFound(f"no task {task_id!r} in {file or suite}; known: {known}")
+    raise TaskNotFound(f"no task {task_id!r} in {source}; known: {known}")

@@ -2,7 +2,7 @@
 needs for the preflight of `run`, `submit` and `episode`.
 
 Why a preflight at all: an episode that cannot reach Docker fails inside the worker as ``infra_failure``,
-so a job on a machine without an engine used to "finish" in seconds with a table of ``!`` cells and the
+so a job on a machine without a daemon used to "finish" in seconds with a table of ``!`` cells and the
 reason only in the database. Checking first costs a ping and a few image lookups, and a refused job stores
 and enqueues nothing.
 
@@ -72,17 +72,17 @@ def package_checks() -> list[Check]:
     return checks
 
 
-def engine_check() -> Check:
-    from env.engine import engine_state
+def daemon_check() -> Check:
+    from env.docker_daemon import daemon_state
 
-    state = engine_state()
+    state = daemon_state()
     if state.answering:
-        return Check("docker engine", True, True, f"Docker {state.version} at {state.host}")
-    return Check("docker engine", False, True, f"no engine answers at {state.host}: {state.reason}", SETUP)
+        return Check("docker daemon", True, True, f"Docker {state.version} at {state.host}")
+    return Check("docker daemon", False, True, f"no daemon answers at {state.host}: {state.reason}", SETUP)
 
 
 def lookup_client() -> Any:
-    """The engine's docker-py client for image lookups (None when no engine answers: the engine check says why)."""
+    """The daemon's docker-py client for image lookups (None when no daemon answers: the daemon check says why)."""
     from env.images import ImageError, docker_client
 
     try:
@@ -98,7 +98,7 @@ def base_image_check(client: Any, tag: str | None = None) -> Check:
     tag = tag or BASE_IMAGE_TAG
     name = "base image"
     if client is None:
-        return Check(name, False, True, f"{tag}: unknown until a Docker engine answers", SETUP)
+        return Check(name, False, True, f"{tag}: unknown until a Docker daemon answers", SETUP)
     if image_exists(client, tag):
         return Check(name, True, True, f"{tag} ({client.images.get(tag).short_id.removeprefix('sha256:')})")
     if shutil.which("debootstrap"):
@@ -113,7 +113,7 @@ def task_images_check(tasks: list[Task], client: Any, base: Check) -> tuple[Chec
 
     name = f"task images ({len(tasks)})"
     if client is None:
-        return Check(name, False, True, "unknown until a Docker engine answers", SETUP), []
+        return Check(name, False, True, "unknown until a Docker daemon answers", SETUP), []
     states = task_images(tasks, client)
     by_id = {t.instance_id: t for t in tasks}
     build = [by_id[s.task_id] for s in states if s.buildable and not s.present]
@@ -239,10 +239,10 @@ class Preflight:
 
 
 def container_checks(tasks: list[Task]) -> Preflight:
-    """Engine, base image (when a task is local) and the tasks' images."""
-    engine = engine_check()
-    client = lookup_client() if engine.ok else None
-    checks = [engine]
+    """Daemon, base image (when a task is local) and the tasks' images."""
+    daemon = daemon_check()
+    client = lookup_client() if daemon.ok else None
+    checks = [daemon]
     base = Check("base image", True, True, "not needed (no local task)")
     if any(t.kind == "local" for t in tasks):
         base = base_image_check(client)

@@ -67,3 +67,15 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords and not has_gpu:
             item.add_marker(pytest.mark.skip(reason="needs a CUDA device"))
+
+
+def run_task_episode(task, model, *, agent=None, grade: bool = True, seed: int = 0, **kwargs):
+    """The one episode runner (``agent_runner.episode.run_episode``) on an already-loaded ``task`` with a given
+    backend (a test double: scripted, oracle), as every CLI and worker episode runs."""
+    from agent_runner.config import AgentConfig, EpisodeSpec
+    from agent_runner.episode import run_episode
+
+    spec = EpisodeSpec(
+        task_id=task.instance_id, agent=agent or AgentConfig(), grade=grade, seed=seed, eviction={"method": "dense"}
+    )
+    return run_episode(spec, task=task, model=model, **kwargs)

@@ -135,3 +135,31 @@ def test_packages_import_only_the_layers_below(graph):
         if target.split(".")[0] != module.split(".")[0] and target.split(".")[0] not in ALLOWED[module.split(".")[0]]
     )
     assert wrong == []
+
+
+# A module name means one thing (CLI verb modules, nexus_eval.commands.*, are named after their verbs):
+# "tasks" are coding tasks (Celery's are workers.celery_tasks), "engine" is the batched decode engine (Docker's
+# is env.docker_daemon), "episode" is the one episode runner, "replay" is counterfactual replay
+# (``rerun --from-turn`` forces a prefix: agent_runner.backends.forced_prefix).
+ONE_MEANING = {
+    "tasks": ["env.tasks"],
+    "engine": ["agent_runner.engine"],
+    "episode": ["agent_runner.episode"],
+    "replay": ["workers.replay"],
+}
+
+
+def test_a_module_name_means_one_thing(graph):
+    for leaf, owners in ONE_MEANING.items():
+        holders = sorted(m for m in graph if m.split(".")[-1] == leaf and not m.startswith("nexus_eval.commands."))
+        assert holders == owners, leaf
+
+
+def test_the_episode_runner_is_the_only_path(graph):
+    """Only the runner builds an agent loop; the CLI's episode verb and the worker (the interactive rerun goes
+    through the worker's execute_episode) are its callers."""
+    assert sorted(m for m in graph if "agent_runner.agent" in graph[m]) == ["agent_runner.episode"]
+    assert sorted(m for m in graph if "agent_runner.episode" in graph[m]) == [
+        "nexus_eval.commands.episode",
+        "workers.execution",
+    ]

@@ -26,11 +26,12 @@ still running), soft and hard time limits, ``task_track_started`` and ``result_e
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 from celery import Celery
 from kombu import Exchange, Queue
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from db.connection import default_url
 
@@ -67,6 +68,9 @@ class ServiceSettings(BaseModel):
     episodes_per_gpu: int = Field(
         1, description="episodes a gpu worker process decodes together on its one model (docs/engine.md)"
     )
+    device: str | None = Field(
+        None, description="this worker host's device for the model (cuda:1 ...); None: the job's ModelSpec.device"
+    )
 
     @field_validator("episodes_per_gpu", mode="before")
     @classmethod
@@ -76,7 +80,7 @@ class ServiceSettings(BaseModel):
         except ValueError:
             rows = 0
         if rows < 1:
-            raise ValueError(f"$NEXUS_EVAL_EPISODES_PER_GPU={value!r} must be a whole number >= 1")
+            raise ValueError(f"episodes_per_gpu={value!r} must be a whole number >= 1")
         return rows
 
     @model_validator(mode="after")
@@ -94,13 +98,20 @@ class ServiceSettings(BaseModel):
         return self
 
     @classmethod
-    def from_env(cls) -> ServiceSettings:
-        env = os.environ
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> ServiceSettings:
+        """The settings from ``NEXUS_EVAL_*`` variables (``environ``, default ``os.environ``: the one place
+        they are read), then ``overrides`` (a command's flags: ``db_url``, ``episodes_per_gpu``, ``device``)
+        on top; every value validated. The variables: BROKER, RESULT_BACKEND, DB, EPISODES_PER_GPU, DEVICE,
+        SOFT_TIME_LIMIT, HARD_TIME_LIMIT, VISIBILITY_TIMEOUT, STALE_AFTER (docs/service.md)."""
+        env = os.environ if environ is None else environ
         values: dict[str, object] = {
             "broker_url": env.get("NEXUS_EVAL_BROKER") or None,
             "result_backend": env.get("NEXUS_EVAL_RESULT_BACKEND") or None,
+            "device": env.get("NEXUS_EVAL_DEVICE") or None,
         }
-        if env.get("NEXUS_EVAL_EPISODES_PER_GPU"):  # set by `nexus-eval worker --episodes-per-gpu N`
+        if env.get("NEXUS_EVAL_DB"):
+            values["db_url"] = default_url(env)
+        if env.get("NEXUS_EVAL_EPISODES_PER_GPU"):
             values["episodes_per_gpu"] = env["NEXUS_EVAL_EPISODES_PER_GPU"]
         for field, var in (
             ("soft_time_limit_s", "NEXUS_EVAL_SOFT_TIME_LIMIT"),
@@ -113,7 +124,10 @@ class ServiceSettings(BaseModel):
                     values[field] = float(env[var])
                 except ValueError:
                     raise ValueError(f"${var}={env[var]!r} is not a number of seconds") from None
-        return cls(**values)
+        try:
+            return cls(**{**values, **overrides})
+        except ValidationError as exc:
+            raise ValueError("; ".join(e["msg"].removeprefix("Value error, ") for e in exc.errors())) from None
 
     @property
     def embedded(self) -> bool:
@@ -145,7 +159,7 @@ def make_app(settings: ServiceSettings | None = None) -> Celery:
         "nexus_eval",
         broker=settings.effective_broker,
         backend=settings.effective_result_backend,
-        include=["workers.tasks"],
+        include=["workers.celery_tasks"],
     )
     # kombu's SQL transport hands its transport options to create_engine and has no visibility timeout
     transport = {} if settings.embedded else {"visibility_timeout": settings.effective_visibility_timeout}
@@ -190,13 +204,3 @@ def get_app(settings: ServiceSettings | None = None) -> Celery:
     elif settings is not None and settings != _APP[0].conf.nexus_settings:
         raise RuntimeError("this process's Celery app was already built with other settings")
     return _APP[0]
-
-
-def app_for_db(db_url: str, *, embedded: bool = False) -> Celery:
-    """This process's app for the results database ``db_url``: the environment's settings (broker, limits)
-    with that database; ``embedded`` uses the SQLite broker beside it whatever ``$NEXUS_EVAL_BROKER`` says.
-    ``ValueError`` when the environment's settings are invalid."""
-    settings = ServiceSettings.from_env().model_copy(update={"db_url": db_url})
-    if embedded:
-        settings = settings.model_copy(update={"broker_url": None, "result_backend": None})
-    return get_app(settings)

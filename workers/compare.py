@@ -302,7 +302,8 @@ def compare_jobs(session: Any, job_ids: Sequence[str], *, confidence: float = 0.
     ids = [job.id for job in jobs]
     episodes = [latest_attempts(session, [j]) for j in ids]
     outcomes, notes = merge_jobs([outcomes_from_episodes(e) for e in episodes])
-    notes += setting_notes(jobs) + grading_notes([e for per_job in episodes for e in per_job])
+    every = [e for per_job in episodes for e in per_job]
+    notes += setting_notes(jobs) + grading_notes(every) + seed_notes(every)
     table = build_table(outcomes, job_ids=ids, confidence=confidence, seed=seed, notes=notes)
     table.replay = replay_cells(session, ids, confidence=confidence, seed=seed)
     table.notes += replay_notes(table.replay)
@@ -326,6 +327,25 @@ def grading_notes(episodes: Sequence[Any]) -> list[str]:
             f"not be the agent's: {', '.join(offline[:10])}{' ...' if len(offline) > 10 else ''}"
         )
     return notes
+
+
+def seed_notes(episodes: Sequence[Any]) -> list[str]:
+    """A warning for episodes stored before the episode's seed reached its sampler: their config's ``agent.seed``
+    (always 0) is what sampled, whatever their ``seed``, so their seeds are copies, not independent samples."""
+    stale = [
+        e
+        for e in episodes
+        if (e.config or {}).get("backend", "hf") != "oracle"
+        and "seed" in ((e.config or {}).get("agent") or {})
+        and e.config["agent"]["seed"] != e.config.get("seed", e.seed)
+    ]
+    if not stale:
+        return []
+    return [
+        f"{len(stale)} episode(s) were sampled with seed {stale[0].config['agent']['seed']} whatever their seed "
+        "(stored before each seed sampled apart): across seeds they are copies, not independent samples, so "
+        "Pass@1 over seeds, pass@k and McNemar pairs overstate the evidence; `nexus-eval rerun` them"
+    ]
 
 
 #: Job settings that change what a column means; merged jobs that differ in them get a warning note.

@@ -1,15 +1,14 @@
-"""Running and grading one stored episode: the code every path shares (Celery task, embedded, interactive).
+"""Running and grading one stored episode: the code every service path shares (Celery task, embedded, interactive).
 
-:func:`execute_episode` is idempotent through ``db.claims``: it claims the row (a duplicate or redelivered
-message gets no claim and does nothing), writes each turn as it happens, and finishes the row once.
-:func:`grade_stored_episode` grades the stored patch in a fresh container (the ``grade`` queue).
+:func:`execute_episode` is claim -> ``agent_runner.episode.run_episode`` (with an ``on_turn`` that stores each
+turn) -> finish. It is idempotent through ``db.claims``: a duplicate or redelivered message gets no claim and
+does nothing. :func:`grade_stored_episode` grades the stored patch in a fresh container (the ``grade`` queue).
 
-Nothing here imports Celery; the tasks in :mod:`workers.tasks` wrap these functions.
+Nothing here imports Celery; the tasks in :mod:`workers.celery_tasks` wrap these functions.
 """
 
 from __future__ import annotations
 
-import os
 import time
 import traceback
 from collections.abc import Callable
@@ -20,6 +19,7 @@ from agent_runner.config import EpisodeSpec
 from db import Database
 from db import store as db_store
 from db.models import AGENT_EXIT_STATUSES, EpisodeStatus
+from workers.task_cache import TaskCache
 
 if TYPE_CHECKING:
     from agent_runner.agent import Intervene
@@ -37,7 +37,7 @@ class EpisodeHooks:
     """What a caller may add around one run; every field is optional.
 
     progress:         receives ``{"turn", "max_steps", "action"}`` after each stored turn (Celery's PROGRESS).
-    wrap_model:       ``wrap_model(model, spec)`` returns the backend to use (``--from-turn`` replay).
+    wrap_model:       ``wrap_model(model)`` returns the backend to use (``--from-turn``: ``ForcedPrefix``).
     on_turn:          sees each TurnRecord after it is stored (the interactive operator prints it).
     intervene:        may replace an action before it runs (``agent_runner.agent.Intervene``).
     open_environment: replaces ``DockerEnvironment.open`` (the interactive rerun wraps it).
@@ -46,7 +46,7 @@ class EpisodeHooks:
     """
 
     progress: Callable[[dict[str, Any]], None] | None = None
-    wrap_model: Callable[[Model, EpisodeSpec], Model] | None = None
+    wrap_model: Callable[[Model], Model] | None = None
     on_turn: Callable[[TurnRecord], Any] | None = None
     intervene: Intervene | None = None
     open_environment: Callable[..., Environment] | None = None
@@ -69,54 +69,46 @@ class ExecutionOutcome:
         return self.written and self.status in AGENT_EXIT_STATUSES
 
 
-def episode_spec_from_config(config: dict[str, Any]) -> EpisodeSpec:
+def worker_episode_spec(config: dict[str, Any], *, device: str | None = None) -> EpisodeSpec:
     """The stored per-episode config (an ``EpisodeSpec`` dump, see ``workers.spec.JobSpec.episode_config``) ->
-    the EpisodeSpec a worker runs, with grading left to the ``grade`` queue.
-
-    ``$NEXUS_EVAL_DEVICE`` (e.g. ``cuda:1``), when set, overrides the model's device: it belongs to the
-    worker host, not to the job."""
+    the EpisodeSpec a worker runs: grading left to the ``grade`` queue, and the model on ``device`` when the
+    worker host names one (``ServiceSettings.device``: it belongs to the host, not to the job)."""
     spec = EpisodeSpec.model_validate(config)
-    device = os.environ.get("NEXUS_EVAL_DEVICE")
     update: dict[str, Any] = {"grade": False}
     if device:
         update["model"] = spec.model.model_copy(update={"device": device})
     return spec.model_copy(update=update)
 
 
-def turn_fields(turn: Any) -> dict[str, Any]:
-    """``agent_runner.records.TurnRecord`` -> the ``db.models.Turn`` columns ``record_turn`` takes."""
+#: the turn fields that have columns of their own (``db.models.Turn``), beside the completion's
+_TURN_COLUMNS = {"index", "completion", "thought", "action", "observation", "env_s"}
+_COMPLETION_COLUMNS = {
+    *("text", "tokens", "tokens_appended", "tokens_generated", "prompt_tokens", "logical_length"),
+    *("physical_before", "physical_after", "eviction_events", "cache_bytes", "prefill_s", "decode_s"),
+    "tokens_per_s",
+}
+
+
+def turn_row(turn: TurnRecord) -> dict[str, Any]:
+    """A ``TurnRecord`` -> the ``db.models.Turn`` columns ``record_turn`` takes, the record stored whole: the
+    fields queried by SQL are columns, every other field of the turn and of its completion goes into ``extra``
+    under its own name (a field added to either model is stored without a change here), the backend's own
+    ``Completion.extra`` under ``backend``."""
     c = turn.completion
+    dumped = c.model_dump(mode="json")
     return {
-        "tokens_appended": c.tokens_appended,
-        "tokens_generated": c.tokens_generated,
-        "prompt_tokens": c.prompt_tokens,
-        "logical_length": c.logical_length,
-        "physical_before": c.physical_before.model_dump() if c.physical_before else None,
-        "physical_after": c.physical_after.model_dump() if c.physical_after else None,
-        "eviction_events": c.eviction_events,
-        "cache_bytes": c.cache_bytes,
-        "prefill_s": c.prefill_s,
-        "decode_s": c.decode_s,
-        "tokens_per_s": c.tokens_per_s,
+        **{name: dumped[name] for name in _COMPLETION_COLUMNS if name not in ("text", "tokens")},
         "env_s": turn.env_s,
         "completion": c.text,
         "thought": turn.thought,
-        "action": turn.action.model_dump() if turn.action else None,
+        "action": turn.action.model_dump(mode="json") if turn.action else None,
         "observation": turn.observation,
+        "tokens": dumped["tokens"],  # the token stream counterfactual replay feeds (None without one)
         "extra": {
-            "format_error": turn.format_error,
-            "parse_error": turn.parse_error,
-            "intervened": turn.intervened,
-            "submitted": turn.submitted,
-            "model_s": turn.model_s,
-            "finish_reason": c.finish_reason,
-            "steps_remaining": turn.steps_remaining,
-            **({"replayed": True} if c.extra.get("replayed") else {}),
-            # a multi-episode worker: how many episodes' rows were decoded together, on average, this turn
-            **({"batch_rows": c.extra["batch_rows_mean"]} if "batch_rows_mean" in c.extra else {}),
+            **turn.model_dump(mode="json", exclude=_TURN_COLUMNS),
+            **{k: v for k, v in dumped.items() if k not in _COMPLETION_COLUMNS and k != "extra"},
+            "backend": dumped["extra"],
         },
-        # the turn's token stream (hf backend): what `nexus-eval replay` feeds through other methods' caches
-        "tokens": c.extra.get("tokens"),
     }
 
 
@@ -134,19 +126,22 @@ def execute_episode(
     db: Database,
     episode_id: str,
     *,
+    tasks: TaskCache | None = None,
     celery_task_id: str | None = None,
     soft_deadline_s: float | None = None,
     stale_after_s: float | None = None,
-    batch_rows: int = 1,
+    episodes_per_gpu: int = 1,
+    device: str | None = None,
     hooks: EpisodeHooks = EpisodeHooks(),
 ) -> ExecutionOutcome:
     """Claim, run and finish ``episode_id``. Never raises for episode failures (they become statuses).
 
+    ``tasks``: the worker process's task sources (default: a fresh cache, so this one episode loads its own).
     ``soft_deadline_s``: seconds from now after which the run stops at its next turn and is stored as
     ``timeout`` with its partial trajectory (so does any of ``hooks.time_limits`` raised into the run).
     ``stale_after_s``: a running row whose heartbeat is older is taken over (see ``db.claims``).
-    ``batch_rows``: > 1 decodes this episode together with the process's other episodes (a multi-episode
-    worker, ``ServiceSettings.episodes_per_gpu``; see ``agent_runner.episode.build_model``).
+    ``episodes_per_gpu``: > 1 decodes this episode together with the process's other episodes (a multi-episode
+    worker; see ``agent_runner.model_cache.backend_for``). ``device``: the worker host's device for the model.
     """
     started = time.monotonic()
     timings: dict[str, float] = {}
@@ -168,7 +163,7 @@ def execute_episode(
         t0 = time.monotonic()
         try:
             with db.session() as s:
-                db_store.record_turn(s, claim, turn.index, **turn_fields(turn))
+                db_store.record_turn(s, claim, turn.index, **turn_row(turn))
         except db_store.ClaimLost as exc:
             state["claim_lost"] = str(exc)
             raise
@@ -184,24 +179,15 @@ def execute_episode(
 
     result, error, interrupted = None, None, None
     try:
-        from agent_runner.episode import build_model
-        from agent_runner.episode_core import run_episode
+        from agent_runner.episode import run_episode
 
-        spec = episode_spec_from_config(config)
-        task = spec.load_task()
-        t0 = time.monotonic()
-        # the worker process loads its model once (host_for caches it); a multi-episode worker batches them
-        model = build_model(spec, task, batch_rows=batch_rows)
-        if hooks.wrap_model is not None:
-            model = hooks.wrap_model(model, spec)
-        timings["model_s"] = time.monotonic() - t0
-        labels = {"nexus-eval.job": job_id, "nexus-eval.episode": episode_id}
+        spec = worker_episode_spec(config, device=device)
         result = run_episode(
-            task,
-            model,
-            agent_config=spec.agent,
-            grade=False,
-            labels=labels,
+            spec,
+            task=(tasks or TaskCache()).task(spec),
+            episodes_per_gpu=episodes_per_gpu,
+            wrap_model=hooks.wrap_model,
+            labels={"nexus-eval.job": job_id, "nexus-eval.episode": episode_id},
             on_turn=persist,
             intervene=hooks.intervene,
             open_environment=hooks.open_environment,
@@ -210,7 +196,7 @@ def execute_episode(
     except BaseException as exc:  # noqa: BLE001 - a time limit, a bad config, a broken model host
         error = f"{type(exc).__name__}: {exc}\n" + "".join(traceback.format_exception(exc)).strip()
         interrupted = exc
-        if not isinstance(exc, Exception | out_of_time):
+        if not isinstance(exc, (Exception, *out_of_time)):
             raise  # KeyboardInterrupt / SystemExit (warm shutdown): the message is redelivered
     timings["run_s"] = time.monotonic() - started - timings["claim_s"]
 
@@ -252,9 +238,9 @@ def grade_report(graded) -> dict[str, Any]:
     }
 
 
-def grade_stored_episode(db: Database, episode_id: str) -> str | None:
+def grade_stored_episode(db: Database, episode_id: str, *, tasks: TaskCache | None = None) -> str | None:
     """Grade the stored patch of an episode awaiting its grade; returns the verdict, or None when there was
-    nothing to grade (already graded: a redelivered grade message)."""
+    nothing to grade (already graded: a redelivered grade message). ``tasks``: the worker's task sources."""
     with db.session() as s:
         row = db_store.get_episode(s, episode_id)
         status, patch, config = row.status, row.patch, dict(row.config or {})
@@ -267,7 +253,7 @@ def grade_stored_episode(db: Database, episode_id: str) -> str | None:
         if patch is None:
             raise RuntimeError("the agent stage left no patch (the diff could not be taken)")
         spec = EpisodeSpec.model_validate(config)
-        graded = grade(spec.load_task(), patch, config=spec.grade_config())
+        graded = grade((tasks or TaskCache()).task(spec), patch, config=spec.grade_config())
     except Exception as exc:  # grading infrastructure broke: recorded, the agent's patch stays for a regrade
         with db.session() as s:
             db_store.record_grade(s, episode_id, "infra_failure", error=f"grading failed: {type(exc).__name__}: {exc}")
@@ -298,12 +284,12 @@ def regrade_job(db: Database, job_id: str) -> list[tuple[str, str | None, str]]:
             (r.id, r.status, r.patch, r.test_log, dict(r.config or {}))
             for r in db_store.latest_attempts(s, [db_store.get_job(s, job_id).id])
         ]
-    changes = []
+    changes, tasks = [], TaskCache()
     for episode_id, old, patch, log, config in rows:
         if not log and not (patch is not None and not patch.strip()):
             continue
         spec = EpisodeSpec.model_validate(config)
-        graded = regrade(spec.load_task(), log or "", patch or "", config=spec.grade_config())
+        graded = regrade(tasks.task(spec), log or "", patch or "", config=spec.grade_config())
         with db.session() as s:
             db_store.record_grade(
                 s,

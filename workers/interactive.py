@@ -8,49 +8,22 @@ Each turn the operator sees the model's thought and proposed action and answers:
 - ``h`` shell (``docker exec -it`` into the episode's container; the turn is asked again afterwards),
 - ``q`` stop (submit the repository as it is now; the patch is graded as usual).
 
-The observation of every turn is printed after it runs. ``--from-turn K`` first replays the source
-attempt's stored turns 0..K-1 without asking: their completions are teacher-forced through the live backend
-when it supports it (the hf backend's ``forced_text``, so its cache holds exactly what a live run would
-hold), otherwise the backend is stepped and its text replaced by the stored one. The run is a new attempt
-row, written through the same claim/record_turn/finish path as a worker's.
+The observation of every turn is printed after it runs. ``--from-turn K`` first forces the source attempt's
+stored turns 0..K-1 without asking (``agent_runner.backends.forced_prefix.ForcedPrefix``). The run is a new
+attempt row, written through the same claim/record_turn/finish path and the same episode runner as a worker's.
 """
 
 from __future__ import annotations
 
-import inspect
 import subprocess
 from collections.abc import Callable
 from typing import Any
 
 from agent_runner.parsing import ParsedAction, parse_response
-from agent_runner.records import Completion
 from env.tools import ToolCall
 
 SKIPPED_CMD = "echo '[the operator skipped this action]'"
 CHOICES = "[c]ontinue  [e]dit  [s]kip  [h] shell  [q] stop"
-
-
-class TeacherForcedReplay:
-    """The first ``len(recorded)`` calls reproduce stored completions through ``live``; then ``live`` itself."""
-
-    def __init__(self, recorded: list[str], live: Any) -> None:
-        self.recorded, self.live, self._next = list(recorded), live, 0
-        self.forcing = "forced_text" in inspect.signature(live.complete).parameters
-
-    def reset(self, *, seed: int) -> None:
-        self._next = 0
-        self.live.reset(seed=seed)
-
-    def complete(self, messages: list, *, max_new_tokens: int | None = None) -> Completion:
-        if self._next >= len(self.recorded):
-            return self.live.complete(messages, max_new_tokens=max_new_tokens)
-        text = self.recorded[self._next]
-        self._next += 1
-        if self.forcing:
-            done = self.live.complete(messages, max_new_tokens=max_new_tokens, forced_text=text)
-        else:  # step the backend so its own state (a script position) advances, keep the stored text
-            done = self.live.complete(messages, max_new_tokens=max_new_tokens).model_copy(update={"text": text})
-        return done.model_copy(update={"extra": {**done.extra, "replayed": True}})
 
 
 def action_text(call: ToolCall | None) -> str:
@@ -101,7 +74,7 @@ class Operator:
 
     def intervene(self, index: int, parsed: ParsedAction) -> ParsedAction | None:
         if index < self.replay_turns:
-            self.say(f"--- turn {index} (replayed) ---", "dim")
+            self.say(f"--- turn {index} (forced from the stored attempt) ---", "dim")
             return None
         self.say(f"--- turn {index} ---", "bold")
         self.say(f"thought: {parsed.thought.strip()[:2000] or '(none)'}")

@@ -36,7 +36,7 @@ from db.models import ACTIVE_STATUSES, Replay
 from db.replays import record_replay, replays_for_jobs, turn_streams
 from nexus.config import EvictionConfig
 from nexus.methods import DENSE, check_method, check_scope
-from workers.execution import episode_spec_from_config
+from workers.execution import worker_episode_spec
 from workers.replay_stats import ReplayCell, outcomes_from_rows, summarize_replays
 from workers.spec import JobSpec
 
@@ -104,7 +104,7 @@ def _job_spec(job: Any, methods: Sequence[str]) -> JobSpec:
     config = dict(job.config or {})
     extra = [m for m in methods if m not in config.get("methods", [])]
     try:
-        return JobSpec.model_validate({**config, "methods": [*config.get("methods", []), *extra]})
+        return JobSpec.from_stored({**config, "methods": [*config.get("methods", []), *extra]})
     except ValidationError as exc:
         raise ValueError(f"job {job.id}: its stored spec does not validate: {exc}") from None
 
@@ -116,9 +116,11 @@ def plan_replays(
     methods: Sequence[str] | None = None,
     scopes: Sequence[str] | None = None,
     protocols: Sequence[str] | None = None,
+    device: str | None = None,
 ) -> ReplayPlan:
-    """What :func:`replay_job` would run. ``LookupError`` for an unknown job, ``ValueError`` for a bad name or
-    a job without dense episodes. Loads no model and imports no torch."""
+    """What :func:`replay_job` would run (on ``device``, default the job's own model device). ``LookupError``
+    for an unknown job, ``ValueError`` for a bad name or a job without dense episodes. Loads no model and
+    imports no torch."""
     _check_names(methods, scopes, protocols)
     with db.session() as s:
         job = db_store.get_job(s, job_id)
@@ -141,7 +143,7 @@ def plan_replays(
                 why = "no turns" if not episode.n_turns else "no stored token stream (a backend that reports none?)"
                 plan.missing.append((episode.id, episode.task_id, why))
                 continue
-            plan.model = plan.model or episode_spec_from_config(episode.config).model
+            plan.model = plan.model or worker_episode_spec(episode.config, device=device).model
             wanted = list(combos)
             if DENSE not in methods:  # the delta-NLL baseline, where this episode has none yet
                 wanted += [(DENSE, scopes[0], p) for p in protocols if (episode.id, p) not in have_dense]
@@ -155,13 +157,14 @@ def run_plan(
     db: Database, plan: ReplayPlan, *, chunked: bool = True, host: Any = None, progress: Progress | None = None
 ) -> ReplaySummary:
     """Run every item of ``plan`` and store its row. ``host``: a loaded ``ModelHost`` (default: the job's
-    model through ``agent_runner.episode.host_for``); a model that cannot load raises before any row is written."""
+    model through ``agent_runner.model_cache.host_for``); a model that cannot load raises before any row is written."""
     results: list[ReplayResult] = []
     if plan.items:
-        from agent_runner.counterfactual import TurnTokens, model_forward
+        from agent_runner.counterfactual import model_forward
+        from agent_runner.records import TurnTokens
 
         if host is None:
-            from agent_runner.episode import host_for
+            from agent_runner.model_cache import host_for
 
             host = host_for(plan.model or ModelSpec())
         forward = model_forward(host.model, host.device)
@@ -202,7 +205,7 @@ def replay_job(
 
 def _load_stream(db: Database, episode_id: str) -> list[Any] | Exception:
     """The episode's TurnTokens, or the exception that says why they do not parse (stored on each row)."""
-    from agent_runner.counterfactual import TurnTokens
+    from agent_runner.records import TurnTokens
 
     with db.session() as s:
         raw = turn_streams(s, episode_id) or []

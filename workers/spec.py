@@ -1,21 +1,26 @@
 """``JobSpec``: what a user submits, frozen, validated and hashed, and its fan-out into episodes.
 
-A job file (YAML) looks like::
+A job file (YAML) looks like this; every key has a default (the class's fields), and ``examples/`` holds the
+job files for the common cases, each checked by ``tests/service/test_examples.py``::
 
     name: mini-dense-vs-nexus
-    model: {name: Qwen/Qwen3-0.6B, revision: main}
-    backend: hf                      # hf | openai | oracle (oracle needs no model)
-    methods: [dense, snapkv, nexus]
-    scopes: [prefill_only, prefill_decode]
-    protocols: [true_eviction, full_context]
+    model: {name: Qwen/Qwen3-0.6B, revision: main}   # default: tiny (random weights, the real Qwen3 tokenizer)
+    backend: hf                      # hf | openai | oracle (oracle ignores the model)
+    methods: [dense, snapkv, nexus]  # default: [dense, nexus]
+    scopes: [prefill_only, prefill_decode]       # default: [prefill_decode]
+    protocols: [true_eviction, full_context]     # default: [true_eviction]
     density: 0.2
     eviction: {block_size: 32, window: 16}   # nexus.EvictionConfig's shared fields, for every method
     preset: paper                    # paper | reference | kvcache_factory (nexus/presets.py)
     method_params: {nexus: {walk_steps: 3}, snapkv: {window: 32, kernel_size: 5}}
-    seeds: [0, 1, 2]
+    seeds: [0, 1, 2]                 # each seed samples its own episode: the sampler and the eviction policy
     limits: {max_steps: 100, soft_step_limit: 40, max_context_tokens: 65536}
     sampling: {temperature: 1.0, top_p: 1.0, top_k: 0, max_new_tokens: null}  # null: no per-turn cap
-    tasks: {suite: mini, ids: ["mini__*"]}
+    tasks: {suite: mini, ids: ["argkit__*"]}     # default: every task of mini
+
+**Command-line flags override a file** (``nexus-eval submit -f job.yaml --density 0.1`` stores 0.1): the
+CLI turns each flag it was given into one override (:func:`apply_overrides`), set on top of the file, or on
+top of these defaults without a file. A flag never given changes nothing.
 
 **Dense runs once per (task, seed), not once per cell.** Dense evicts nothing, so its result cannot depend
 on the scope or the protocol; its single episode is stored under the first listed scope and protocol, and
@@ -41,10 +46,11 @@ the same settings hash the same.
 
 from __future__ import annotations
 
+import copy
 import fnmatch
 import hashlib
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -62,12 +68,16 @@ from agent_runner.config import (
     ProtocolName,
     SamplingConfig,
     ScopeName,
+    check_openai_fields,
+    legacy_agent_fields,
 )
 from nexus.config import SHARED_FIELDS, EvictionConfig
 from nexus.methods import DENSE
 from nexus.presets import DEFAULT_PRESET, PRESETS, check_preset, resolve, split_settings
 
 _GLOB_CHARS = set("*?[")
+#: the job ``nexus-eval run`` submits when it is given no file (shipped in the package)
+QUICK_JOB_FILE = Path(__file__).resolve().parent / "jobs" / "quick.yaml"
 #: the keys of a job's ``eviction`` mapping (density has its own top-level key)
 EVICTION_KEYS: tuple[str, ...] = tuple(name for name in SHARED_FIELDS if name != "density")
 _EVICTION_DEFAULTS = {name: EvictionConfig.__dataclass_fields__[name].default for name in EVICTION_KEYS}
@@ -166,9 +176,9 @@ class JobSpec(_Frozen):
     """A whole job. Immutable; ``model_dump(mode="json")`` is what the ``jobs.config`` column stores."""
 
     name: str | None = Field(None, max_length=200)
-    model: ModelSpec | None = None
+    model: ModelSpec = ModelSpec()
     backend: BackendName = "hf"
-    methods: list[MethodName] = Field(min_length=1)
+    methods: list[MethodName] = Field(default_factory=lambda: ["dense", "nexus"], min_length=1)
     scopes: list[ScopeName] = Field(default_factory=lambda: ["prefill_decode"], min_length=1)
     protocols: list[ProtocolName] = Field(default_factory=lambda: ["true_eviction"], min_length=1)
     density: float = Field(0.2, gt=0, le=1, description="kept fraction of the logical tokens")
@@ -184,7 +194,7 @@ class JobSpec(_Frozen):
     seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
     limits: AgentConfig = AgentConfig()
     sampling: SamplingConfig = SamplingConfig()
-    tasks: TaskSelection
+    tasks: TaskSelection = TaskSelection(suite="mini")
     openai: dict[str, Any] = Field(default_factory=dict, description="OpenAIConfig fields for backend=openai")
     grade: bool = True
     grade_route: Literal["swebench", "r2e"] = Field(
@@ -243,8 +253,7 @@ class JobSpec(_Frozen):
         stray = [m for m in self.method_params if m not in self.methods]
         if stray:
             raise ValueError(f"method_params has {stray}, which are not in methods {self.methods}")
-        if self.model is None and self.backend != "oracle":
-            raise ValueError(f"backend {self.backend!r} needs a 'model' (name and revision)")
+        check_openai_fields(self.openai)
         for method in self.methods:  # a method's own window / slack / block size, checked without torch
             try:
                 self.eviction_config(method, self.scopes[0], self.seeds[0])
@@ -264,23 +273,35 @@ class JobSpec(_Frozen):
             raise JobSpecError(source, [(_loc(e["loc"]), _message(e)) for e in exc.errors()]) from None
 
     @classmethod
+    def from_stored(cls, config: Mapping[str, Any]) -> JobSpec:
+        """A job as the ``jobs.config`` column holds it, written by this or an earlier release: a stored
+        ``model: null`` (oracle jobs) reads as the default model, and ``limits.seed`` / ``limits.max_new_tokens``
+        (removed: the job's ``seeds`` and ``sampling.max_new_tokens`` are the only ones) are dropped / moved as
+        ``EpisodeSpec`` reads them. A file or flags with those keys are errors instead (``from_dict``)."""
+        data = dict(config)
+        if data.get("model", ()) is None:
+            data.pop("model")
+        if isinstance(data.get("limits"), dict):
+            data["limits"], sampling = legacy_agent_fields(data["limits"], data.get("sampling"))
+            if sampling is not None:
+                data["sampling"] = sampling
+        return cls.model_validate(data)
+
+    @classmethod
     def from_yaml(cls, path: str | Path) -> JobSpec:
         """Load a YAML job file. Errors name the file and the field (or the YAML line)."""
-        path = Path(path)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise JobSpecError(str(path), [("", f"cannot read: {exc.strerror or exc}")]) from None
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
-            problem = getattr(exc, "problem", None) or str(exc)
-            raise JobSpecError(str(path), [("", f"invalid YAML: {where}{problem}")]) from None
-        if data is None:
-            raise JobSpecError(str(path), [("", "the file is empty")])
-        return cls.from_dict(data, source=str(path))
+        return cls.from_dict(read_job_file(path), source=str(path))
+
+    @classmethod
+    def load(cls, path: str | Path | None = None, overrides: Mapping[str, Any] | None = None) -> JobSpec:
+        """The job of ``path`` (None: every default) with ``overrides`` set on top (:func:`apply_overrides`).
+        Errors name the file, the overrides (``job.yaml with density=0.1``) and the field."""
+        data = read_job_file(path) if path is not None else {}
+        source = str(path) if path is not None else "<defaults>"
+        if overrides:
+            source += " with " + ", ".join(f"{key}={value!r}" for key, value in overrides.items())
+        defaults = cls().model_dump(mode="json", exclude_none=True)
+        return cls.from_dict(apply_overrides(data, overrides or {}, defaults=defaults), source=source)
 
     def check_with_library(self, *, source: str = "<spec>") -> None:
         """Build each method's policy so a bad ``method_params`` value (an out-of-range hyperparameter, a
@@ -357,7 +378,7 @@ class JobSpec(_Frozen):
             split=self.tasks.split,
             task_id=task_id,
             backend=self.backend,
-            model=self.model or ModelSpec(),
+            model=self.model,
             eviction=self.eviction_config(method, scope, seed),
             protocol=protocol,
             seed=seed,
@@ -367,6 +388,47 @@ class JobSpec(_Frozen):
             grade=self.grade,
             grade_route=self.grade_route,
         )
+
+
+def read_job_file(path: str | Path) -> dict[str, Any]:
+    """A YAML job file's mapping, not yet validated; ``JobSpecError`` names the file (and the YAML line)."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise JobSpecError(str(path), [("", f"cannot read: {exc.strerror or exc}")]) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise JobSpecError(str(path), [("", f"invalid YAML: {where}{problem}")]) from None
+    if data is None:
+        raise JobSpecError(str(path), [("", "the file is empty")])
+    if not isinstance(data, dict):
+        raise JobSpecError(str(path), [("", f"a job spec must be a mapping, got {type(data).__name__}")])
+    return data
+
+
+def apply_overrides(
+    data: Mapping[str, Any], overrides: Mapping[str, Any], *, defaults: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """``data`` (a job mapping) with each override set, in order: a dotted key sets one nested field
+    (``limits.max_steps``: the rest of ``limits`` stays), a plain key replaces the whole value (``methods``,
+    ``model``, ``tasks``). A nested field whose parent ``data`` lacks starts from that parent in ``defaults``
+    (``tasks.ids`` alone keeps the default task source). ``data`` is not changed."""
+    merged = copy.deepcopy(dict(data))
+    for key, value in overrides.items():
+        *parents, leaf = key.split(".")
+        node, fallback = merged, defaults or {}
+        for part in parents:
+            child, fallback = node.get(part), fallback.get(part) if isinstance(fallback, Mapping) else None
+            base = child if isinstance(child, dict) else fallback if isinstance(fallback, Mapping) else {}
+            node[part] = child = copy.deepcopy(dict(base))
+            node = child
+        node[leaf] = value
+    return merged
 
 
 def _plain(exc: Exception) -> str:
@@ -388,6 +450,8 @@ def _message(error: dict[str, Any]) -> str:
     if loc == ("density",) and kind in ("greater_than", "less_than_equal"):
         return f"density must be in (0, 1], got {value!r}"
     if kind == "extra_forbidden":
-        return f"unknown field {loc[-1]!r}"
+        moved = {"seed": "a job's seeds are its top-level 'seeds'", "max_new_tokens": "use sampling.max_new_tokens"}
+        hint = f": {moved[loc[-1]]}" if loc[0] == "limits" and loc[-1] in moved else ""
+        return f"unknown field {loc[-1]!r}{hint}"
     message = error["msg"].removeprefix("Value error, ")
     return f"{message} (got {value!r})" if kind not in ("missing", "value_error") and value is not None else message

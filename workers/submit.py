@@ -6,7 +6,6 @@ the first row is written, so a rejected job leaves nothing behind: no job row, n
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from db import Database
@@ -19,11 +18,6 @@ if TYPE_CHECKING:
     from env.tasks import Task
 
 
-def load_spec(path: str | Path) -> JobSpec:
-    """A JobSpec from a YAML file; ``JobSpecError`` names the file and the field."""
-    return JobSpec.from_yaml(path)
-
-
 def load_tasks(spec: JobSpec) -> list[Task]:
     """The job's tasks; ``JobSpecError`` for a bad selection (an unknown id, a missing suite)."""
     try:
@@ -34,16 +28,16 @@ def load_tasks(spec: JobSpec) -> list[Task]:
         raise JobSpecError("<task selection>", [("tasks", f"cannot load {spec.tasks.source!r}: {exc}")]) from None
 
 
-def plan_episodes(spec: JobSpec, tasks: list[Task] | None = None) -> list:
-    """The fanned-out episodes (``workers.spec.EpisodeKey``) over ``tasks`` (default: :func:`load_tasks`);
-    raises ``JobSpecError`` for a bad selection."""
-    tasks = load_tasks(spec) if tasks is None else tasks
+def plan_episodes(spec: JobSpec, tasks: list[Task]) -> list:
+    """The fanned-out episodes (``workers.spec.EpisodeKey``) over the job's loaded ``tasks``
+    (:func:`load_tasks`); raises ``JobSpecError`` for a bad selection."""
     return spec.episodes([t.instance_id for t in tasks])
 
 
-def create_job_rows(db: Database, spec: JobSpec) -> tuple[str, list[str]]:
-    """Store the job and its attempt-1 episodes (status ``queued``); returns (job id, episode ids)."""
-    keys = plan_episodes(spec)
+def create_job_rows(db: Database, spec: JobSpec, tasks: list[Task]) -> tuple[str, list[str]]:
+    """Store the job and its attempt-1 episodes (status ``queued``) over its loaded ``tasks``; returns
+    (job id, episode ids)."""
+    keys = plan_episodes(spec, tasks)
     with db.session() as s:
         job = db_store.create_job(
             s, config=spec.model_dump(mode="json"), config_hash=spec.config_hash(), name=spec.name
@@ -52,15 +46,16 @@ def create_job_rows(db: Database, spec: JobSpec) -> tuple[str, list[str]]:
         return job.id, [r.id for r in rows]
 
 
-def submit(db: Database, spec: JobSpec, *, app: Celery | None = None) -> tuple[str, int]:
+def submit(db: Database, spec: JobSpec, tasks: list[Task], *, app: Celery | None = None) -> tuple[str, int]:
     """Store the job and send its episodes to the ``gpu`` queue through ``app`` (default: the process's app,
-    ``workers.app.get_app``); returns (job id, number enqueued).
+    ``workers.app.get_app``); returns (job id, number enqueued). ``tasks``: the job's tasks as
+    :func:`load_tasks` loaded them, once per submission (the caller has them already for its checks).
 
     If the broker cannot be reached the job is marked ``failed`` with the reason (its rows stay, so
     ``nexus-eval rerun``/``resume`` can send them later) and the error is raised."""
-    from workers.tasks import enqueue_pending
+    from workers.celery_tasks import enqueue_pending
 
-    job_id, _ = create_job_rows(db, spec)
+    job_id, _ = create_job_rows(db, spec, tasks)
     try:
         counts = enqueue_pending(db, job_id, app=app)
     except Exception as exc:

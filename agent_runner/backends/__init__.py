@@ -67,7 +67,6 @@ BACKENDS: dict[str, str] = {
     "openai": "agent_runner.backends.openai:OpenAIBackend",
     "oracle": "agent_runner.backends.oracle:OracleModel",
     "scripted": "agent_runner.backends.scripted:ScriptedModel",
-    "replay": "agent_runner.backends.replay:ReplayModel",
 }
 
 

@@ -15,9 +15,9 @@ draws from the global RNG), and exact control of what is fed (the last sampled t
 next turn). The loop is a few lines; with `engine=` the same turn runs batched with other episodes' turns in a
 `DecodeEngine` (agent_runner/engine.py), with the same tokens.
 
-Each completion carries its token stream in `extra["tokens"]` = {"keep", "append", "generated"}: this turn's
-context is the previous stream's first `keep` tokens + `append`, and `generated` are the tokens sampled (the
-stop token included). Counterfactual replay (agent_runner/counterfactual.py) feeds exactly that stream.
+Each completion carries its token stream in `Completion.tokens` (`TurnTokens`: keep, append, generated): this
+turn's context is the previous stream's first `keep` tokens + `append`, and `generated` are the tokens sampled
+(the stop token included). Counterfactual replay (agent_runner/counterfactual.py) feeds exactly that stream.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from agent_runner.backends import ModelError
 from agent_runner.config import ModelSpec, ProtocolName, SamplingConfig, check_protocol
 from agent_runner.engine import DecodeEngine, TurnDecoder, TurnTiming, forward_last, sync
 from agent_runner.model_host import ModelHost, load_host, render_chat
-from agent_runner.records import Completion, LayerStats, Message
+from agent_runner.records import Completion, LayerStats, Message, TurnTokens
 
 
 def _as_dicts(messages: list[Message]) -> list[dict]:
@@ -87,7 +87,7 @@ class HFBackend:
         fresh = self.protocol == "full_context" or self.cache is None
         try:
             feed, mismatch, keep = self._feed(messages, fresh=fresh)
-            stored = {"keep": keep, "append": self.stream[keep:], "generated": []}
+            stored = TurnTokens(keep=keep, append=self.stream[keep:], generated=[])
         except ValueError as exc:
             raise ModelError(f"hf backend: {exc}") from exc
         prompt_tokens = (0 if fresh else self.cache.logical_length) + len(feed)
@@ -98,7 +98,8 @@ class HFBackend:
                 prompt_tokens=prompt_tokens,
                 logical_length=prompt_tokens,
                 finish_reason="length",
-                extra={"context_full": True, "tokens": stored},
+                context_full=True,
+                tokens=stored,
             )
         # caps: the agent's per-turn one, the sampling config's; neither set (the default) = the rest of the window
         limit = min(cap for cap in (max_new_tokens, self.sampling.max_new_tokens, room) if cap is not None)
@@ -109,15 +110,14 @@ class HFBackend:
         if forced_text is not None:
             forced = self.host.tokenizer.encode(forced_text, add_special_tokens=False) + [self._im_end]
         try:
-            completion = self._generate(feed, limit, forced)
+            completion, generated = self._generate(feed, limit, forced)
         except torch.OutOfMemoryError as exc:
             raise ModelError(f"hf backend: out of memory at logical length {prompt_tokens}: {exc}") from exc
         self._consumed = len(messages)
         self._last_text = completion.text
         completion.prompt_tokens = prompt_tokens
-        completion.extra["tokens"] = {**stored, "generated": completion.extra.pop("generated")}
-        if mismatch:
-            completion.extra["history_mismatch"] = True
+        completion.tokens = stored.model_copy(update={"generated": generated})
+        completion.history_mismatch = mismatch
         return completion
 
     def retention(self) -> dict | None:
@@ -177,7 +177,8 @@ class HFBackend:
         sync(device)
         return TurnTiming(prefill_s=t1 - t0, decode_s=time.perf_counter() - t1)
 
-    def _generate(self, feed: list[int], limit: int, forced: list[int] | None = None) -> Completion:
+    def _generate(self, feed: list[int], limit: int, forced: list[int] | None = None) -> tuple[Completion, list[int]]:
+        """This turn's completion and the tokens it sampled (the stop token included)."""
         cache = self.cache
         before = [cache.occupancy(i) + len(feed) for i in range(cache.num_layers)]
         events0 = len(cache.events)
@@ -193,7 +194,7 @@ class HFBackend:
         self._pending = tokens[-1]
         text_ids = tokens[:-1] if finish == "stop" else tokens
         decode_s = timing.decode_s
-        return Completion(
+        completion = Completion(
             text=self.host.tokenizer.decode(text_ids, skip_special_tokens=False),
             tokens_appended=len(feed),
             tokens_generated=len(tokens),
@@ -206,12 +207,7 @@ class HFBackend:
             decode_s=decode_s,
             tokens_per_s=(len(tokens) - 1) / decode_s if len(tokens) > 1 and decode_s > 0 else None,
             finish_reason=finish,
-            extra={
-                "budget": cache.budget(0),
-                "protocol": self.protocol,
-                "method": self.eviction.method,
-                "scope": self.eviction.scope,
-                "generated": tokens,
-                **({"batch_rows_mean": timing.rows_mean} if self.engine is not None else {}),
-            },
+            batch_rows=timing.rows_mean if self.engine is not None else None,
+            extra={"budget": cache.budget(0)},
         )
+        return completion, tokens

@@ -45,7 +45,6 @@ class OpenAIConfig(BaseModel):
     temperature: float = Field(1.0, ge=0)  # DeepSWE's evaluation temperature
     top_p: float | None = Field(None, gt=0, le=1)  # R2E does not send top_p; None leaves the server default
     max_tokens: int | None = Field(None, ge=1, description="per-turn cap when the agent passes none")
-    seed: int | None = Field(None, description="overrides reset(seed=); per request: seed + turn index")
     stop: list[str] = Field(default_factory=list)
     timeout_s: float = Field(600.0, gt=0)
     max_retries: int = Field(3, ge=0)
@@ -59,12 +58,12 @@ class OpenAIBackend:
     def __init__(self, config: OpenAIConfig | None = None, **fields: Any) -> None:
         self.config = config if config is not None else OpenAIConfig(**fields)
         self.url = self.config.base_url.rstrip("/") + "/chat/completions"
-        self._seed: int | None = self.config.seed
+        self._seed: int | None = None  # the episode's seed, from reset(); per request: seed + turn index
         self._turn = 0
         self._last_logical = 0
 
     def reset(self, *, seed: int) -> None:
-        self._seed = self.config.seed if self.config.seed is not None else seed
+        self._seed = seed
         self._turn = 0
         self._last_logical = 0
 

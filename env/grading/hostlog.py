@@ -2,7 +2,7 @@
 
 The first line carries a random token. Every command the grader runs is framed by
 `<token> BEGIN <name>` / `<token> END <name> rc=N timed_out=0|1` lines that the host writes around the
-command's output, with the exit code from the Docker engine. The token never enters the container, so
+command's output, with the exit code from the Docker daemon. The token never enters the container, so
 nothing the patched code prints can fake a frame, an exit code or a section; readers take the LAST frame
 of each name. A section's body is the command's whole output (the test run's log is read back from a file,
 never capped).

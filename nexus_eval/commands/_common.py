@@ -5,7 +5,7 @@ Heavy imports (SQLAlchemy, Celery) happen inside the functions, so ``nexus-eval 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
 
@@ -46,15 +46,26 @@ def open_db(db: str | None = None) -> Database:
     return connect(db_url(db))
 
 
-def celery_app(db: str | None = None, *, embedded: bool = False) -> Celery:
-    """This process's Celery app: the environment's settings with ``--db`` applied; ``embedded`` uses the
-    SQLite broker beside the results database whatever ``$NEXUS_EVAL_BROKER`` says."""
-    from workers.app import app_for_db
+def service_settings(db: str | None = None, *, embedded: bool = False, **worker: Any):
+    """The service's one settings object (``workers.app.ServiceSettings``): the environment's, with ``--db`` and
+    a worker's own flags (``episodes_per_gpu``, ``device``) on top; ``embedded`` uses the SQLite broker beside
+    the results database whatever ``$NEXUS_EVAL_BROKER`` says. Exit 2 naming a bad setting."""
+    from workers.app import ServiceSettings
 
+    overrides: dict[str, Any] = {"db_url": db_url(db), **worker}
+    if embedded:
+        overrides.update(broker_url=None, result_backend=None)
     try:
-        return app_for_db(db_url(db), embedded=embedded)
+        return ServiceSettings.from_env(**overrides)
     except ValueError as exc:
         fail(f"service settings: {exc}")
+
+
+def celery_app(db: str | None = None, *, embedded: bool = False, **worker: Any) -> Celery:
+    """This process's Celery app, built from :func:`service_settings` (the same arguments)."""
+    from workers.app import get_app
+
+    return get_app(service_settings(db, embedded=embedded, **worker))
 
 
 def job_id_of(database: Database, job: str) -> str:

@@ -21,7 +21,7 @@ def demo(
     import nexus
     from agent_runner.model_host import ModelSpec, load_host, render_chat
 
-    host = load_host(ModelSpec(name="tiny", seed=seed))
+    host = load_host(ModelSpec(name="tiny", weights_seed=seed))
     tok, model = host.tokenizer, host.model
     turns = [
         "Here is a stack trace from our CSV parser; the last field of each row is lost. " * 12,
@@ -31,7 +31,9 @@ def demo(
     kw = nexus.cache_kwarg(model)
     rows, ref = [], None
     for method in nexus.METHODS:
-        cache = nexus.EvictableCache(model.config, nexus.EvictionConfig(method=method, scope=scope, density=density))
+        cache = nexus.EvictableCache(
+            model.config, nexus.EvictionConfig(method=method, scope=scope, density=density, seed=seed)
+        )
         gen = torch.Generator().manual_seed(seed)
         last = []
         t0 = time.perf_counter()

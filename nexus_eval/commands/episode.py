@@ -8,6 +8,9 @@ from pathlib import Path
 
 import typer
 
+from nexus_eval.commands import _job_flags as jf
+from nexus_eval.commands._common import fail
+
 
 def _turn_table(result):
     from rich.table import Table
@@ -43,94 +46,95 @@ def _turn_table(result):
 
 
 def episode(
-    task: str = typer.Option(..., "--task", help="task instance id"),
-    suite: str = typer.Option("mini", help="bundled suite name or a folder of local tasks"),
+    task: str = typer.Option(..., "--task", help="task instance id (in the job's task source)"),
+    file: Path = jf.FILE,
+    suite: str = jf.SUITE,
     tasks_file: Path = typer.Option(None, "--tasks-file", help="JSON/JSONL/parquet tasks instead of a suite"),
-    backend: str = typer.Option("hf", help="hf | oracle | openai"),
-    model: str = typer.Option("tiny", help="'tiny', a Hugging Face id or a local path"),
+    backend: str = jf.BACKEND,
+    model: str = jf.MODEL,
     revision: str = typer.Option(None, help="model revision"),
-    device: str = typer.Option("auto", help="auto | cpu | cuda"),
-    method: str = typer.Option("nexus", help="eviction method"),
-    scope: str = typer.Option("prefill_decode", help="prefill_only | prefill_decode"),
-    protocol: str = typer.Option("true_eviction", help="true_eviction | full_context"),
-    density: float = typer.Option(0.2, help="kept fraction of the logical length"),
-    preset: str = typer.Option("paper", help="the method's settings: paper | reference | kvcache_factory"),
-    seed: int = typer.Option(0),
-    max_steps: int = typer.Option(100, "--max-steps"),
-    max_new_tokens: int = typer.Option(
-        None, "--max-new-tokens", help="per-turn generation cap (default: none, the context limit governs)"
+    device: str = typer.Option(None, help="auto | cpu | cuda (default: the job's model device)"),
+    method: str = typer.Option(None, help="eviction method (default: the job's first)"),
+    scope: str = typer.Option(None, help="prefill_only | prefill_decode (default: the job's first)"),
+    protocol: str = typer.Option(None, help="true_eviction | full_context (default: the job's first)"),
+    density: float = jf.DENSITY,
+    preset: str = jf.PRESET,
+    seed: int = typer.Option(
+        None, help="the episode's seed: its sampler and its eviction policy (default: the job's first)"
     ),
+    max_steps: int = jf.MAX_STEPS,
+    max_new_tokens: int = jf.MAX_NEW_TOKENS,
+    max_context_tokens: int = jf.MAX_CONTEXT_TOKENS,
+    temperature: float = jf.TEMPERATURE,
     prompts: str = typer.Option(
         None, "--prompts", help="R2E-Gym prompt YAML (a path, or r2egym:NAME) for DeepSWE's scaffold; docs/agent.md"
     ),
     r2egym_root: str = typer.Option(None, "--r2egym-root", help="an R2E-Gym checkout's src/r2egym, for --prompts"),
     grade_route: str = typer.Option(
-        "swebench", "--grade-route", help="R2E's SWE-bench rows: swebench (official) or r2e (R2E-Gym's reward)"
+        None, "--grade-route", help="R2E's SWE-bench rows: swebench (official) or r2e (R2E-Gym's reward)"
     ),
-    temperature: float = typer.Option(1.0),
     base_url: str = typer.Option(None, "--base-url", help="openai backend: endpoint up to /v1"),
-    grade: bool = typer.Option(True, "--grade/--no-grade", help="grade the patch in a fresh container"),
+    grade: bool = typer.Option(
+        None, "--grade/--no-grade", help="grade the patch in a fresh container (default: the job's)"
+    ),
     as_json: bool = typer.Option(False, "--json", help="print the EpisodeResult as JSON"),
 ) -> None:
-    """Run one episode in a real container and grade it."""
-    from pydantic import ValidationError
+    """Run one episode in a real container and grade it: one cell of a job (--file, else the job defaults)
+    with the flags given on top, through the same runner as a worker (agent_runner.episode.run_episode)."""
     from rich.console import Console
 
-    from agent_runner.config import AgentConfig, EpisodeSpec, ModelSpec, SamplingConfig
-    from agent_runner.episode import build_model
-    from agent_runner.episode_core import run_episode
-    from nexus.presets import preset_settings, split_settings
+    from agent_runner.episode import run_episode
+    from agent_runner.model_cache import backend_for
     from nexus_eval.commands._preflight import build_or_fail, refuse_unless_ready
     from nexus_eval.readiness import container_checks
 
     console = Console(stderr=True)
+    overrides = jf.job_overrides(
+        model=model,
+        backend=backend,
+        methods=method,
+        scopes=scope,
+        protocols=protocol,
+        density=density,
+        preset=preset,
+        seeds=None if seed is None else str(seed),
+        suite=suite,
+        max_steps=max_steps,
+        max_new_tokens=max_new_tokens,
+        max_context_tokens=max_context_tokens,
+        temperature=temperature,
+    )
+    given = {
+        "tasks": None if tasks_file is None else {"file": str(tasks_file)},
+        "model.revision": revision,
+        "model.device": device,
+        "limits.prompts": prompts,
+        "limits.r2egym_root": r2egym_root,
+        "grade_route": grade_route,
+        "openai.base_url": base_url,
+        "grade": grade,
+    }
+    overrides.update({key: value for key, value in given.items() if value is not None})
+    spec = _one_episode(file, overrides, task)
     try:
-        shared, own = split_settings(preset_settings(method, preset))
-        spec = EpisodeSpec(
-            suite=None if tasks_file else suite,
-            tasks_file=str(tasks_file) if tasks_file else None,
-            task_id=task,
-            backend=backend,
-            model=ModelSpec(name=model, revision=revision, device=device),
-            eviction={"method": method, "scope": scope, "density": density, **shared, "method_params": own},
-            protocol=protocol,
-            seed=seed,
-            sampling=SamplingConfig(max_new_tokens=max_new_tokens, temperature=temperature),
-            agent=AgentConfig(
-                max_steps=max_steps, max_new_tokens=max_new_tokens, seed=seed, prompts=prompts, r2egym_root=r2egym_root
-            ),
-            openai={"base_url": base_url} if base_url else {},
-            grade=grade,
-            grade_route=grade_route,
-        )
         spec.agent.scaffold()  # a bad prompt file fails here, before any container starts
         the_task = spec.load_task()
-        with console.status(f"loading {backend} backend"):
-            the_model = build_model(spec, the_task)  # bad model / method errors surface before any container
-    except (ValueError, ValidationError) as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(2) from exc
-    # every backend works in a container: no engine, or an image that cannot be had, is exit 2 (after the
+        with console.status(f"loading {spec.backend} backend"):
+            the_model = backend_for(spec, the_task)  # bad model / method errors surface before any container
+    except ValueError as exc:
+        fail(str(exc))
+    # every backend works in a container: no daemon, or an image that cannot be had, is exit 2 (after the
     # input errors above, which come first); a missing local image (base or task) is built, with a progress bar
     checks = container_checks([the_task])
     refuse_unless_ready(checks, "nothing was run")
     build_or_fail(checks, console, "nothing was run")
-    the_model.reset(seed=spec.seed)
-    with console.status(f"{task}: {method}/{scope}/{protocol}") as status:
+    cell = f"{spec.eviction.method}/{spec.eviction.scope}/{spec.protocol} seed {spec.seed}"
+    with console.status(f"{task}: {cell}") as status:
 
         def on_turn(turn):
             status.update(f"{task}: turn {turn.index} -> {turn.action.name if turn.action else 'no call'}")
 
-        result = run_episode(
-            the_task,
-            the_model,
-            agent_config=spec.agent,
-            grade=spec.grade,
-            grade_config=spec.grade_config(),
-            on_turn=on_turn,
-            labels={"nexus-eval.job": "cli"},
-        )
-    result.config = {**result.config, "episode": spec.model_dump(mode="json")}
+        result = run_episode(spec, task=the_task, model=the_model, on_turn=on_turn, labels={"nexus-eval.job": "cli"})
     if as_json:
         sys.stdout.write(json.dumps(result.model_dump(mode="json")) + "\n")
     else:
@@ -139,6 +143,20 @@ def episode(
             console.print(f"[yellow]{result.error.splitlines()[0]}[/yellow]")
     if result.exit_status == "infra_failure":
         raise typer.Exit(1)
+
+
+def _one_episode(file: Path | None, overrides: dict, task_id: str):
+    """The ``EpisodeSpec`` of ``task_id`` in the job (``file`` + ``overrides``): its first method, scope,
+    protocol and seed (the flags, when given, are the only ones). Exit 2 naming the problem."""
+    from workers.spec import JobSpec, JobSpecError
+
+    try:
+        job = JobSpec.load(file, overrides)
+        job.check_with_library(source=str(file or "<defaults>"))
+    except JobSpecError as exc:
+        fail(f"{exc}\nnothing was run")
+    method, (scope, protocol), seed = job.methods[0], job.cells(job.methods[0])[0], job.seeds[0]
+    return job.episode_config(task_id, method, scope, protocol, seed)
 
 
 def register(app: typer.Typer) -> None:

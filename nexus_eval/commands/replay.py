@@ -20,6 +20,7 @@ def replay(
     token_by_token: bool = typer.Option(
         False, "--token-by-token", help="feed completions one token per forward (slow; chunks give the same logits)"
     ),
+    device: str = typer.Option(None, "--device", help="the model's device here (default: the job's: auto)"),
     db: str = DB_OPTION,
 ) -> None:
     """Teacher-force the job's dense episodes through each method's cache; store NLL and top-1 per replay."""
@@ -35,6 +36,7 @@ def replay(
             methods=csv_list(methods) if methods else None,
             scopes=csv_list(scopes) if scopes else None,
             protocols=csv_list(protocols) if protocols else None,
+            device=device,
         )
     except (LookupError, ValueError) as exc:
         fail(str(exc))

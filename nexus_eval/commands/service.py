@@ -8,114 +8,50 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import typer
 
-from nexus_eval.commands._common import DB_OPTION, celery_app, csv_list, db_url, fail, job_id_of, open_db
-
-if TYPE_CHECKING:
-    from env.tasks import Task
-    from workers.spec import JobSpec
-
-DEFAULT_RUN_METHODS = "dense,snapkv,nexus"
-
-_FILE = typer.Option(None, "--file", "-f", help="a YAML job file (see workers/spec.py); flags are ignored then")
-_NAME = typer.Option(None, help="a name for the job")
-_MODEL = typer.Option(None, help="'tiny', a Hugging Face id or a local path (backend hf)")
-_BACKEND = typer.Option("hf", help="hf | oracle | openai")
-_SCOPES = typer.Option("prefill_only", help="comma-separated: prefill_only,prefill_decode")
-_PROTOCOLS = typer.Option("true_eviction,full_context", help="comma-separated protocols")
-_DENSITY = typer.Option(0.2, help="kept fraction of the logical tokens")
-_PRESET = typer.Option("paper", help="per-method settings: paper | reference | kvcache_factory (nexus/presets.py)")
-_SEEDS = typer.Option("0", help="comma-separated seeds")
-_SUITE = typer.Option("mini", help="bundled suite name or task folder")
-_TEMPERATURE = typer.Option(1.0)
-
-
-def _job_spec(file: Path | None, flags: dict[str, Any], *, what: str) -> tuple[JobSpec, list[Task]]:
-    """The job from ``--file`` or from the flags, and its tasks (the selection checked, for the preflight);
-    exit 2 on any error, before anything is stored (``what`` ends the message: "nothing was submitted")."""
-    from workers.spec import JobSpec, JobSpecError
-    from workers.submit import load_spec, load_tasks, plan_episodes
-
-    try:
-        source = str(file) if file else "<command-line flags>"
-        spec = load_spec(file) if file else JobSpec.from_dict(_flags_to_data(**flags), source=source)
-        spec.check_with_library(source=source)  # every method's hyperparameters, by building its policy
-        tasks = load_tasks(spec)
-        plan_episodes(spec, tasks)  # a bad task selection is an error before anything is stored
-    except JobSpecError as exc:
-        fail(f"{exc}\n{what}")
-    return spec, tasks
-
-
-def _flags_to_data(
-    *,
-    name: str | None,
-    model: str | None,
-    backend: str,
-    methods: str,
-    scopes: str,
-    protocols: str,
-    density: float,
-    preset: str,
-    seeds: str,
-    suite: str,
-    tasks: str | None,
-    max_steps: int,
-    max_new_tokens: int | None,
-    max_context_tokens: int,
-    temperature: float,
-) -> dict[str, Any]:
-    """The job-file mapping the flags stand for."""
-    data: dict[str, Any] = {
-        "name": name,
-        "backend": backend,
-        "methods": csv_list(methods),
-        "scopes": csv_list(scopes),
-        "protocols": csv_list(protocols),
-        "density": density,
-        "preset": preset,
-        "seeds": [int(s) for s in csv_list(seeds)],
-        "tasks": {"suite": suite, **({"ids": csv_list(tasks)} if tasks else {})},
-        "limits": {
-            "max_steps": max_steps,
-            "soft_step_limit": min(max_steps, 40),
-            "max_context_tokens": max_context_tokens,
-            "max_new_tokens": max_new_tokens,
-        },
-        "sampling": {"temperature": temperature, "max_new_tokens": max_new_tokens},
-    }
-    if backend != "oracle" or model:
-        data["model"] = {"name": model or "tiny"}
-    return data
+from nexus_eval.commands import _job_flags as jf
+from nexus_eval.commands._common import (
+    DB_OPTION,
+    celery_app,
+    csv_list,
+    db_url,
+    fail,
+    job_id_of,
+    open_db,
+    service_settings,
+)
 
 
 def submit(
-    file: Path = _FILE,
-    name: str = _NAME,
-    model: str = _MODEL,
-    backend: str = _BACKEND,
-    methods: str = typer.Option("dense,nexus", help="comma-separated eviction methods"),
-    scopes: str = _SCOPES,
-    protocols: str = _PROTOCOLS,
-    density: float = _DENSITY,
-    preset: str = _PRESET,
-    seeds: str = _SEEDS,
-    suite: str = _SUITE,
-    tasks: str = typer.Option(None, "--tasks", help="comma-separated task ids or globs"),
-    max_steps: int = typer.Option(100, "--max-steps"),
-    max_new_tokens: int = typer.Option(None, "--max-new-tokens", help="per-turn cap; default none (the context)"),
-    max_context_tokens: int = typer.Option(65536, "--max-context-tokens"),
-    temperature: float = _TEMPERATURE,
+    file: Path = jf.FILE,
+    name: str = jf.NAME,
+    model: str = jf.MODEL,
+    backend: str = jf.BACKEND,
+    methods: str = jf.METHODS,
+    scopes: str = jf.SCOPES,
+    protocols: str = jf.PROTOCOLS,
+    density: float = jf.DENSITY,
+    preset: str = jf.PRESET,
+    seeds: str = jf.SEEDS,
+    suite: str = jf.SUITE,
+    tasks: str = jf.TASKS,
+    max_steps: int = jf.MAX_STEPS,
+    max_new_tokens: int = jf.MAX_NEW_TOKENS,
+    max_context_tokens: int = jf.MAX_CONTEXT_TOKENS,
+    temperature: float = jf.TEMPERATURE,
+    show: bool = jf.SHOW,
     db: str = DB_OPTION,
 ) -> None:
-    """Submit a job to the queue and print its id (workers run it; see `nexus-eval worker`)."""
-    flags = dict(locals())
-    for key in ("file", "db"):
-        flags.pop(key)
-    spec, tasks = _job_spec(file, flags, what="nothing was submitted")
+    """Submit a job to the queue and print its id (workers run it; see `nexus-eval worker`).
+
+    The job is --file (or the job defaults, workers/spec.py) with every flag given set on top of it."""
+    overrides = jf.job_overrides(**_flags(locals()))
+    spec, the_tasks = jf.load_job(file, overrides, what="nothing was submitted")
+    if show:
+        jf.show(spec)
     from rich.console import Console
 
     from nexus_eval.commands._preflight import refuse_unless_ready
@@ -123,49 +59,57 @@ def submit(
     from workers.submit import submit as submit_job
 
     # Workers build missing task images on their own machine, so submit only checks. With the embedded
-    # broker the worker is this machine: its engine and images are checked too; with Redis they are not
+    # broker the worker is this machine: its daemon and images are checked too; with Redis they are not
     # (the workers' machines are elsewhere), but the broker must answer.
     broker = os.environ.get("NEXUS_EVAL_BROKER") or None
-    pre = preflight(None if broker else tasks, db_url=db_url(db), broker=broker, check_broker=True)
+    pre = preflight(None if broker else the_tasks, db_url=db_url(db), broker=broker, check_broker=True)
     refuse_unless_ready(pre, "nothing was submitted")
     app = celery_app(db)
     try:
-        job_id, n = submit_job(open_db(db), spec, app=app)
+        job_id, n = submit_job(open_db(db), spec, the_tasks, app=app)
     except Exception as exc:
         fail(f"could not enqueue: {type(exc).__name__}: {exc}", 1)
     typer.echo(job_id)
     Console(stderr=True).print(f"submitted job {job_id}: {n} episodes on the gpu queue")
 
 
+def _flags(scope: dict[str, Any]) -> dict[str, Any]:
+    """The job flags among a verb's arguments (``locals()``)."""
+    return {k: v for k, v in scope.items() if k in jf.job_overrides.__kwdefaults__}
+
+
 def run(
-    file: Path = _FILE,
-    name: str = _NAME,
-    model: str = _MODEL,
-    backend: str = _BACKEND,
-    methods: str = typer.Option(DEFAULT_RUN_METHODS, help="comma-separated eviction methods"),
-    scopes: str = _SCOPES,
-    protocols: str = _PROTOCOLS,
-    density: float = _DENSITY,
-    preset: str = _PRESET,
-    seeds: str = _SEEDS,
-    suite: str = _SUITE,
-    tasks: str = typer.Option("humanfmt__humanfmt-1,dslib__dslib-1", "--tasks", help="task ids or globs"),
-    max_steps: int = typer.Option(4, "--max-steps"),
-    max_new_tokens: int = typer.Option(48, "--max-new-tokens"),
-    max_context_tokens: int = typer.Option(8192, "--max-context-tokens"),
-    temperature: float = _TEMPERATURE,
+    file: Path = jf.FILE,
+    name: str = jf.NAME,
+    model: str = jf.MODEL,
+    backend: str = jf.BACKEND,
+    methods: str = jf.METHODS,
+    scopes: str = jf.SCOPES,
+    protocols: str = jf.PROTOCOLS,
+    density: float = jf.DENSITY,
+    preset: str = jf.PRESET,
+    seeds: str = jf.SEEDS,
+    suite: str = jf.SUITE,
+    tasks: str = jf.TASKS,
+    max_steps: int = jf.MAX_STEPS,
+    max_new_tokens: int = jf.MAX_NEW_TOKENS,
+    max_context_tokens: int = jf.MAX_CONTEXT_TOKENS,
+    temperature: float = jf.TEMPERATURE,
+    show: bool = jf.SHOW,
     db: str = DB_OPTION,
     timeout: float = typer.Option(None, help="give up after this many seconds"),
     fmt: str = typer.Option("table", "--format", help="compare output: table | json | csv | markdown"),
 ) -> None:
     """Submit a job and run it here with an embedded worker (no Redis needed); print the compare table.
 
-    The defaults finish in a few minutes on a laptop CPU: the tiny model, 2 mini tasks, dense/snapkv/nexus,
-    both protocols, prefill_only, 4 steps of at most 48 tokens."""
-    flags = dict(locals())
-    for key in ("file", "db", "timeout", "fmt"):
-        flags.pop(key)
-    spec, tasks = _job_spec(file, flags, what="nothing was run")
+    `run` is `submit` plus a worker on this machine. With no --file it runs the bundled quick job (shown
+    below; also examples/quick.yaml); every flag given is set on top of the job."""
+    overrides = jf.job_overrides(**_flags(locals()))
+    from workers.spec import QUICK_JOB_FILE
+
+    spec, the_tasks = jf.load_job(file or QUICK_JOB_FILE, overrides, what="nothing was run")
+    if show:
+        jf.show(spec)
     from rich.console import Console
 
     from nexus_eval.commands._preflight import build_or_fail, print_failure_reasons, refuse_unless_ready
@@ -179,11 +123,11 @@ def run(
     url = db_url(db)
     # every backend drives containers: refuse (exit 2, nothing stored) what cannot work here, and build
     # what is only missing (the base image, local task images) before the job exists
-    checks = preflight(tasks, db_url=url)
+    checks = preflight(the_tasks, db_url=url)
     refuse_unless_ready(checks, "nothing was stored")
     build_or_fail(checks, console)
     database = open_db(url)
-    job_id, n = submit_job(database, spec, app=celery_app(url, embedded=True))
+    job_id, n = submit_job(database, spec, the_tasks, app=celery_app(url, embedded=True))
     console.print(f"job {job_id}: {n} episodes; embedded worker on {url}")
     log_file = None
     if url.startswith("sqlite:///"):
@@ -205,38 +149,47 @@ def worker(
     pool: str = typer.Option("prefork", help="prefork (time limits work) | solo"),
     concurrency: int = typer.Option(1, "--concurrency", "-c", help="processes; keep 1 per GPU on the gpu queue"),
     episodes_per_gpu: int = typer.Option(
-        1,
+        None,
         "--episodes-per-gpu",
-        help="episodes one gpu worker runs at once, decoded together in one batched engine (threads pool)",
+        min=1,
+        help="episodes one gpu worker runs at once, decoded together in one batched engine (threads pool) "
+        "[default: $NEXUS_EVAL_EPISODES_PER_GPU, else 1]",
+    ),
+    device: str = typer.Option(
+        None,
+        "--device",
+        help="this host's device for the model, e.g. cuda:1 (default: $NEXUS_EVAL_DEVICE or the job's)",
     ),
     hostname: str = typer.Option(None, "--hostname", "-n", help="worker node name"),
     loglevel: str = typer.Option("INFO", "--loglevel", "-l"),
     db: str = DB_OPTION,
 ) -> None:
-    """Start a Celery worker on the chosen queues (broker from $NEXUS_EVAL_BROKER; results in $NEXUS_EVAL_DB)."""
+    """Start a Celery worker on the chosen queues (broker from $NEXUS_EVAL_BROKER; results in $NEXUS_EVAL_DB).
+
+    The worker's settings (``workers.app.ServiceSettings``: the environment's, these flags on top) reach each
+    episode as arguments."""
     from workers.app import QUEUES
 
     unknown = sorted(set(csv_list(queues)) - set(QUEUES))
     if unknown:
         fail(f"unknown queue(s) {unknown}; known: {', '.join(QUEUES)}")
+    flags = {k: v for k, v in {"episodes_per_gpu": episodes_per_gpu, "device": device}.items() if v is not None}
+    rows = service_settings(db, **flags).episodes_per_gpu
     if "gpu" in csv_list(queues) and concurrency != 1:
         fail(
             "the gpu queue takes one process per GPU (the model lives in it): use --concurrency 1, and "
             "--episodes-per-gpu N to run N episodes in it at once"
         )
-    if episodes_per_gpu < 1:
-        fail(f"--episodes-per-gpu must be >= 1, got {episodes_per_gpu}")
-    if episodes_per_gpu > 1:
+    if rows > 1:
         if "gpu" not in csv_list(queues):
             fail("--episodes-per-gpu applies to a worker on the gpu queue")
         # one process (one model), one thread per episode; Celery's time limits need prefork, so the
         # episode's own soft deadline (checked at turn boundaries) is what ends a long run here
-        pool, concurrency = "threads", episodes_per_gpu
-        os.environ["NEXUS_EVAL_EPISODES_PER_GPU"] = str(episodes_per_gpu)
+        pool, concurrency = "threads", rows
     argv = ["worker", "-Q", queues, "--pool", pool, "--concurrency", str(concurrency), "--loglevel", loglevel]
     if hostname:
         argv += ["-n", hostname]
-    celery_app(db).worker_main(argv)
+    celery_app(db, **flags).worker_main(argv)
 
 
 def status(
@@ -273,7 +226,7 @@ def status(
 
 def cancel(job: str = typer.Argument(..., help="job id (prefix)"), db: str = DB_OPTION) -> None:
     """Cancel a job: queued episodes will do nothing, running ones stop at their next turn."""
-    from workers.tasks import cancel as cancel_job
+    from workers.celery_tasks import cancel as cancel_job
 
     database = open_db(db)
     job_id = job_id_of(database, job)
@@ -283,5 +236,12 @@ def cancel(job: str = typer.Argument(..., help="job id (prefix)"), db: str = DB_
 
 def register(app: typer.Typer) -> None:
     """Attach this area's verbs to the root app."""
-    for verb in (submit, run, worker, status, cancel):
+    from workers.spec import QUICK_JOB_FILE
+
+    for verb in (submit, worker, status, cancel):
         app.command(verb.__name__)(verb)
+    # `run --help` shows the bundled quick job itself, so what runs without a --file is never a guess
+    from rich.markup import escape
+
+    quick = "\n".join(line for line in QUICK_JOB_FILE.read_text().splitlines() if line.strip())
+    app.command("run", epilog=escape(f"The quick job (workers/jobs/quick.yaml):\n\n{quick}"))(run)

@@ -19,7 +19,7 @@ def rerun(
         "infra_failure); cancelled episodes are not failures",
     ),
     interactive: bool = typer.Option(False, "--interactive", "-i", help="run one episode live in this terminal"),
-    from_turn: int = typer.Option(0, "--from-turn", min=0, help="replay the stored turns before K, then go live"),
+    from_turn: int = typer.Option(0, "--from-turn", min=0, help="force the stored turns before K, then go live"),
     db: str = DB_OPTION,
 ) -> None:
     """Rerun a job's episodes with the chosen statuses (enqueued), or one episode interactively."""
@@ -32,7 +32,7 @@ def rerun(
     if failed == bool(statuses):
         fail("give exactly one of --status a,b or --failed")
     from db.models import FAILED_STATUSES
-    from workers.tasks import NotEnqueued, rerun
+    from workers.celery_tasks import NotEnqueued, rerun
 
     wanted = sorted(FAILED_STATUSES) if failed else csv_list(statuses)
     try:
@@ -47,10 +47,11 @@ def rerun(
 def _interactive(database, episode: str, from_turn: int) -> None:
     from rich.console import Console
 
+    from agent_runner.backends.forced_prefix import ForcedPrefix
     from agent_runner.environment import DockerEnvironment
     from db import store as db_store
     from workers.execution import EpisodeHooks, execute_episode, grade_stored_episode
-    from workers.interactive import Operator, TeacherForcedReplay
+    from workers.interactive import Operator
 
     console = Console(highlight=False)
     try:
@@ -63,10 +64,10 @@ def _interactive(database, episode: str, from_turn: int) -> None:
             new_id, attempt = row.id, row.attempt
     except (LookupError, ValueError) as exc:
         fail(str(exc))
-    console.print(f"episode {source.id} -> new attempt {attempt} ({new_id}); replaying {from_turn} stored turns")
+    console.print(f"episode {source.id} -> new attempt {attempt} ({new_id}); forcing {from_turn} stored turns")
     operator = Operator(replay_turns=from_turn, console=console)
     hooks = EpisodeHooks(
-        wrap_model=(lambda model, _spec: TeacherForcedReplay(recorded, model)) if from_turn else None,
+        wrap_model=(lambda model: ForcedPrefix(recorded, model)) if from_turn else None,
         on_turn=operator.show,
         intervene=operator.intervene,
         open_environment=operator.open_environment(DockerEnvironment.open),

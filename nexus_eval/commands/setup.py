@@ -1,7 +1,7 @@
 """`nexus-eval setup` (make this machine ready for `nexus-eval run`) and `nexus-eval doctor` (say what is ready).
 
-`setup` is the README's second command and what CI's `.ci/parts/20-docker.sh` runs: a Docker engine
-answering (`env.engine.ensure_engine`: start an installed dockerd, or on Debian as root install docker.io
+`setup` is the README's second command and what CI's `.ci/parts/20-docker.sh` runs: a Docker daemon
+answering (`env.docker_daemon.ensure_daemon`: start an installed dockerd, or on Debian as root install docker.io
 first), the offline base image (cached by tag) and the task images of a suite (cached by content hash).
 Run twice, it does nothing the second time.
 """
@@ -21,11 +21,11 @@ def setup(
     install: bool = typer.Option(True, "--install/--no-install", help="allow apt-get install (Debian, as root)"),
     wait: float = typer.Option(60.0, "--wait", help="seconds to wait for a started dockerd to answer"),
 ) -> None:
-    """Get this machine ready to run jobs: Docker engine, base image, the suite's task images."""
+    """Get this machine ready to run jobs: Docker daemon, base image, the suite's task images."""
     from rich.console import Console
     from rich.markup import escape
 
-    from env.engine import EngineError, NeedsManualSetup, ensure_debootstrap, ensure_engine
+    from env.docker_daemon import DaemonError, NeedsManualSetup, ensure_daemon, ensure_debootstrap
     from env.images import BASE_IMAGE_TAG, ImageError, docker_client, image_exists
     from env.images import task_images as image_states
     from env.tasks import load_suite
@@ -43,9 +43,9 @@ def setup(
         except (ValueError, OSError, LookupError) as exc:
             fail(escape(f"--suite {suite}: {exc}"))
     try:
-        with console.status("checking the Docker engine") as status:
-            engine = ensure_engine(install=install, wait_s=wait, say=lambda m: (status.update(m), say(m)))
-        console.print(f"docker engine: {engine.version} at {engine.host} ({engine.action})")
+        with console.status("checking the Docker daemon") as status:
+            daemon = ensure_daemon(install=install, wait_s=wait, say=lambda m: (status.update(m), say(m)))
+        console.print(f"docker daemon: {daemon.version} at {daemon.host} ({daemon.action})")
         client = docker_client()
         base = not image_exists(client, BASE_IMAGE_TAG)
         if base:
@@ -60,7 +60,7 @@ def setup(
         built += build_images(tasks, base=base, console=console)
     except NeedsManualSetup as exc:
         fail(escape(str(exc)), 2)
-    except (EngineError, ImageError) as exc:
+    except (DaemonError, ImageError) as exc:
         fail(escape(str(exc)), 1)
     console.print(f"base image: {BASE_IMAGE_TAG} present")
     if task_images:

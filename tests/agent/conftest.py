@@ -68,3 +68,10 @@ def docker_ready() -> None:
     """Skip locally, fail under CI, unless the engine and base image are there."""
     ok, reason = docker_status()
     require(ok, reason)
+
+
+def run_loop(model, environment, task, config=None, *, seed: int = 0, on_turn=None, intervene=None):
+    """One agent loop (``Agent.run``) with the episode seed ``seed``: the loop without a sandbox or a grade."""
+    from agent_runner.agent import Agent
+
+    return Agent(model, config, on_turn=on_turn, intervene=intervene).run(environment, task, seed=seed)

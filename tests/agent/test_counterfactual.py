@@ -10,7 +10,6 @@ import nexus
 from agent_runner.backends.hf import HFBackend
 from agent_runner.counterfactual import (
     ReplayError,
-    TurnTokens,
     contexts,
     model_forward,
     replay_episode,
@@ -26,7 +25,7 @@ FAST = {("nexus", "prefill_decode", "true_eviction"), ("h2o", "prefill_decode", 
 
 @pytest.fixture(scope="module")
 def host():
-    h = load_host(ModelSpec(name="tiny", seed=0, tiny_layers=2))
+    h = load_host(ModelSpec(name="tiny", weights_seed=0, tiny_layers=2))
     h.model.to(torch.float64)
     return h
 
@@ -39,7 +38,7 @@ def _dense_run(host, protocol: str, turns: int = 3, greedy: bool = False):
     out = []
     for t in range(turns):
         c = backend.complete(msgs)
-        out.append(TurnTokens(**c.extra["tokens"]))
+        out.append(c.tokens)
         msgs += [Message(role="assistant", content=c.text), Message(role="user", content=f"ran {t} " * 9)]
     return backend, out
 

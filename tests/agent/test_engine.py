@@ -48,7 +48,7 @@ def _matrix():
 
 @pytest.fixture(scope="module")
 def host():
-    h = load_host(ModelSpec(name="tiny", seed=0, tiny_layers=2))
+    h = load_host(ModelSpec(name="tiny", weights_seed=0, tiny_layers=2))
     h.model.to(torch.float64)
     return h
 
@@ -103,7 +103,7 @@ def test_batched_episodes_equal_each_alone(host, monkeypatch, method, scope, pro
     assert not errors, errors
     for i, (comps, logits, events) in enumerate(alone):
         b_comps, b_logits, b_events = results[i]
-        assert [c.extra["tokens"] for c in b_comps] == [c.extra["tokens"] for c in comps], f"episode {i}"
+        assert [c.tokens for c in b_comps] == [c.tokens for c in comps], f"episode {i}"
         assert len(b_logits) == len(logits)
         torch.testing.assert_close(torch.cat(b_logits), torch.cat(logits), atol=1e-9, rtol=0)
         assert b_events == events
@@ -118,7 +118,7 @@ def test_engine_reports_rows_and_refuses_after_close(host):
     backend = _backend(host, cfg, "true_eviction", 0, engine)
     backend.reset(seed=1)
     c = backend.complete([Message(role="system", content="hi " * 30), Message(role="user", content="fix it " * 9)])
-    assert c.extra["batch_rows_mean"] == 1.0 and c.tokens_generated > 0
+    assert c.batch_rows == 1.0 and c.tokens_generated > 0
     engine.close()
     with pytest.raises(RuntimeError, match="closed"):
         backend.complete(

@@ -16,7 +16,7 @@ ISSUE = "The parser drops the last field of every row when the line ends with a 
 
 @pytest.fixture(scope="module")
 def host():
-    return load_host(ModelSpec(name="tiny", seed=0))
+    return load_host(ModelSpec(name="tiny", weights_seed=0))
 
 
 def _backend(host, method="nexus", scope="prefill_decode", protocol="true_eviction", max_new=24, **kw):

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 import nexus
+from agent_runner.backends.forced_prefix import ForcedPrefix
 from agent_runner.backends.hf import HFBackend
-from agent_runner.backends.replay import ReplayModel
-from agent_runner.config import AgentConfig
-from agent_runner.episode_core import run_episode
+from agent_runner.config import AgentConfig, EpisodeSpec
+from agent_runner.episode import run_episode
 from agent_runner.model_host import ModelSpec, load_host
 from agent_runner.records import Message
 from agent_runner.sampling import SamplingConfig
@@ -21,7 +21,7 @@ ISSUE = "The parser drops the last field of every row when the line ends with a 
 
 @pytest.fixture(scope="module")
 def host():
-    return load_host(ModelSpec(name="tiny", seed=0))
+    return load_host(ModelSpec(name="tiny", weights_seed=0))
 
 
 def _backend(host, protocol, method="snapkv"):
@@ -43,7 +43,7 @@ def test_retention_is_the_last_fed_caches_even_after_a_full_context_window(host,
     b.max_context_tokens = first.logical_length + 1
     msgs += [Message(role="assistant", content=first.text), Message(role="user", content="Exit code: 0\n" * 20)]
     second = b.complete(msgs)
-    assert second.extra.get("context_full") and second.tokens_generated == 0
+    assert second.context_full and second.tokens_generated == 0
     assert b.retention() == after_first
     b.reset(seed=0)
     assert b.retention() is None
@@ -51,14 +51,12 @@ def test_retention_is_the_last_fed_caches_even_after_a_full_context_window(host,
 
 def test_run_episode_stores_the_retention_map_read_before_the_next_reset(host):
     b = _backend(host, "true_eviction")
-    replay = ReplayModel(["no call here"], then=b)  # a replayed prefix, then the live backend
-    result = run_episode(
-        TinyTask(),
-        replay,
-        agent_config=AgentConfig(max_steps=2, max_format_errors=None),
-        grade=False,
-        open_environment=lambda task, **kw: RecordingEnvironment(),
+    forced = ForcedPrefix(["no call here"], b)  # a forced prefix, then the live backend
+    task = TinyTask()
+    spec = EpisodeSpec(
+        task_id=task.instance_id, agent=AgentConfig(max_steps=2, max_format_errors=None), grade=False, eviction={}
     )
+    result = run_episode(spec, task=task, model=forced, open_environment=lambda task, **kw: RecordingEnvironment())
     assert result.exit_status == "step_limit", result.error
     assert result.retention is not None and result.retention == b.retention()
     assert result.retention["logical_length"] == result.turns[-1].completion.logical_length

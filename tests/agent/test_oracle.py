@@ -14,9 +14,8 @@ import pytest
 from agent_runner.agent import AgentConfig
 from agent_runner.backends import make_backend
 from agent_runner.backends.oracle import APPLIED_MARKER, OracleModel, oracle_script
-from agent_runner.episode_core import run_episode, run_oracle_episode
 from agent_runner.parsing import parse_response
-from tests.conftest import docker_status, require
+from tests.conftest import docker_status, require, run_task_episode
 
 from .conftest import RecordingEnvironment, TinyTask
 
@@ -45,7 +44,7 @@ def test_oracle_through_the_loop_with_an_environment_double():
     task.patch = PATCH
     env = RecordingEnvironment(diff_text=PATCH)
     model = make_backend("oracle", task=task)
-    result = run_episode(task, model, agent_config=AgentConfig(), grade=False, open_environment=lambda task, **kw: env)
+    result = run_task_episode(task, model, agent=AgentConfig(), grade=False, open_environment=lambda task, **kw: env)
     assert result.exit_status == "submitted" and result.error is None and result.patch == PATCH
     assert [c.name for c in env.calls] == ["file_editor", "execute_bash", "finish"] and env.closed
     assert len(model.observations) == 2 and result.grade is None
@@ -61,7 +60,7 @@ def test_run_episode_records_open_and_diff_failures_instead_of_raising():
     def cannot_open(task, **kw):
         raise RuntimeError("image nexus-eval/task-x missing")
 
-    failed = run_episode(task, OracleModel(task), open_environment=cannot_open)
+    failed = run_task_episode(task, OracleModel(task), open_environment=cannot_open)
     assert failed.exit_status == "infra_failure" and "image nexus-eval/task-x missing" in failed.error
     assert failed.status == "infra_failure" and failed.turns == []
 
@@ -70,7 +69,7 @@ def test_run_episode_records_open_and_diff_failures_instead_of_raising():
             raise OSError("container gone")
 
     env = DiffBreaks()
-    broken = run_episode(task, OracleModel(task), open_environment=lambda task, **kw: env)
+    broken = run_task_episode(task, OracleModel(task), open_environment=lambda task, **kw: env)
     assert broken.exit_status == "infra_failure" and "container gone" in broken.error
     assert broken.patch is None and broken.grade is None and env.closed and len(broken.turns) == 3
 
@@ -128,7 +127,7 @@ def test_oracle_resolves_a_local_task_in_a_real_container(tmp_path):
 
     task = load_local_task(_make_local_task(tmp_path))
     turns = []
-    result = run_oracle_episode(task, on_turn=turns.append)
+    result = run_task_episode(task, OracleModel(task), on_turn=turns.append)
     assert result.exit_status == "submitted", result.error
     assert APPLIED_MARKER in turns[1].observation and turns[1].observation.startswith("Exit code: 0")
     assert "+    return a + b\n" in result.patch
@@ -151,7 +150,7 @@ def test_submitting_nothing_in_a_real_container_is_an_empty_patch(tmp_path):
             "<function=finish><parameter=command>submit</parameter></function>",
         ]
     )
-    result = run_episode(task, model)
+    result = run_task_episode(task, model)
     assert "calc.py" in result.turns[0].observation  # the real search tool ran in /testbed
     assert result.exit_status == "submitted" and result.patch == ""
     assert result.status == "empty_patch"
@@ -161,14 +160,14 @@ def test_grading_runs_through_env_grading_and_is_skipped_after_an_infra_failure(
     from agent_runner.backends.scripted import ScriptedModel
 
     finish = "<function=finish><parameter=command>submit</parameter></function>"
-    nothing = run_episode(
+    nothing = run_task_episode(
         TinyTask(), ScriptedModel([finish]), open_environment=lambda task, **kw: RecordingEnvironment()
     )
     assert nothing.grade is not None and nothing.grade.status == "empty_patch" and nothing.status == "empty_patch"
 
     env = RecordingEnvironment(fail_on="execute_bash", diff_text=PATCH)
     ls = "<function=execute_bash><parameter=cmd>ls</parameter></function>"
-    broken = run_episode(TinyTask(), ScriptedModel([ls]), open_environment=lambda task, **kw: env)
+    broken = run_task_episode(TinyTask(), ScriptedModel([ls]), open_environment=lambda task, **kw: env)
     assert broken.exit_status == "infra_failure" and broken.patch == PATCH
     assert broken.grade is None and broken.status == "infra_failure"
 
@@ -181,5 +180,5 @@ def test_oracle_resolves_the_first_mini_suite_task():
     from env.tasks import load_suite
 
     task = load_suite("mini")[0]
-    result = run_oracle_episode(task)
+    result = run_task_episode(task, OracleModel(task))
     assert (result.exit_status, result.status) == ("submitted", "resolved"), (result.error, result.grade)

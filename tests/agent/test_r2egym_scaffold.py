@@ -27,7 +27,7 @@ from pydantic import ValidationError
 
 from agent_runner import prompts
 from agent_runner import scaffold as scaffolds
-from agent_runner.agent import Agent, run_agent
+from agent_runner.agent import Agent
 from agent_runner.backends.scripted import ScriptedModel
 from agent_runner.config import AgentConfig, SamplingConfig
 from agent_runner.parsing import parse_response, render_call
@@ -35,7 +35,7 @@ from agent_runner.records import Completion
 from env.tools import NO_FUNCTION_CALL_REMINDER, ToolCall
 from tests.conftest import r2egym_peer
 
-from .conftest import RecordingEnvironment, TinyTask
+from .conftest import RecordingEnvironment, TinyTask, run_loop
 
 PEER = r2egym_peer() / "src/r2egym"
 PEER_YAML = PEER / "agenthub" / "config" / "edit_non_fn_calling.yaml"
@@ -186,7 +186,7 @@ def test_peer_yaml_gives_r2egym_system_and_instance_messages_byte_for_byte():
     task = TinyTask(problem_statement=ISSUE, test_patch="diff --git a/t.py b/t.py\n")
     raw = yaml.safe_load(PEER_YAML.read_text())
     model = ScriptedModel([FINISH])
-    result = run_agent(model, RecordingEnvironment(), task, AgentConfig(prompts=str(PEER_YAML)))
+    result = run_loop(model, RecordingEnvironment(), task, AgentConfig(prompts=str(PEER_YAML)))
     system, user = model.calls[0]
     assert system.role == "system" and system.content == raw["system_prompt"]  # sent as is, never formatted
     assert user.role == "user" and user.content == r2egym_fill(raw["instance_prompt"], task) + "\nSteps Remaining: 40"
@@ -221,7 +221,7 @@ def test_the_whole_conversation_matches_r2egym_s_own_agent_run(monkeypatch, tmp_
     script = [LS, NO_CALL, LS, FINISH]  # soft limit 2: turns 3 and 4 see R2E's past-the-limit text
     theirs = run_r2egym_agent(monkeypatch, yaml_path, task, script, max_steps=2, continue_msg=continue_msg)
     model = ScriptedModel(script)
-    result = run_agent(model, RecordingEnvironment(), task, AgentConfig(prompts=str(yaml_path), soft_step_limit=2))
+    result = run_loop(model, RecordingEnvironment(), task, AgentConfig(prompts=str(yaml_path), soft_step_limit=2))
     assert result.exit_status == "submitted"
     ours = [(m.role, m.content) for m in result.messages if m.role != "assistant"]
     # R2E-Gym also appends the final observation (after finish) to its history; nothing is sent after it
@@ -252,7 +252,7 @@ class Agent:
 def test_step_texts_and_no_call_reply_come_from_the_loaded_r2egym_code(tmp_path):
     pkg = make_tree(tmp_path, agent_py=FAKE_AGENT)
     config = AgentConfig(prompts="r2egym:edit_non_fn_calling", r2egym_root=str(tmp_path), soft_step_limit=2)
-    result = run_agent(ScriptedModel([NO_CALL, LS, FINISH]), RecordingEnvironment(), TinyTask(), config)
+    result = run_loop(ScriptedModel([NO_CALL, LS, FINISH]), RecordingEnvironment(), TinyTask(), config)
     first, second = result.turns[0], result.turns[1]
     assert result.messages[1].content.endswith("\n\n{budget} 2 turn(s) to go")
     assert first.observation == TEST_CONTINUE
@@ -303,7 +303,7 @@ def test_missing_file_is_a_clear_error_before_the_first_turn(tmp_path):
     missing = tmp_path / "nowhere.yaml"
     config = AgentConfig(prompts=str(missing))  # a stored config stays valid where the file is absent
     with pytest.raises(scaffolds.ScaffoldError, match=f"no R2E-Gym prompt file at {re.escape(str(missing))}"):
-        Agent(ScriptedModel([FINISH]), RecordingEnvironment(), config)
+        Agent(ScriptedModel([FINISH]), config)
     with pytest.raises(ValueError, match="nowhere.yaml"):
         config.scaffold()
 
@@ -353,7 +353,7 @@ def test_demo_file_is_prepended_when_use_demo_is_set(tmp_path):
 
 def test_default_is_our_own_scaffold_and_recorded_as_nexus(task, environment):
     assert AgentConfig().prompts is None and AgentConfig().r2egym_root is None
-    result = run_agent(ScriptedModel([FINISH]), environment, task)
+    result = run_loop(ScriptedModel([FINISH]), environment, task)
     assert result.messages[0].content == prompts.system_prompt()
     assert result.messages[1].content == prompts.instance_prompt(task, 40)
     assert result.scaffold.name == "nexus" and result.scaffold.label == "nexus" and result.scaffold.prompts is None
@@ -361,11 +361,11 @@ def test_default_is_our_own_scaffold_and_recorded_as_nexus(task, environment):
 
 
 def test_no_per_turn_cap_by_default_and_a_long_completion_is_kept_whole(task, environment):
-    assert AgentConfig().max_new_tokens is None and SamplingConfig().max_new_tokens is None
+    assert "max_new_tokens" not in AgentConfig.model_fields and SamplingConfig().max_new_tokens is None
     thought = "step " * 30_000  # far beyond the old 4096-token per-turn cap
     long = f"<think>{thought}</think>\n<function=finish>\n<parameter=command>submit</parameter>\n</function>"
     model = ScriptedModel([Completion(text=long, tokens_generated=30_010, prompt_tokens=900, logical_length=30_910)])
-    result = run_agent(model, environment, task)
+    result = run_loop(model, environment, task)
     assert model.max_new_tokens_seen == [None]
     assert result.exit_status == "submitted" and result.turns[0].raw == long
     assert result.turns[0].thought == thought.strip()
@@ -377,7 +377,7 @@ def test_qwen3_chat_template_renders_r2egym_s_messages_exactly():
 
     tokenizer = load_tokenizer("tiny")
     config = AgentConfig(prompts=str(PEER_YAML), soft_step_limit=1)
-    result = run_agent(
+    result = run_loop(
         ScriptedModel([NO_CALL, FINISH]), RecordingEnvironment(), TinyTask(problem_statement=ISSUE), config
     )
     messages = [m.model_dump() for m in result.messages[:-1]]  # up to the last user message

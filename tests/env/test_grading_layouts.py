@@ -234,10 +234,10 @@ def test_r2e_native_verdicts_equal_r2e_gyms_reward(mimics):
 
 def test_r2e_native_oracle_episode_diff_leaves_the_image_files_out_and_resolves(mimics):
     from agent_runner.backends.oracle import OracleModel
-    from agent_runner.episode_core import run_episode
+    from tests.conftest import run_task_episode
 
     task = task_from_row(mimics.rows["r2e_native"])
-    result = run_episode(task, OracleModel(task), grade_config=config())
+    result = run_task_episode(task, OracleModel(task), labels={"nexus-eval.job": TEST_JOB})
     assert result.exit_status == "submitted"
     assert result.patch.startswith("diff --git a/calcpkg/ops.py b/calcpkg/ops.py"), result.patch[:500]
     for leftover in ("install.sh", "run_tests.sh", "setup.cfg", ".venv", "r2e_tests"):

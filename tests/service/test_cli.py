@@ -9,6 +9,7 @@ import json
 import os
 
 import pytest
+import yaml
 
 from db import connect, sqlite_url
 from db import store as db_store
@@ -17,7 +18,7 @@ from tests.service.worker_fixtures import cli, oracle_job, write_job
 from workers.app import ServiceSettings, make_app
 from workers.execution import ExecutionOutcome, execute_episode
 from workers.spec import JobSpec
-from workers.submit import create_job_rows
+from workers.submit import create_job_rows, load_tasks
 
 
 def invoke(*args: str):
@@ -50,7 +51,7 @@ def local(tmp_path):
 def _finished_job(db, statuses=("resolved", "unresolved")):
     """A job of two oracle episodes finished through the claim API with the given final statuses."""
     spec = JobSpec.from_dict(oracle_job(["humanfmt__humanfmt-1", "dslib__dslib-1"], ["nexus"], ["true_eviction"]))
-    job_id, ids = create_job_rows(db, spec)
+    job_id, ids = create_job_rows(db, spec, load_tasks(spec))
     for episode_id, status in zip(ids, statuses, strict=True):
         with db.session() as s:
             claim = db_store.claim_episode(s, episode_id)
@@ -169,7 +170,7 @@ def test_rerun_failed_adds_new_attempt_rows_and_keeps_the_old_ones(local):
 def test_cancelled_job_episodes_do_nothing_when_their_message_arrives(local):
     db, env = local
     spec = JobSpec.from_dict(oracle_job(["humanfmt__humanfmt-1"], ["dense", "nexus"], ["true_eviction"]))
-    job_id, ids = create_job_rows(db, spec)
+    job_id, ids = create_job_rows(db, spec, load_tasks(spec))
     done = cli("cancel", job_id, env=env)
     assert done.returncode == 0, done.stderr
     outcome = execute_episode(db, ids[0])
@@ -187,24 +188,33 @@ def test_worker_refuses_unknown_queues_and_gpu_concurrency(local):
 
 
 def test_worker_episodes_per_gpu_runs_one_threaded_process(local, monkeypatch):
+    """The flag reaches the worker's one settings object (what each episode task hands execute_episode), not
+    the process environment; the environment's value is the default when the flag is not given."""
     import nexus_eval.commands.service as service_cmd
     from workers.app import ServiceSettings
 
-    assert "must be >= 1" in invoke("worker", "--queues", "gpu", "--episodes-per-gpu", "0").output
+    bad = invoke("worker", "--queues", "gpu", "--episodes-per-gpu", "0")
+    assert bad.exit_code == 2 and "episodes-per-gpu" in bad.output
     assert "gpu queue" in invoke("worker", "--queues", "grade", "--episodes-per-gpu", "2").output
     seen = {}
 
     class App:
-        def worker_main(self, argv):
-            seen["argv"] = argv
+        def __init__(self, **worker):
+            self.conf = type("Conf", (), {"nexus_settings": ServiceSettings.from_env(**worker)})()
 
-    monkeypatch.setattr(service_cmd, "celery_app", lambda db: App())
+        def worker_main(self, argv):
+            seen["argv"], seen["settings"] = argv, self.conf.nexus_settings
+
+    monkeypatch.setattr(service_cmd, "celery_app", lambda db, **worker: App(**worker))
     monkeypatch.delenv("NEXUS_EVAL_EPISODES_PER_GPU", raising=False)
-    done = invoke("worker", "--queues", "gpu", "--episodes-per-gpu", "4")
+    done = invoke("worker", "--queues", "gpu", "--episodes-per-gpu", "4", "--device", "cuda:1")
     assert done.exit_code == 0, done.output
     argv = seen["argv"]
     assert argv[argv.index("--pool") + 1] == "threads" and argv[argv.index("--concurrency") + 1] == "4"
-    assert ServiceSettings.from_env().episodes_per_gpu == 4  # what the task hands execute_episode here
+    assert seen["settings"].episodes_per_gpu == 4 and seen["settings"].device == "cuda:1"
+    assert "NEXUS_EVAL_EPISODES_PER_GPU" not in os.environ  # no side door through the environment
+    monkeypatch.setenv("NEXUS_EVAL_EPISODES_PER_GPU", "3")  # a deployment's default (compose.yaml)
+    assert invoke("worker", "--queues", "gpu").exit_code == 0 and seen["settings"].episodes_per_gpu == 3
     monkeypatch.setenv("NEXUS_EVAL_EPISODES_PER_GPU", "many")
     with pytest.raises(ValueError, match="whole number"):
         ServiceSettings.from_env()
@@ -218,25 +228,16 @@ def test_embedded_run_goes_through_the_tasks_and_prints_the_compare_table(tmp_pa
     require(*docker_status())
     env = {k: v for k, v in os.environ.items() if k != "NEXUS_EVAL_BROKER"}
     db_path = tmp_path / "runs" / "nexus-eval.db"
-    done = cli(
-        "run",
-        "--backend",
-        "oracle",
-        "--methods",
-        "dense,nexus",
-        "--protocols",
-        "true_eviction",
-        "--tasks",
-        "humanfmt__humanfmt-1",
-        "--db",
-        str(db_path),
-        "--format",
-        "json",
-        env=env,
-        timeout=300,
-    )
+    flags = ["--backend", "oracle", "--methods", "dense,nexus", "--protocols", "true_eviction"]
+    flags += ["--tasks", "humanfmt__humanfmt-1", "--db", str(db_path)]
+    done = cli("run", *flags, "--format", "json", env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     table = json.loads(done.stdout)
+    shown = cli("run", *flags, "--show", env=env)  # what --show prints is what was stored
+    assert shown.returncode == 0, shown.stderr
+    with connect(sqlite_url(db_path)).session() as s:
+        stored = JobSpec.model_validate(db_store.get_job(s, table["job_ids"][0]).config)
+    assert stored == JobSpec.model_validate(yaml.safe_load(shown.stdout))
     assert table["rows"][0]["cells"]["nexus"]["resolved"] == 1
     assert (tmp_path / "runs" / "celery-broker.db").exists()  # it went through the embedded broker
     db = connect(sqlite_url(db_path))

@@ -277,3 +277,21 @@ def test_grading_notes_name_the_tools_and_the_offline_verdicts():
     assert notes[0] == "graded by swebench (swebench==5.0.2)"
     assert notes[1].startswith("1 task(s) need the network") and notes[1].endswith("psf__requests-1")
     assert grading_notes([ep("a__b-1", "unresolved")]) == ["graded by swebench (swebench==5.0.2)"]
+
+
+def test_seed_notes_flag_episodes_stored_when_every_seed_sampled_with_seed_0():
+    """Rows written before issue 19 carry ``agent.seed`` 0 beside their own seed: compare says their seeds are
+    copies. Rows written since have no ``agent.seed``; an oracle backend samples nothing."""
+    from types import SimpleNamespace
+
+    from workers.compare import seed_notes
+
+    def ep(seed, agent=None, backend="hf"):
+        config = {"backend": backend, "seed": seed, "agent": {"max_steps": 4, **(agent or {})}}
+        return SimpleNamespace(seed=seed, config=config)
+
+    old = [ep(0, {"seed": 0}), ep(1, {"seed": 0}), ep(2, {"seed": 0})]
+    notes = seed_notes(old)
+    assert len(notes) == 1 and notes[0].startswith("2 episode(s) were sampled with seed 0 whatever their seed")
+    assert seed_notes([ep(0), ep(1)]) == []  # stored since: the seed is the episode's own
+    assert seed_notes([ep(1, {"seed": 0}, backend="oracle")]) == []

@@ -1,5 +1,5 @@
 """The readiness checks and the preflight of run / submit / episode, on real states that cost nothing to make:
-``DOCKER_HOST`` at a socket path where nothing listens (no engine, without stopping the real one), a Redis URL
+``DOCKER_HOST`` at a socket path where nothing listens (no daemon, without stopping the real one), a Redis URL
 on a closed 127.0.0.1 port, SQLite files in tmp folders, a PostgreSQL URL on a closed port.
 
 The fast tests need no Docker; the ones that look at images are marked ``docker``."""
@@ -13,13 +13,13 @@ import pytest
 
 from db import connect, sqlite_url
 from db.models import Job
-from env.engine import NeedsManualSetup, engine_state, ensure_engine
+from env.docker_daemon import NeedsManualSetup, daemon_state, ensure_daemon
 from nexus_eval import readiness
 from nexus_eval.readiness import Check
 from tests.conftest import docker_status, require
 from tests.service.worker_fixtures import oracle_job
 from workers.spec import JobSpec
-from workers.submit import create_job_rows
+from workers.submit import create_job_rows, load_tasks
 
 
 def closed_port() -> int:
@@ -30,9 +30,9 @@ def closed_port() -> int:
 
 
 @pytest.fixture
-def no_engine(monkeypatch, tmp_path):
-    """The process's docker clients point at a socket path where no engine runs; the real one is untouched."""
-    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-engine.sock")
+def no_daemon(monkeypatch, tmp_path):
+    """The process's docker clients point at a socket path where no daemon runs; the real one is untouched."""
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-daemon.sock")
 
 
 @pytest.fixture
@@ -62,29 +62,29 @@ def test_check_status_words():
     assert Check("a", False, False, "").status == "optional-missing"
 
 
-def test_engine_check_without_an_engine(no_engine):
-    state = engine_state()
+def test_daemon_check_without_a_daemon(no_daemon):
+    state = daemon_state()
     assert not state.answering and "no socket" in state.reason
-    check = readiness.engine_check()
+    check = readiness.daemon_check()
     assert (check.ok, check.required, check.status, check.fix) == (False, True, "missing", "nexus-eval setup")
-    assert "no-engine.sock" in check.detail
+    assert "no-daemon.sock" in check.detail
 
 
-def test_ensure_engine_does_not_start_one_for_another_host(no_engine):
-    """An engine named by DOCKER_HOST cannot be started from here: the paragraph says what to do instead."""
-    with pytest.raises(NeedsManualSetup, match="DOCKER_HOST=unix://.*no-engine.sock does not answer"):
-        ensure_engine(install=False)
+def test_ensure_daemon_does_not_start_one_for_another_host(no_daemon):
+    """A daemon named by DOCKER_HOST cannot be started from here: the paragraph says what to do instead."""
+    with pytest.raises(NeedsManualSetup, match="DOCKER_HOST=unix://.*no-daemon.sock does not answer"):
+        ensure_daemon(install=False)
 
 
 def test_debootstrap_missing_without_apt_says_what_to_install(monkeypatch, tmp_path):
-    from env.engine import ensure_debootstrap
+    from env.docker_daemon import ensure_debootstrap
 
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(NeedsManualSetup, match="apt-get install -y debootstrap"):
         ensure_debootstrap(install=False)
 
 
-def test_setup_exits_2_with_the_paragraph(no_engine):
+def test_setup_exits_2_with_the_paragraph(no_daemon):
     result = invoke("setup", "--no-install")
     assert result.exit_code == 2, result.output
     assert "unset DOCKER_HOST" in result.output
@@ -133,24 +133,24 @@ def test_database_check_unreachable_postgres():
     assert "s3cret" not in check.detail and "***" in check.detail
 
 
-def test_doctor_without_an_engine_exits_1(no_engine, tmp_path):
+def test_doctor_without_an_engine_exits_1(no_daemon, tmp_path):
     result = invoke("doctor", "--db", str(tmp_path / "d.db"))
     assert result.exit_code == 1, result.output
-    for row in ("python: torch", "docker engine", "base image", "task images (16)", "broker", "database", "gpu"):
+    for row in ("python: torch", "docker daemon", "base image", "task images (16)", "broker", "database", "gpu"):
         assert row in result.output
     assert "not ready" in result.output
 
 
-def test_run_without_an_engine_stores_nothing(no_engine, fresh_db):
+def test_run_without_an_engine_stores_nothing(no_daemon, fresh_db):
     result = invoke("run", "--backend", "oracle", "--db", fresh_db.url)
     assert result.exit_code == 2, result.output
-    assert "docker engine: no engine answers" in result.output
+    assert "docker daemon: no daemon answers" in result.output
     assert "fix: nexus-eval setup" in result.output and "nothing was stored" in result.output
     assert jobs_in(fresh_db) == 0
 
 
-def test_submit_without_an_engine_stores_nothing(no_engine, fresh_db):
-    """With the embedded broker the worker is this machine, so submit checks its engine too."""
+def test_submit_without_an_engine_stores_nothing(no_daemon, fresh_db):
+    """With the embedded broker the worker is this machine, so submit checks its daemon too."""
     result = invoke("submit", "--backend", "oracle", "--db", fresh_db.url)
     assert result.exit_code == 2, result.output
     assert "nothing was submitted" in result.output
@@ -165,7 +165,7 @@ def test_submit_with_an_unreachable_broker_stores_nothing(fresh_db, monkeypatch)
     assert jobs_in(fresh_db) == 0
 
 
-def test_episode_without_an_engine(no_engine):
+def test_episode_without_a_daemon(no_daemon):
     result = invoke("episode", "--task", "argkit__argkit-1", "--backend", "oracle")
     assert result.exit_code == 2, result.output
     assert "nothing was run" in result.output
@@ -180,10 +180,10 @@ def test_failure_reasons_count_first_lines(fresh_db):
     spec = JobSpec.from_dict(
         oracle_job(["humanfmt__humanfmt-1", "dslib__dslib-1"], ["dense", "nexus"], ["true_eviction"])
     )
-    job_id, ids = create_job_rows(fresh_db, spec)
+    job_id, ids = create_job_rows(fresh_db, spec, load_tasks(spec))
     errors = [
-        ("infra_failure", "ImageError: cannot reach the Docker engine (boom)\nTraceback ...\n  line 3"),
-        ("infra_failure", "ImageError: cannot reach the Docker engine (boom)\nTraceback, another one"),
+        ("infra_failure", "ImageError: cannot reach the Docker daemon (boom)\nTraceback ...\n  line 3"),
+        ("infra_failure", "ImageError: cannot reach the Docker daemon (boom)\nTraceback, another one"),
         ("timeout", "soft time limit reached; partial trajectory kept\nmore"),
     ]
     for episode_id, (status, error) in zip(ids, errors, strict=False):
@@ -192,18 +192,18 @@ def test_failure_reasons_count_first_lines(fresh_db):
         with fresh_db.session() as s:
             assert db_store.fail_running_episode(s, episode_id, status, error)
     assert failure_reasons(fresh_db, job_id) == [
-        (2, "infra_failure: ImageError: cannot reach the Docker engine (boom)"),
+        (2, "infra_failure: ImageError: cannot reach the Docker daemon (boom)"),
         (1, "timeout: soft time limit reached; partial trajectory kept"),
     ]
     console = Console(record=True, width=200)
     print_failure_reasons(fresh_db, job_id, console)
-    assert "2 x infra_failure: ImageError: cannot reach the Docker engine (boom)" in console.export_text()
+    assert "2 x infra_failure: ImageError: cannot reach the Docker daemon (boom)" in console.export_text()
 
 
 # ------------------------------------------------------------------------------------------------ images
 
 
-def _engine():
+def _daemon():
     ready, reason = docker_status()
     require(ready, reason)
     return readiness.lookup_client()
@@ -211,7 +211,7 @@ def _engine():
 
 @pytest.mark.docker
 def test_base_image_check_states(monkeypatch, tmp_path):
-    client = _engine()
+    client = _daemon()
     assert readiness.base_image_check(client).status == "ok"
     absent = "nexus-eval/base:does-not-exist-0"
     monkeypatch.setenv("PATH", str(tmp_path))  # no debootstrap: cannot be built
@@ -227,7 +227,7 @@ def test_base_image_check_states(monkeypatch, tmp_path):
 def test_task_images_check(monkeypatch, tmp_path):
     from env.tasks import load_suite
 
-    client = _engine()
+    client = _daemon()
     tasks = load_suite("mini")[:2]
     base = readiness.base_image_check(client)
     check, build = readiness.task_images_check(tasks, client, base)

@@ -66,7 +66,7 @@ def test_sigkilled_worker_mid_episode_is_redelivered_with_exactly_one_result(pg_
         scopes=["prefill_only"],
         protocols=["true_eviction"],
         tasks={"suite": "mini", "ids": TASKS[:1]},
-        limits={"max_steps": 4, "soft_step_limit": 4, "max_new_tokens": 24},
+        limits={"max_steps": 4, "soft_step_limit": 4},
         sampling={"max_new_tokens": 24},
     )
     gpu = Worker(env, "gpu", tmp_path / "gpu.log")
@@ -188,7 +188,7 @@ def test_two_workers_never_run_the_same_episode_twice(pg_db, tmp_path):
             [
                 "python",
                 "-c",
-                f"from db import connect; from workers.tasks import enqueue_pending; "
+                f"from db import connect; from workers.celery_tasks import enqueue_pending; "
                 f"print(enqueue_pending(connect({pg_db.url!r}), {job_id!r}))",
             ],
             env=env,
@@ -246,7 +246,7 @@ def test_soft_time_limit_keeps_the_partial_trajectory_and_marks_timeout(pg_db, t
         scopes=["prefill_only"],
         protocols=["true_eviction"],
         tasks={"suite": "mini", "ids": TASKS[:1]},
-        limits={"max_steps": 100, "soft_step_limit": 40, "max_new_tokens": 24, "max_format_errors": 100},
+        limits={"max_steps": 100, "soft_step_limit": 40, "max_format_errors": 100},
         sampling={"max_new_tokens": 24},
     )
     gpu = Worker(env, "gpu", tmp_path / "gpu.log")

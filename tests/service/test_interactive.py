@@ -13,9 +13,9 @@ from db import store as db_store
 from tests.conftest import docker_status, require
 from tests.service.worker_fixtures import ROOT, oracle_job
 from workers.execution import execute_episode, grade_stored_episode
-from workers.interactive import TeacherForcedReplay, parse_edit
+from workers.interactive import parse_edit
 from workers.spec import JobSpec
-from workers.submit import create_job_rows
+from workers.submit import create_job_rows, load_tasks
 
 EDITED = (
     "base64 -d /tmp/gold.patch.b64 > /tmp/gold.patch && cd /testbed && "
@@ -31,16 +31,17 @@ def test_parse_edit_takes_a_bash_command_or_a_function_call():
     assert (call.name, call.arguments) == ("file_editor", {"command": "view", "path": "/testbed"})
 
 
-def test_teacher_forced_replay_steps_a_backend_without_forcing_and_keeps_the_stored_text():
+def test_forced_prefix_steps_a_backend_without_forcing_and_keeps_the_stored_text():
+    from agent_runner.backends.forced_prefix import ForcedPrefix
     from agent_runner.backends.scripted import ScriptedModel
 
     live = ScriptedModel(["live-0", "live-1", "live-2"])
-    replay = TeacherForcedReplay(["stored-0"], live)
-    replay.reset(seed=0)
-    assert not replay.forcing
-    first = replay.complete([])
-    assert (first.text, first.extra["replayed"]) == ("stored-0", True)
-    assert replay.complete([]).text == "live-1"  # the script advanced past the replayed turn
+    prefix = ForcedPrefix(["stored-0"], live)
+    prefix.reset(seed=0)
+    assert not prefix.teacher_forces
+    first = prefix.complete([])
+    assert (first.text, first.forced) == ("stored-0", True)
+    assert prefix.complete([]).text == "live-1"  # the script advanced past the forced turn
 
 
 @pytest.mark.docker
@@ -52,7 +53,7 @@ def test_interactive_rerun_edit_continue_finish_in_a_real_terminal(tmp_path):
     url = sqlite_url(tmp_path / "nexus-eval.db")
     db = connect(url)
     spec = JobSpec.from_dict(oracle_job(["humanfmt__humanfmt-1"], ["nexus"], ["true_eviction"]))
-    job_id, (source_id,) = create_job_rows(db, spec)
+    job_id, (source_id,) = create_job_rows(db, spec, load_tasks(spec))
     assert execute_episode(db, source_id).needs_grade
     assert grade_stored_episode(db, source_id) == "resolved"
 
@@ -67,7 +68,7 @@ def test_interactive_rerun_edit_continue_finish_in_a_real_terminal(tmp_path):
         dimensions=(50, 200),
     )
     child.logfile_read = open(tmp_path / "terminal.log", "w")  # noqa: SIM115
-    child.expect_exact("--- turn 0 (replayed) ---")
+    child.expect_exact("--- turn 0 (forced from the stored attempt) ---")
     child.expect_exact("--- turn 1 ---")
     child.expect_exact("action: execute_bash")
     child.expect_exact("[c]ontinue")
@@ -93,7 +94,7 @@ def test_interactive_rerun_edit_continue_finish_in_a_real_terminal(tmp_path):
         assert new.status == "resolved" and rows[0].status == "resolved"
         turns = new.turns
         assert [t.index for t in turns] == [0, 1, 2]
-        assert turns[0].extra.get("replayed") is True
+        assert turns[0].extra.get("forced") is True
         assert turns[1].extra["intervened"] is True and "EDITED_BY_OPERATOR" in turns[1].action["arguments"]["cmd"]
         assert "EDITED_BY_OPERATOR" in turns[1].observation
         assert turns[2].action["name"] == "finish" and not turns[2].extra["intervened"]

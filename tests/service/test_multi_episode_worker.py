@@ -13,13 +13,12 @@ import signal
 
 import pytest
 
-from agent_runner.episode import build_model
-from agent_runner.episode_core import run_episode
+from agent_runner.episode import run_episode
 from db import store as db_store
 from tests.conftest import docker_status, require
 from tests.service.db_fixtures import pg_db_fixture  # noqa: F401 - the pg_db fixture
 from tests.service.worker_fixtures import Worker, cli, fresh_redis_url, job_done, service_env, wait_until, write_job
-from workers.execution import episode_spec_from_config
+from workers.execution import worker_episode_spec
 
 pytestmark = [pytest.mark.services, pytest.mark.docker, pytest.mark.slow]
 TASKS = ["humanfmt__humanfmt-1", "dslib__dslib-1", "argkit__argkit-1", "tinyparse__tinyparse-1"]
@@ -34,7 +33,7 @@ def _job(tmp_path, steps: int, methods=("nexus",), tasks=TASKS):
         scopes=["prefill_decode"],
         protocols=["true_eviction"],
         tasks={"suite": "mini", "ids": list(tasks)},
-        limits={"max_steps": steps, "soft_step_limit": steps, "max_new_tokens": 24},
+        limits={"max_steps": steps, "soft_step_limit": steps},
         sampling={"max_new_tokens": 24},
     )
 
@@ -69,11 +68,7 @@ def test_four_episodes_in_one_worker_equal_each_run_alone_and_replay(pg_db, tmp_
     # the engine really decoded rows together
     assert max(extra.get("batch_rows", 1.0) for _, extras, _ in stored.values() for extra in extras) > 1.0
     for episode_id, (completions, _, config) in stored.items():
-        spec = episode_spec_from_config(config)
-        task = spec.load_task()
-        model = build_model(spec, task)  # alone: no engine
-        model.reset(seed=spec.seed)
-        alone = run_episode(task, model, agent_config=spec.agent.model_copy(update={"seed": spec.seed}), grade=False)
+        alone = run_episode(worker_episode_spec(config))  # alone: no engine; the one runner applies the seed
         assert [t.completion.text for t in alone.turns] == completions, episode_id
 
     # the stored token streams replay: nexus against dense on the dense trajectories, shown by compare

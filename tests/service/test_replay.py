@@ -2,7 +2,7 @@
 
 The dense episodes' streams are real: the tiny Qwen3 decodes them greedily (so under dense true_eviction the
 replay must find every stored token to be the model's own argmax). Turns are stored the way a worker stores
-them, through ``workers.execution.turn_fields`` and ``record_turn``.
+them, through ``workers.execution.turn_row`` and ``record_turn``.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from db.replays import config_key
 from tests.service.db_fixtures import any_db_fixture, sqlite_db_fixture  # noqa: F401  (fixtures)
 from workers.compare import compare_jobs
 from workers.compare_render import REPLAY_COLUMNS, render
-from workers.execution import turn_fields
+from workers.execution import turn_row
 from workers.replay import plan_replays, replay_job
 from workers.spec import JobSpec
 
@@ -44,7 +44,7 @@ JOB = {
 def host():
     """The tiny Qwen3 as ``load_host`` builds it, minus the tokenizer (a replay feeds ids) and with a smaller
     vocabulary (the streams use ids below 20000): the replay path is the same, the fixture 5 s faster."""
-    model = tiny_model(seed=0, vocab_size=20_000)
+    model = tiny_model(weights_seed=0, vocab_size=20_000)
     nexus.prepare(model)
     return ModelHost(model=model, tokenizer=None, spec=ModelSpec(name="tiny"), device=torch.device("cpu"))
 
@@ -70,9 +70,8 @@ def greedy_turns(model, *, turns: int = 3, new_tokens: int = 16, rerender: bool 
 
 
 def _turn_record(index: int, tokens: dict | None) -> TurnRecord:
-    extra = {} if tokens is None else {"tokens": tokens}
     n = len(tokens["generated"]) if tokens else 3
-    completion = Completion(text="<think>x</think>", tokens_generated=n, extra=extra)
+    completion = Completion(text="<think>x</think>", tokens_generated=n, tokens=tokens)
     return TurnRecord(index=index, completion=completion, thought="x", action=None, observation="ok")
 
 
@@ -89,16 +88,16 @@ def make_job(db, model) -> tuple[str, dict[str, str]]:
             claim = st.claim_episode(s, episode_id)
         for i, tokens in enumerate(streams[task]):
             with db.session() as s:
-                st.record_turn(s, claim, i, **turn_fields(_turn_record(i, tokens)))
+                st.record_turn(s, claim, i, **turn_row(_turn_record(i, tokens)))
         with db.session() as s:
             st.finish_episode(s, claim, "submitted", patch="")
     return job.id, dense
 
 
-def test_turn_fields_carry_the_token_stream(sqlite_db):
+def test_turn_row_carries_the_token_stream(sqlite_db):
     tokens = {"keep": 0, "append": [1, 2, 3], "generated": [4, 5]}
-    assert turn_fields(_turn_record(0, tokens))["tokens"] == tokens
-    assert turn_fields(_turn_record(0, None))["tokens"] is None
+    assert turn_row(_turn_record(0, tokens))["tokens"] == tokens
+    assert turn_row(_turn_record(0, None))["tokens"] is None
 
 
 def test_replay_job_stores_rows_compare_shows_them(any_db, host):
@@ -209,11 +208,11 @@ def test_cli_errors_name_the_problem(sqlite_db):
 def test_cli_replays_and_prints_the_table(sqlite_db, host, monkeypatch):
     from typer.testing import CliRunner
 
-    import agent_runner.episode
+    import agent_runner.model_cache
     from nexus_eval.cli import app
 
     job_id, _ = make_job(sqlite_db, host.model)
-    monkeypatch.setattr(agent_runner.episode, "host_for", lambda spec: host)
+    monkeypatch.setattr(agent_runner.model_cache, "host_for", lambda spec: host)
     args = ["replay", job_id, "--methods", "dense,snapkv", "--protocols", "full_context", "--db", sqlite_db.url]
     result = CliRunner().invoke(app, args, env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output

@@ -1,4 +1,4 @@
-"""``workers.tasks.rerun``, what `nexus-eval rerun JOB --failed` and the dashboard's rerun button call: new
+"""``workers.celery_tasks.rerun``, what `nexus-eval rerun JOB --failed` and the dashboard's rerun button call: new
 attempt rows sent to the queue, and when the broker cannot take them, rows that stay queued and an error that
 says so (``NotEnqueued``)."""
 
@@ -9,7 +9,7 @@ import pytest
 from db import store as st
 from tests.service.db_fixtures import sqlite_db_fixture  # noqa: F401  (fixtures)
 from tests.service.test_db_store import Key, _job_with, _run_to
-from workers.tasks import NotEnqueued, rerun
+from workers.celery_tasks import NotEnqueued, rerun
 
 
 class Sent:

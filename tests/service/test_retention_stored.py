@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent_runner.episode import host_for
+from agent_runner.model_cache import host_for
 from db import store as db_store
 from nexus.retention import expand
 from tests.agent.conftest import RecordingEnvironment
@@ -14,13 +14,13 @@ from tests.service.db_fixtures import any_db_fixture, sqlite_db_fixture  # noqa:
 from tests.service.worker_fixtures import oracle_job
 from workers.execution import EpisodeHooks, execute_episode
 from workers.spec import JobSpec
-from workers.submit import create_job_rows
+from workers.submit import create_job_rows, load_tasks
 
 HOOKS = EpisodeHooks(open_environment=lambda task, **kw: RecordingEnvironment())
 
 
 def _stored(db, spec: JobSpec) -> list:
-    _, episode_ids = create_job_rows(db, spec)
+    _, episode_ids = create_job_rows(db, spec, load_tasks(spec))
     rows = []
     for episode_id in episode_ids:
         outcome = execute_episode(db, episode_id, hooks=HOOKS)
@@ -42,7 +42,7 @@ def test_an_hf_episode_stores_the_final_caches_retention_map(any_db, protocol):
             "scopes": ["prefill_decode"],
             "protocols": [protocol],
             "tasks": {"suite": "mini", "ids": ["humanfmt__humanfmt-1"]},
-            "limits": {"max_steps": 2, "soft_step_limit": 2, "max_new_tokens": 16},
+            "limits": {"max_steps": 2, "soft_step_limit": 2},
             "sampling": {"max_new_tokens": 16},
         }
     )

@@ -51,7 +51,9 @@ def test_defaults_and_frozen():
             "method_params has ['snapkv'], which are not in methods",
         ),
         ({"method_params": {"snapkvv": {}}}, "method_params.snapkvv", "unknown method 'snapkvv'"),
-        ({"backend": "hf"}, "", "backend 'hf' needs a 'model'"),
+        ({"limits": {"seed": 3}}, "limits.seed", "a job's seeds are its top-level 'seeds'"),
+        ({"limits": {"max_new_tokens": 9}}, "limits.max_new_tokens", "use sampling.max_new_tokens"),
+        ({"openai": {"seed": 3, "max_tokens": 9}}, "", "openai.max_tokens -> sampling.max_new_tokens, openai.seed"),
         ({"backend": "vllm"}, "backend", "'hf', 'openai' or 'oracle'"),
         ({"tasks": {"suite": "mini", "file": "x.jsonl"}}, "tasks", "exactly one of 'suite' or 'file'"),
         ({"tasks": {"suite": "mini", "ids": []}}, "tasks", "'ids' is empty"),
@@ -126,7 +128,7 @@ def test_config_hash_is_stable_and_ignores_name_and_order():
     b = spec(name="b", methods=["nexus", "dense"], seeds=[1, 0])
     assert a.config_hash() == b.config_hash() and len(a.config_hash()) == 64
     assert a.config_hash() != spec(methods=["dense", "nexus"], seeds=[0, 1], density=0.3).config_hash()
-    assert '"density":0.2' in a.canonical_json() and '"name"' not in a.canonical_json()
+    assert '"density":0.2' in a.canonical_json() and '"name":"a"' not in a.canonical_json()
 
 
 def test_fan_out_counts_with_dense_once_per_task_and_seed():
@@ -175,7 +177,7 @@ def test_task_selection_exact_and_glob():
 
 def test_the_job_composes_the_runners_own_configs():
     fields = JobSpec.model_fields
-    assert fields["model"].annotation == ModelSpec | None
+    assert fields["model"].annotation == ModelSpec
     assert (fields["limits"].annotation, fields["sampling"].annotation) == (AgentConfig, SamplingConfig)
     assert set(spec().eviction) == {"budget_tokens", "block_size", "window", "slack_blocks"}
     cfg = spec(methods=["nexus"], eviction={"window": 8}).eviction_config("nexus", "prefill_only", 4)

@@ -38,7 +38,7 @@ def test_tiny_model_job_runs_through_redis_workers_into_postgresql(pg_db, tmp_pa
         scopes=["prefill_only"],
         protocols=["true_eviction", "full_context"],
         tasks={"suite": "mini", "ids": TASKS},
-        limits={"max_steps": 2, "soft_step_limit": 2, "max_new_tokens": 24},
+        limits={"max_steps": 2, "soft_step_limit": 2},
         sampling={"max_new_tokens": 24},
     )
     gpu = Worker(env, "gpu", tmp_path / "gpu.log")

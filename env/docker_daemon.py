@@ -1,10 +1,10 @@
-"""The local Docker engine: is one answering, and getting one started on a fresh machine.
+"""The local Docker daemon: is one answering, and getting one started on a fresh machine.
 
-Every backend drives its episodes in containers, so nothing runs without an engine. A fresh Debian box
+Every backend drives its episodes in containers, so nothing runs without a daemon. A fresh Debian box
 (root, nothing installed) is the case `nexus-eval setup` must handle alone: install Debian's `docker.io`
 (and `debootstrap`, which the offline base image needs), start `dockerd` detached with no bridge, iptables
 or masquerading (sandboxes only ever use `network_mode="none"`, and a container host often may not touch
-iptables), and wait for it to answer. Anything else (not root, not Debian, an engine on another host)
+iptables), and wait for it to answer. Anything else (not root, not Debian, a daemon on another host)
 is a `NeedsManualSetup` whose message is the paragraph a person needs: what to install, how to start it.
 
 This module stands alone (docker-py and the standard library only) so the CLI and CI share one path.
@@ -29,24 +29,24 @@ APT_PACKAGES = {"dockerd": "docker.io", "debootstrap": "debootstrap"}
 START_COMMAND = f"dockerd {' '.join(DOCKERD_ARGS)} >>{DOCKERD_LOG} 2>&1 &"
 
 Say = Callable[[str], None]
-_started: list[subprocess.Popen] = []  # engines this process started; kept so they are never collected
+_started: list[subprocess.Popen] = []  # daemons this process started; kept so they are never collected
 
 
-class EngineError(RuntimeError):
-    """The engine could not be made to answer; the message says why and what to run."""
+class DaemonError(RuntimeError):
+    """The daemon could not be made to answer; the message says why and what to run."""
 
 
-class NeedsManualSetup(EngineError):
-    """Nothing this process may do here gets an engine (not root, not Debian, a remote DOCKER_HOST)."""
+class NeedsManualSetup(DaemonError):
+    """Nothing this process may do here gets a daemon (not root, not Debian, a remote DOCKER_HOST)."""
 
 
-class EngineStartFailed(EngineError):
+class DaemonStartFailed(DaemonError):
     """dockerd (or apt-get) was run and failed; the message carries the tail of its log."""
 
 
 @dataclass(frozen=True)
-class EngineState:
-    """What `engine_state()` found: whether an engine answers at `host`, its version, else why not."""
+class DaemonState:
+    """What `daemon_state()` found: whether a daemon answers at `host`, its version, else why not."""
 
     answering: bool
     host: str
@@ -55,13 +55,13 @@ class EngineState:
 
     @property
     def local(self) -> bool:
-        """The default local socket: the only place `ensure_engine` can start an engine for."""
+        """The default local socket: the only place `ensure_daemon` can start a daemon for."""
         return self.host in DEFAULT_HOSTS
 
 
 @dataclass(frozen=True)
-class EngineReady:
-    """`ensure_engine`'s result: what it had to do (`running`: nothing) and the engine's version."""
+class DaemonReady:
+    """`ensure_daemon`'s result: what it had to do (`running`: nothing) and the daemon's version."""
 
     action: Literal["running", "started", "installed"]
     version: str
@@ -82,17 +82,17 @@ def _why(exc: BaseException) -> str:
             continue
         seen.add(id(err))
         if isinstance(err, FileNotFoundError):
-            return "no socket at that path, so no engine runs there"
+            return "no socket at that path, so no daemon runs there"
         if isinstance(err, ConnectionRefusedError):
-            return "connection refused, so no engine listens there"
+            return "connection refused, so no daemon listens there"
         if isinstance(err, PermissionError):
             return "permission denied on the socket: run as root, or join the `docker` group"
         pending += [e for e in (err.__cause__, err.__context__, *err.args) if isinstance(e, BaseException)]
     return str(exc).splitlines()[0][:300]
 
 
-def engine_state(timeout: float = 5.0) -> EngineState:
-    """Ping the engine at `docker_host()` (at most `timeout` seconds); never raises."""
+def daemon_state(timeout: float = 5.0) -> DaemonState:
+    """Ping the daemon at `docker_host()` (at most `timeout` seconds); never raises."""
     import docker
 
     host = docker_host()
@@ -103,9 +103,9 @@ def engine_state(timeout: float = 5.0) -> EngineState:
             version = str(client.version().get("Version", "?"))
         finally:
             client.close()
-    except Exception as exc:  # docker-py raises several unrelated types for "no engine"
-        return EngineState(answering=False, host=host, reason=_why(exc))
-    return EngineState(answering=True, host=host, version=version)
+    except Exception as exc:  # docker-py raises several unrelated types for "no daemon"
+        return DaemonState(answering=False, host=host, reason=_why(exc))
+    return DaemonState(answering=True, host=host, version=version)
 
 
 def can_apt_install() -> bool:
@@ -121,21 +121,21 @@ def find_dockerd() -> str | None:
 
 
 def apt_install(packages: list[str], say: Say) -> None:
-    """``apt-get update && apt-get install -y PACKAGES`` non-interactively; EngineStartFailed on failure."""
+    """``apt-get update && apt-get install -y PACKAGES`` non-interactively; DaemonStartFailed on failure."""
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     for cmd in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", *packages]):
         say(" ".join(cmd))
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
         if proc.returncode != 0:
             tail = (proc.stdout + proc.stderr).strip()[-2000:]
-            raise EngineStartFailed(f"`{' '.join(cmd)}` failed (exit {proc.returncode}):\n{tail}")
+            raise DaemonStartFailed(f"`{' '.join(cmd)}` failed (exit {proc.returncode}):\n{tail}")
 
 
-def _install_paragraph(state: EngineState) -> str:
+def _install_paragraph(state: DaemonState) -> str:
     return (
-        f"No Docker engine answers at {state.host} ({state.reason}) and dockerd is not installed here. "
+        f"No Docker daemon answers at {state.host} ({state.reason}) and dockerd is not installed here. "
         "nexus-eval runs every episode in a Docker container, so it needs one. This command installs it by "
-        "itself only as root on Debian; here, install Docker Engine yourself (Debian/Ubuntu: "
+        "itself only as root on Debian; here, install Docker Daemon yourself (Debian/Ubuntu: "
         "`sudo apt-get install -y docker.io debootstrap`; elsewhere: https://docs.docker.com/engine/install/ "
         "and your distribution's debootstrap), start it (`sudo systemctl start docker`, or without systemd "
         f"`sudo {START_COMMAND}`), make sure your user may use it (`sudo usermod -aG docker $USER`, then log in "
@@ -144,7 +144,7 @@ def _install_paragraph(state: EngineState) -> str:
 
 
 def dockerd_pid() -> int | None:
-    """The pid in dockerd's pidfile when that process is alive and is dockerd (an engine still starting, or
+    """The pid in dockerd's pidfile when that process is alive and is dockerd (a daemon still starting, or
     hung); a stale pidfile whose pid now belongs to another process is None."""
     try:
         pid = int(DOCKERD_PIDFILE.read_text().strip())
@@ -166,7 +166,7 @@ def start_dockerd(*, wait_s: float = 60.0, log: Path = DOCKERD_LOG, say: Say = l
     and wait up to `wait_s` seconds for it to answer; returns its version."""
     dockerd = find_dockerd()
     if dockerd is None:
-        raise EngineStartFailed("dockerd is not installed")
+        raise DaemonStartFailed("dockerd is not installed")
     process = None
     pid = dockerd_pid()
     if pid is not None:
@@ -192,33 +192,33 @@ def start_dockerd(*, wait_s: float = 60.0, log: Path = DOCKERD_LOG, say: Say = l
         _started.append(process)
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
-        state = engine_state(timeout=3)
+        state = daemon_state(timeout=3)
         if state.answering:
-            say(f"Docker engine {state.version} answers at {state.host}")
+            say(f"Docker daemon {state.version} answers at {state.host}")
             return state.version or "?"
         if process is not None and process.poll() is not None:
-            raise EngineStartFailed(f"dockerd exited with code {process.returncode}; {log}:\n{_log_tail(log)}")
+            raise DaemonStartFailed(f"dockerd exited with code {process.returncode}; {log}:\n{_log_tail(log)}")
         time.sleep(0.5)
-    raise EngineStartFailed(f"dockerd did not answer within {wait_s:.0f} s; {log}:\n{_log_tail(log)}")
+    raise DaemonStartFailed(f"dockerd did not answer within {wait_s:.0f} s; {log}:\n{_log_tail(log)}")
 
 
-def ensure_engine(
+def ensure_daemon(
     *, install: bool = True, wait_s: float = 60.0, log: Path = DOCKERD_LOG, say: Say = lambda _m: None
-) -> EngineReady:
-    """Get a Docker engine answering: nothing if one does; start an installed dockerd (root); on Debian as root
+) -> DaemonReady:
+    """Get a Docker daemon answering: nothing if one does; start an installed dockerd (root); on Debian as root
     install docker.io + debootstrap first (`install=False` forbids that). NeedsManualSetup otherwise."""
-    state = engine_state()
+    state = daemon_state()
     if state.answering:
-        return EngineReady("running", state.version or "?", state.host)
+        return DaemonReady("running", state.version or "?", state.host)
     if not state.local:
         raise NeedsManualSetup(
-            f"DOCKER_HOST={state.host} does not answer ({state.reason}). nexus-eval starts an engine only on this "
-            "machine's default socket: start the engine that DOCKER_HOST names, or unset DOCKER_HOST and run "
+            f"DOCKER_HOST={state.host} does not answer ({state.reason}). nexus-eval starts a daemon only on this "
+            "machine's default socket: start the daemon that DOCKER_HOST names, or unset DOCKER_HOST and run "
             "`nexus-eval setup` again."
         )
     if "permission denied" in (state.reason or ""):
         raise NeedsManualSetup(
-            f"A Docker engine runs at {state.host} but this user may not use it. Add the user to the `docker` "
+            f"A Docker daemon runs at {state.host} but this user may not use it. Add the user to the `docker` "
             "group (`sudo usermod -aG docker $USER`, then log in again) or run nexus-eval as root."
         )
     action: Literal["started", "installed"] = "started"
@@ -229,11 +229,11 @@ def ensure_engine(
         action = "installed"
     if os.geteuid() != 0:
         raise NeedsManualSetup(
-            f"dockerd is installed but no engine answers at {state.host} ({state.reason}), and starting it needs "
+            f"dockerd is installed but no daemon answers at {state.host} ({state.reason}), and starting it needs "
             f"root: `sudo systemctl start docker`, or without systemd `sudo {START_COMMAND}`, or `sudo nexus-eval "
             "setup`."
         )
-    return EngineReady(action, start_dockerd(wait_s=wait_s, log=log, say=say), state.host)
+    return DaemonReady(action, start_dockerd(wait_s=wait_s, log=log, say=say), state.host)
 
 
 def ensure_debootstrap(*, install: bool = True, say: Say = lambda _m: None) -> str:

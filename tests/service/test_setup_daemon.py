@@ -1,8 +1,8 @@
-"""The README's first command on this machine's real engine: `nexus-eval setup` brings a stopped engine back,
+"""The README's first command on this machine's real daemon: `nexus-eval setup` brings a stopped daemon back,
 and a missing task image is rebuilt by `setup` and by `run`'s preflight.
 
-These stop the real dockerd (SIGTERM, then wait until it no longer answers) and always leave an engine
-running (the same `env.engine.ensure_engine` in a finally block). The base image is never removed; the
+These stop the real dockerd (SIGTERM, then wait until it no longer answers) and always leave a daemon
+running (the same `env.docker_daemon.ensure_daemon` in a finally block). The base image is never removed; the
 task images removed here are rebuilt in seconds."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from env.engine import dockerd_pid, engine_state, ensure_engine
+from env.docker_daemon import daemon_state, dockerd_pid, ensure_daemon
 from tests.conftest import docker_status, require
 from tests.service.worker_fixtures import cli
 
@@ -55,26 +55,26 @@ def _remove_task_image(client, task_id: str) -> str:
     return tag
 
 
-def test_setup_starts_a_stopped_engine(tmp_path):
-    """The newcomer's case: dockerd installed, no engine answering. `setup` starts it, detached, and it
+def test_setup_starts_a_stopped_daemon(tmp_path):
+    """The newcomer's case: dockerd installed, no daemon answering. `setup` starts it, detached, and it
     stays up after setup exits."""
     client = _client()
     require(os.geteuid() == 0, "stopping and starting dockerd needs root")
-    _wait(lambda: not client.containers.list(), 120, "other containers to finish before stopping the engine")
+    _wait(lambda: not client.containers.list(), 120, "other containers to finish before stopping the daemon")
     pid = dockerd_pid()
-    require(pid is not None, "no dockerd pidfile (the engine is not a local dockerd this test may stop)")
+    require(pid is not None, "no dockerd pidfile (the daemon is not a local dockerd this test may stop)")
     try:
         os.kill(pid, signal.SIGTERM)
-        _wait(lambda: not engine_state(timeout=2).answering and dockerd_pid() is None, 90, "dockerd to stop")
+        _wait(lambda: not daemon_state(timeout=2).answering and dockerd_pid() is None, 90, "dockerd to stop")
         result = cli("setup", "--no-task-images", env=_env(tmp_path), timeout=240)
         assert result.returncode == 0, result.stderr[-3000:]
         assert "(started)" in result.stderr and "ready" in result.stdout
         time.sleep(1)  # still answering once the command that started it has exited
-        state = engine_state()
+        state = daemon_state()
         assert state.answering, state.reason
         assert dockerd_pid() not in (None, pid)
     finally:
-        ensure_engine(install=False)
+        ensure_daemon(install=False)
 
 
 def test_setup_rebuilds_a_missing_task_image(tmp_path):

@@ -8,7 +8,9 @@
   grade (after a broker lost its data, say); duplicates are harmless, see above.
 
 The task arguments are ids only: the episode's config lives in its database row, so a message can never
-carry a stale copy. Each worker process opens the database once (lazily, after the fork).
+carry a stale copy. Each worker process opens the database once (lazily, after the fork) and loads each task
+source once (``workers.task_cache``). Worker-host settings (episodes per GPU, the device) come from the app's
+``ServiceSettings`` and are passed down as arguments.
 
 The tasks are ``shared_task``s: they bind to whichever app the process built (``workers.app.get_app``), so
 importing this module builds nothing. Senders publish by task name through an explicit app.
@@ -28,6 +30,7 @@ from db import store as db_store
 from db.models import AGENT_EXIT_STATUSES, EpisodeStatus
 from workers.app import get_app
 from workers.execution import EpisodeHooks, execute_episode, grade_stored_episode
+from workers.task_cache import TaskCache
 
 log = logging.getLogger(__name__)
 RUN_EPISODE = "nexus.run_episode"
@@ -35,6 +38,7 @@ GRADE_EPISODE = "nexus.grade_episode"
 RESUME_JOB = "nexus.resume_job"
 _DB: dict[str, Database] = {}
 _DB_LOCK = threading.Lock()  # a multi-episode (threads pool) worker asks from several threads at once
+_TASKS = TaskCache()  # this process's task sources, each loaded once (episodes and grades alike)
 
 
 def database(app: Celery) -> Database:
@@ -72,7 +76,7 @@ class EpisodeTask(Task):
 
 
 @shared_task(name=RUN_EPISODE, bind=True, base=EpisodeTask, acks_late=True, reject_on_worker_lost=True)
-def run_episode_task(self: Task, episode_id: str) -> dict[str, Any]:
+def episode_task(self: Task, episode_id: str) -> dict[str, Any]:
     settings = self.app.conf.nexus_settings
     # our own deadline before Celery's soft limit (10%, at most 5 min), so that a turn boundary usually ends
     # the run cleanly and the diff is taken; Celery's SoftTimeLimitExceeded (raised wherever the code is) is
@@ -82,10 +86,12 @@ def run_episode_task(self: Task, episode_id: str) -> dict[str, Any]:
     outcome = execute_episode(
         database(self.app),
         episode_id,
+        tasks=_TASKS,
         celery_task_id=self.request.id,
         soft_deadline_s=soft - min(0.1 * soft, 300.0),
         stale_after_s=settings.stale_after_s,
-        batch_rows=settings.episodes_per_gpu,
+        episodes_per_gpu=settings.episodes_per_gpu,
+        device=settings.device,
         hooks=EpisodeHooks(progress=_progress_reporter(self), time_limits=(SoftTimeLimitExceeded,)),
     )
     if outcome.needs_grade:
@@ -100,8 +106,8 @@ def run_episode_task(self: Task, episode_id: str) -> dict[str, Any]:
 
 
 @shared_task(name=GRADE_EPISODE, bind=True, acks_late=True, reject_on_worker_lost=True)
-def grade_episode_task(self: Task, episode_id: str) -> dict[str, Any]:
-    return {"episode_id": episode_id, "status": grade_stored_episode(database(self.app), episode_id)}
+def grade_task(self: Task, episode_id: str) -> dict[str, Any]:
+    return {"episode_id": episode_id, "status": grade_stored_episode(database(self.app), episode_id, tasks=_TASKS)}
 
 
 @shared_task(name=RESUME_JOB, bind=True, acks_late=True)
