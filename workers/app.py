@@ -108,9 +108,8 @@ class ServiceSettings(BaseModel):
             "broker_url": env.get("NEXUS_EVAL_BROKER") or None,
             "result_backend": env.get("NEXUS_EVAL_RESULT_BACKEND") or None,
             "device": env.get("NEXUS_EVAL_DEVICE") or None,
+            "db_url": default_url(env),
         }
-        if env.get("NEXUS_EVAL_DB"):
-            values["db_url"] = default_url(env)
         if env.get("NEXUS_EVAL_EPISODES_PER_GPU"):
             values["episodes_per_gpu"] = env["NEXUS_EVAL_EPISODES_PER_GPU"]
         for field, var in (

@@ -97,16 +97,28 @@ def job_overrides(
     return {key: value for key, value in given.items() if value is not None}
 
 
-def load_job(file: Path | None, overrides: dict[str, Any], *, what: str) -> tuple[JobSpec, list[Task]]:
-    """The job of ``file`` (None: the job defaults) with ``overrides``, and its tasks, loaded once (the
-    selection checked, for the preflight and the fan-out). Exit 2 naming the file, the flags and the field on
-    any error, before anything is stored (``what`` ends the message: "nothing was submitted")."""
+def job_from_flags(file: Path | None, overrides: dict[str, Any], *, what: str) -> JobSpec:
+    """The job of ``file`` (None: the job defaults) with ``overrides``, every method's settings checked by
+    building its policy. Exit 2 naming the file, the overrides and the field (``what`` ends the message:
+    "nothing was submitted")."""
     from workers.spec import JobSpecError
-    from workers.submit import load_tasks, plan_episodes
 
     try:
         spec = JobSpec.load(file, overrides)
-        spec.check_with_library(source=str(file or "<defaults>"))  # every method's hyperparameters
+        spec.check_with_library(source=str(file or "<defaults>"))
+    except JobSpecError as exc:
+        fail(f"{exc}\n{what}")
+    return spec
+
+
+def load_job(file: Path | None, overrides: dict[str, Any], *, what: str) -> tuple[JobSpec, list[Task]]:
+    """:func:`job_from_flags` and its tasks, loaded once (the selection checked, for the preflight and the
+    fan-out); exit 2 on any error, before anything is stored."""
+    from workers.spec import JobSpecError
+    from workers.submit import load_tasks, plan_episodes
+
+    spec = job_from_flags(file, overrides, what=what)
+    try:
         tasks = load_tasks(spec)
         plan_episodes(spec, tasks)  # a bad task selection is an error before anything is stored
     except JobSpecError as exc:

@@ -92,19 +92,19 @@ def episode(
     overrides = jf.job_overrides(
         model=model,
         backend=backend,
-        methods=method,
-        scopes=scope,
-        protocols=protocol,
         density=density,
         preset=preset,
-        seeds=None if seed is None else str(seed),
         suite=suite,
         max_steps=max_steps,
         max_new_tokens=max_new_tokens,
         max_context_tokens=max_context_tokens,
         temperature=temperature,
     )
-    given = {
+    given = {  # one cell: each of these names one value, never a list
+        "methods": None if method is None else [method],
+        "scopes": None if scope is None else [scope],
+        "protocols": None if protocol is None else [protocol],
+        "seeds": None if seed is None else [seed],
         "tasks": None if tasks_file is None else {"file": str(tasks_file)},
         "model.revision": revision,
         "model.device": device,
@@ -148,13 +148,7 @@ def episode(
 def _one_episode(file: Path | None, overrides: dict, task_id: str):
     """The ``EpisodeSpec`` of ``task_id`` in the job (``file`` + ``overrides``): its first method, scope,
     protocol and seed (the flags, when given, are the only ones). Exit 2 naming the problem."""
-    from workers.spec import JobSpec, JobSpecError
-
-    try:
-        job = JobSpec.load(file, overrides)
-        job.check_with_library(source=str(file or "<defaults>"))
-    except JobSpecError as exc:
-        fail(f"{exc}\nnothing was run")
+    job = jf.job_from_flags(file, overrides, what="nothing was run")
     method, (scope, protocol), seed = job.methods[0], job.cells(job.methods[0])[0], job.seeds[0]
     return job.episode_config(task_id, method, scope, protocol, seed)
 

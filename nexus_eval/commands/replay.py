@@ -20,7 +20,7 @@ def replay(
     token_by_token: bool = typer.Option(
         False, "--token-by-token", help="feed completions one token per forward (slow; chunks give the same logits)"
     ),
-    device: str = typer.Option(None, "--device", help="the model's device here (default: the job's: auto)"),
+    device: str = typer.Option(None, "--device", help="the model's device here (default: the job's model device)"),
     db: str = DB_OPTION,
 ) -> None:
     """Teacher-force the job's dense episodes through each method's cache; store NLL and top-1 per replay."""

@@ -95,6 +95,7 @@ def test_same_seed_reproduces_completions_and_evictions(docker_ready):
 def test_bad_inputs_fail_before_any_container():
     for args, needle in (
         (["--method", "magic"], "unknown method 'magic'"),
+        (["--method", "dense,nexus"], "unknown method 'dense,nexus'"),  # one cell: one method, never a list
         (["--model", "/no/such/model"], "does not exist"),
         (["--task", "nope__nope-1"], "no task"),
         (["--scope", "sometimes"], "scope"),
