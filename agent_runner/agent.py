@@ -182,7 +182,7 @@ class Agent:
         return resynthesize(parsed) if intervened or self.config.history == "resynthesized" else completion.text
 
     def _step(self, call: ToolCall | None, completion: Completion) -> ToolResult:
-        if completion.prompt_tokens >= self.config.max_context_tokens:
+        if completion.context_full or completion.prompt_tokens >= self.config.max_context_tokens:
             return ToolResult(observation="", submitted=False, seconds=0.0)  # over budget: do not act
         if call is None:
             return ToolResult(observation=self.scaffold.no_call_reply, submitted=False, seconds=0.0)
@@ -197,6 +197,8 @@ class Agent:
         logical = turn.completion.logical_length
         if turn.submitted:
             return Submitted(f"submitted at step {steps_done}")
+        if turn.completion.context_full:  # the backend's own window (e.g. the model's positions) is the tighter one
+            return ContextLimit(f"logical length {turn.completion.prompt_tokens}: the model's context window is full")
         if turn.completion.prompt_tokens >= cfg.max_context_tokens or logical >= cfg.max_context_tokens:
             return ContextLimit(f"logical length {logical} >= max_context_tokens={cfg.max_context_tokens}")
         if steps_done >= cfg.max_steps:

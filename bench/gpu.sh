@@ -9,6 +9,11 @@
 #   3. bench/decode.py: llama-3.1-8b shape (random weights), bf16, batch 1, 8K prefill, decode to 8K with
 #      reports at 1K/2K/4K/8K, dense vs snapkv (prefill_only) vs morphkv vs nexus (prefill_decode),
 #      flash_attention_2 if installed else sdpa                                               -> decode.json
+#   4. quality probes on a GPU-sized real model, when GPU_PROBE_MODEL names one (a local path to Qwen3-8B or
+#      DeepSWE-Preview; nothing is downloaded): `nexus-eval probe run` with every method x scope at densities
+#      0.1/0.2/0.3, needle / later-turn (both protocols) / nll, GPU_PROBE_SAMPLES samples (default 30) of
+#      GPU_PROBE_LENGTHS tokens (default 4096,8192)                                         -> probes.json, probes.md
+#      (the same tables docs/probes.md shows for smollm2-135m on a CPU; --dry-run: the tiny model, 2 samples)
 # Everything lands in one folder: $OUT if set (the device tool's), else bench/out/gpu-<UTC date>; the whole
 # log is gpu.log there. The script never runs past GPU_BENCH_BOX seconds (default 450): every step runs
 # under `timeout`, and decode.py shares what is left among the methods (a method that cannot finish its
@@ -26,7 +31,8 @@ DRY=0
 PY=${PYTHON:-python3}
 BOX=${GPU_BENCH_BOX:-450}
 METHODS=${GPU_BENCH_METHODS:-"dense snapkv@prefill_only morphkv nexus"}
-PARTS=${GPU_BENCH_PARTS:-"batch decode"}
+PROBE_MODEL=${GPU_PROBE_MODEL:-}
+PARTS=${GPU_BENCH_PARTS:-"batch decode${PROBE_MODEL:+ probes}"}
 BATCH_BOX=${GPU_BENCH_BATCH_BOX:-180}
 DIR=${OUT:-bench/out/gpu-$(date -u +%Y%m%dT%H%M%SZ)}
 mkdir -p "$DIR"
@@ -90,6 +96,25 @@ if [[ " $PARTS " == *" decode "* ]]; then
     --threads 4 --copy-mib "$COPY" --time-box $((BUDGET - 25)) --out "$DIR/decode.json"
   DRC=$?
   [ "$DRC" = 0 ] || { echo "WARNING: decode.py exited with rc $DRC (partial results, if any, are in $DIR/decode.json)"; RC=$DRC; }
+fi
+if [[ " $PARTS " == *" probes "* ]]; then
+  echo "== 4. quality probes ($(left)s left)"
+  ALL="dense,snapkv,pyramidkv,ada_snapkv,ada_pyramidkv,h2o,morphkv,streaming_llm,nexus,ada_nexus"
+  if [ "$DRY" = 1 ]; then
+    PROBE=(--model tiny --variants dense,snapkv,nexus --samples 2 --lengths 256 --densities 0.5 --threads 1)
+  else
+    PROBE=(--model "$PROBE_MODEL" --variants "$ALL" --scopes prefill_only,prefill_decode --densities 0.1,0.2,0.3
+           --samples "${GPU_PROBE_SAMPLES:-30}" --lengths "${GPU_PROBE_LENGTHS:-4096,8192}")
+  fi
+  BUDGET=$(( $(left) - 15 ))
+  timeout --kill-after=10 "$BUDGET" $PY -m nexus_eval.cli probe run "${PROBE[@]}" --db "$DIR/probes.db" \
+    --format json -o "$DIR/probes.json"
+  PRC=$?
+  # the results are stored as they arrive: a run cut by the time box still renders what it finished
+  RUN=$($PY -c "import sqlite3, sys; print(sqlite3.connect(sys.argv[1]).execute('select id from probe_runs \
+order by created_at desc limit 1').fetchone()[0])" "$DIR/probes.db" 2>/dev/null)
+  [ -n "$RUN" ] && $PY -m nexus_eval.cli probe show "$RUN" --db "$DIR/probes.db" --format markdown > "$DIR/probes.md"
+  [ "$PRC" = 0 ] || { echo "WARNING: probe run exited with rc $PRC (stored results are in $DIR/probes.db)"; RC=$PRC; }
 fi
 echo "== done in $((SECONDS - START))s; files in $DIR:"
 ls -l "$DIR"

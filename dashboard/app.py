@@ -18,7 +18,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Resp
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from dashboard import pages
+from dashboard import pages, probe_pages
 from dashboard.auth import COOKIE, Access
 from dashboard.context import Context, NotFound, job_id_of
 from dashboard.readonly import open_readonly
@@ -105,6 +105,7 @@ def create_app(db_url: str, *, token: str | None, public: bool, celery_app: Call
         return error_page(request, 500, "the dashboard hit an error; the server's log has the details")
 
     pages.register(app, ctx)
+    probe_pages.register(app, ctx)
     _register_actions(app, ctx)
     return app
 

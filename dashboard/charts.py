@@ -234,3 +234,59 @@ def method_charts(
         fig.legend(handles, list(methods), loc="outside right upper", frameon=False)
         charts.append((title, to_svg(fig, title)))
     return charts
+
+
+def _probe_metric(cells: Sequence[Any]) -> tuple[str, tuple[str, str, str], float]:
+    """What a probe's chart plots, as (y label, the cell's (value, low, high) fields, scale): accuracy with its
+    Wilson interval when the probe asks a question; else ΔNLL vs dense with its bootstrap interval; else (no
+    dense in the run) the plain NLL, without whiskers."""
+    if any(c.accuracy is not None for c in cells):
+        return "accuracy % (Wilson 95%)", ("accuracy", "ci_low", "ci_high"), 100.0
+    if any(c.delta_nll is not None for c in cells):
+        return "ΔNLL vs dense (bootstrap 95%)", ("delta_nll", "delta_ci_low", "delta_ci_high"), 1.0
+    return "NLL (nats per token)", ("nll", "nll", "nll"), 1.0
+
+
+def probe_chart(probe: str, cells: Sequence[Any], variants: Sequence[str]) -> str:
+    """One probe's ``workers.probe_stats.ProbeCell``s against density, one line per variant with its interval
+    as whiskers, one panel per scope x protocol (see :func:`_probe_metric` for the y axis)."""
+    ylabel, fields, scale = _probe_metric(cells)
+    panels = list(dict.fromkeys((c.scope, c.protocol) for c in cells))
+    densities = sorted({c.density for c in cells})
+    step = float(min(np.diff(densities))) if len(densities) > 1 else 0.2
+    dodge = 0.06 * step  # the variants' whiskers at one density side by side, not on top of each other
+    colours = method_colours(variants)
+    drawn: set[str] = set()
+    fig = _figure(3.4 * len(panels) + 1.8, 2.8)
+    axes = fig.subplots(1, len(panels), squeeze=False, sharey=True)[0]
+    for ax, (scope, protocol) in zip(axes, panels, strict=True):
+        for j, variant in enumerate(variants):
+            mine = [c for c in cells if (c.scope, c.protocol, c.variant) == (scope, protocol, variant)]
+            rows = sorted(
+                (c.density, *(scale * getattr(c, f) for f in fields)) for c in mine if getattr(c, fields[0]) is not None
+            )
+            if not rows:
+                continue
+            xs = [d + (j - (len(variants) - 1) / 2) * dodge for d, *_ in rows]
+            # clamped: a percentile bootstrap bound may sit a hair inside its mean, and matplotlib refuses negatives
+            whiskers = [[max(0.0, y - low) for _, y, low, _ in rows], [max(0.0, high - y) for _, y, _, high in rows]]
+            ax.errorbar(xs, [y for _, y, *_ in rows], yerr=whiskers, marker="o", capsize=3, color=colours[variant])
+            drawn.add(variant)
+        ax.set_xlim(densities[0] - step / 2, densities[-1] + step / 2)
+        ax.set_title(f"{scope} / {protocol}", fontsize="small")
+        ax.set_xticks(densities, [f"{d:g}" for d in densities])
+        ax.set_xlabel("density (kept fraction)")
+        ax.grid(axis="y", alpha=0.3)
+    axes[0].set_ylabel(ylabel)
+    if fields[0] == "accuracy":
+        axes[0].set_ylim(-5, 105)
+    shown = [v for v in variants if v in drawn]  # dense has no ΔNLL against itself: no legend entry
+    handles = [Line2D([], [], color=colours[v], marker="o") for v in shown]
+    fig.legend(handles, shown, loc="outside right upper", frameon=False)
+    return to_svg(fig, f"{probe}: {ylabel} by density per variant")
+
+
+def probe_charts(table: Any) -> dict[str, str]:
+    """{probe: svg} for every probe of a ``workers.probe_stats.ProbeTable``."""
+    variants = list(dict.fromkeys(c.variant for c in table.cells))
+    return {probe: probe_chart(probe, table.cells_of(probe), variants) for probe in table.probes}

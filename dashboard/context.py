@@ -1,5 +1,5 @@
 """What the dashboard's routes share: the read-only sessions, the lazily opened read-write database, and
-turning a bad job id into a 404 (:class:`NotFound`)."""
+turning a bad job, episode or probe run id into a 404 (:class:`NotFound`)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 
 class NotFound(Exception):
-    """A job or episode id that names nothing (or an ambiguous prefix); ``what`` says which."""
+    """A job, episode or probe run id that names nothing (or an ambiguous prefix); ``what`` says which."""
 
     def __init__(self, what: str) -> None:
         super().__init__(what)
@@ -62,6 +62,13 @@ def episode_id_of(ctx: Context, episode_id: str) -> str:
     from db import store as db_store
 
     return _full_id(ctx, db_store.get_episode, episode_id)
+
+
+def probe_run_id_of(ctx: Context, run_id: str) -> str:
+    """The full id of a probe run id or unique prefix; :class:`NotFound` otherwise."""
+    from db.probes import get_probe_run
+
+    return _full_id(ctx, get_probe_run, run_id)
 
 
 def _full_id(ctx: Context, get: Callable[[Session, str], Any], ident: str) -> str:

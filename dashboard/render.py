@@ -16,6 +16,8 @@ from markupsafe import Markup
 
 from workers.compare import Cell, CompareTable
 from workers.compare_render import LEGEND, REPLAY_CAPTION, REPLAY_HEADER, SYMBOLS, cell_text, replay_text
+from workers.probe_render import layout as probe_layout
+from workers.probe_stats import BASELINES, CAPTION, ProbeCell
 
 TEMPLATES = Path(__file__).with_name("templates")
 STATIC = Path(__file__).with_name("static")
@@ -26,7 +28,10 @@ def num(x: float | None) -> str:
     return "" if x is None else repr(float(x))
 
 
-def when(dt: datetime | None) -> str:
+def when(dt: datetime | str | None) -> str:
+    """A stored time (a datetime, or the ISO text of a table's JSON form) to the minute, in UTC."""
+    if isinstance(dt, str):
+        dt = datetime.fromisoformat(dt)
     return "" if dt is None else f"{dt:%Y-%m-%d %H:%M} UTC"
 
 
@@ -81,6 +86,30 @@ def replay_rows(table: CompareTable) -> list[list[str]]:
     return [replay_text(r) for r in table.replay]
 
 
+def probe_cell_data(c: ProbeCell) -> dict[str, Any]:
+    """One probe cell's numbers for its row's data-* attributes: the fields of the run's JSON (``vs`` flattened
+    to ``p-vs-dense``, ``b-vs-dense`` ...), floats as ``repr`` (exact), '' for None."""
+    data: dict[str, Any] = {"probe": c.probe, "variant": c.variant, "scope": c.scope, "protocol": c.protocol}
+    for name in ("density", "accuracy", "ci_low", "ci_high", "nll", "delta_nll", "delta_ci_low", "delta_ci_high",
+                 "kept_fraction", "kv_bytes", "seconds"):  # fmt: skip
+        data[name.replace("_", "-")] = num(getattr(c, name))
+    data["n"], data["n-correct"] = c.n, "" if c.n_correct is None else c.n_correct
+    for b in BASELINES:
+        test = c.vs.get(b)
+        data[f"p-vs-{b}"] = "" if test is None else num(test.p_value)
+        data[f"b-vs-{b}"], data[f"c-vs-{b}"] = ("", "") if test is None else (test.b, test.c)
+    return data
+
+
+def plain(value: Any) -> str:
+    """A settings or provenance value as text: lists joined by commas, mappings as ``key=value`` pairs."""
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={plain(v)}" for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return ", ".join(plain(v) for v in value)
+    return "" if value is None else str(value)
+
+
 def _environment() -> Environment:
     env = Environment(
         loader=FileSystemLoader(TEMPLATES),
@@ -88,7 +117,7 @@ def _environment() -> Environment:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.filters.update(num=num, when=when, symbol=symbol)
+    env.filters.update(num=num, when=when, symbol=symbol, plain=plain)
     env.globals.update(
         diff_lines=diff_lines,
         compare_rows=compare_rows,
@@ -96,6 +125,9 @@ def _environment() -> Environment:
         LEGEND=LEGEND,
         REPLAY_CAPTION=REPLAY_CAPTION,
         REPLAY_HEADER=REPLAY_HEADER,
+        probe_layout=probe_layout,
+        probe_cell_data=probe_cell_data,
+        PROBE_CAPTION=CAPTION,
     )
     return env
 

@@ -1,10 +1,11 @@
-"""``nexus-eval report``: one job's results as a single self-contained HTML file.
+"""``nexus-eval report``: one job's (or one probe run's) results as a single self-contained HTML file.
 
 The same templates, partials and charts as the server's compare page (``render(..., standalone=True)``),
 with the stylesheet inlined and nothing that points anywhere: no link to the server, no script, no external
 URL, charts as inline SVG. It opens from a mail attachment or a file share years later as it did today.
 Per-method plots come on top of the compare table: the mean KV slots after eviction and the eviction events
-per turn, averaged over the job's episodes, one panel per scope x protocol row.
+per turn, averaged over the job's episodes, one panel per scope x protocol row. A probe run's report is its
+run page (``dashboard.probe_pages``) made standalone: settings, provenance, the cell tables and a chart per probe.
 """
 
 from __future__ import annotations
@@ -17,8 +18,10 @@ from dashboard import charts, queries
 from dashboard.readonly import check_schema, readonly_engine
 from dashboard.render import render, svg
 from db.models import utcnow
+from db.probes import job_or_probe_run
 from db.store import get_job
 from workers.compare import compare_jobs
+from workers.probe_stats import load_probe_table
 
 
 def report_html(session: Session, job_id: str) -> str:
@@ -40,13 +43,22 @@ def report_html(session: Session, job_id: str) -> str:
     )
 
 
-def write_report(db_url: str, job_id: str, output: Path) -> Path:
-    """Write the report of ``job_id`` from the database at ``db_url`` (read-only) to ``output``."""
+def probe_report_html(session: Session, run_id: str) -> str:
+    """The report of probe run ``run_id`` (id or unique prefix); ``LookupError`` when there is no such run."""
+    table = load_probe_table(session, run_id)
+    charts_svg = {probe: svg(chart) for probe, chart in charts.probe_charts(table).items()}
+    return render("probe_report.html", standalone=True, table=table, charts=charts_svg, written=utcnow())
+
+
+def write_report(db_url: str, ident: str, output: Path) -> Path:
+    """Write the report of job or probe run ``ident`` (id or unique prefix) from the database at ``db_url``
+    (read-only) to ``output``; ``LookupError`` when it names neither."""
     engine = readonly_engine(db_url)
     try:
         check_schema(engine)
         with Session(engine) as session:
-            html = report_html(session, job_id)
+            kind, full_id = job_or_probe_run(session, ident)
+            html = report_html(session, full_id) if kind == "job" else probe_report_html(session, full_id)
     finally:
         engine.dispose()
     output.write_text(html, encoding="utf-8")

@@ -6,6 +6,7 @@ Entry points:
   to the newest schema through the Alembic API.
 - ``db.models``: ``Job``, ``Episode``, ``Turn`` and the status words.
 - ``db.store``: create jobs, fan out episodes, claim/finish/grade them idempotently, reruns, summaries.
+- ``db.probes``: quality-probe runs and their results (``nexus-eval probe run``).
 
 This package knows nothing about Docker, models or Celery.
 """

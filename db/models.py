@@ -1,4 +1,4 @@
-"""The SQL schema: jobs, their episodes (one row per attempt), the episodes' turns, and replays.
+"""The SQL schema: jobs, their episodes (one row per attempt), the episodes' turns, replays, and probe runs.
 
 Typed SQLAlchemy 2 declarative models. The schema itself is owned by the Alembic revisions in
 ``db/migrations/versions``; ``tests/service/test_db_models.py`` checks the two never drift apart.
@@ -291,3 +291,69 @@ class Replay(Base):
     turns: Mapped[list[dict[str, Any]] | None] = mapped_column(JSONType)  # TurnScore dumps, one per scored turn
     seconds: Mapped[float | None] = mapped_column(Float)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class ProbeRunStatus(StrEnum):
+    pending = "pending"  # stored, the model not loaded yet
+    running = "running"  # results arriving
+    done = "done"  # every planned result stored
+    failed = "failed"  # stopped early (probe_runs.error says why); the results stored before it stay
+
+
+class ProbeRun(Base):
+    """One quality-probe run (``nexus-eval probe run``, ``agent_runner.probes``): its ``ProbeSettings`` dump,
+    what produced the numbers (``provenance``: the filler corpus fingerprint, package versions, git revision,
+    device) and how far it got (``n_results`` of ``n_planned``)."""
+
+    __tablename__ = "probe_runs"
+    __table_args__ = (CheckConstraint(_in_check("status", ProbeRunStatus), name="ck_probe_runs_status"),)
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=lambda: new_id(8))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    status: Mapped[str] = mapped_column(String(16), default=ProbeRunStatus.pending.value)
+    error: Mapped[str | None] = mapped_column(Text)  # the first cause of a failed run (first line: the message)
+    model: Mapped[str] = mapped_column(String(200))
+    settings: Mapped[dict[str, Any]] = mapped_column(JSONType)  # ProbeSettings.model_dump(mode="json")
+    provenance: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
+    n_planned: Mapped[int] = mapped_column(Integer, default=0)  # results the settings ask for
+    n_results: Mapped[int] = mapped_column(Integer, default=0)  # results stored so far
+
+    results: Mapped[list[ProbeResultRow]] = relationship(
+        back_populates="run", cascade="all, delete-orphan", order_by="ProbeResultRow.id"
+    )
+
+
+class ProbeResultRow(Base):
+    """One ``agent_runner.probes.ProbeResult``: one sample of one (probe, variant, scope, protocol, density)
+    cell, every field a column of the same name (``db.probes.RESULT_FIELDS``)."""
+
+    __tablename__ = "probe_results"
+    __table_args__ = (
+        UniqueConstraint(
+            "run_id", "probe", "variant", "scope", "protocol", "density", "sample", name="uq_probe_result"
+        ),
+        Index("ix_probe_results_run_probe", "run_id", "probe"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("probe_runs.id", ondelete="CASCADE"))
+    probe: Mapped[str] = mapped_column(String(32))
+    variant: Mapped[str] = mapped_column(String(200))  # a method, optionally with settings: nexus(lam=0)
+    scope: Mapped[str] = mapped_column(String(32))
+    protocol: Mapped[str] = mapped_column(String(32))  # single_prefill for needle and nll
+    density: Mapped[float] = mapped_column(Float)
+    sample: Mapped[int] = mapped_column(Integer)  # the same text in every cell of the run: the pairing key
+    source: Mapped[str] = mapped_column(String(32))
+    length: Mapped[int] = mapped_column(Integer)
+    depth: Mapped[float | None] = mapped_column(Float)
+    correct: Mapped[bool | None] = mapped_column(Boolean)  # None for nll
+    nll: Mapped[float | None] = mapped_column(Float)  # None for needle
+    scored_tokens: Mapped[int] = mapped_column(Integer)
+    answer: Mapped[str] = mapped_column(Text)
+    expected: Mapped[str] = mapped_column(Text)
+    kept_fraction: Mapped[float] = mapped_column(Float)
+    kv_bytes: Mapped[int] = mapped_column(BigInteger)
+    seconds: Mapped[float] = mapped_column(Float)
+
+    run: Mapped[ProbeRun] = relationship(back_populates="results")

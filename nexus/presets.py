@@ -50,6 +50,7 @@ _NEXUS = {
     "reservoir_n": 5,
     "walk_rows": "recent",
     "weight_scale": "raw",
+    "head_scores": "averaged",
 }
 
 #: every hyperparameter of every method, with the library's default (a test checks them against the policies)

@@ -11,6 +11,7 @@ from nexus_eval.commands import (
     demo,
     episode,
     images,
+    probe,
     replay,
     service,
     service_rerun,
@@ -37,7 +38,21 @@ def version() -> None:
     typer.echo(_v("nexus-eval"))
 
 
-for _area in (demo, setup, images, tasks, tasks_convert, episode, service, service_results, service_rerun, replay, web):
+_AREAS = (
+    demo,
+    setup,
+    images,
+    tasks,
+    tasks_convert,
+    episode,
+    service,
+    service_results,
+    service_rerun,
+    replay,
+    probe,
+    web,
+)
+for _area in _AREAS:
     _area.register(app)
 
 

@@ -214,6 +214,18 @@ def gpu_check() -> Check:
     return Check("gpu", False, False, detail, "only for real models: a machine with an NVIDIA GPU and a CUDA torch")
 
 
+def model_check() -> Check:
+    """The real CPU model preset (informational: the quick job runs the tiny model, which needs no download)."""
+    from agent_runner.config import SMOLLM2
+    from agent_runner.real_models import is_ready, preset_path
+
+    path = preset_path(SMOLLM2)
+    if is_ready(SMOLLM2):
+        return Check(f"model: {SMOLLM2}", True, False, f"ready at {path}")
+    detail = f"not set up ({path} has no converted copy); only jobs with model.name={SMOLLM2} need it"
+    return Check(f"model: {SMOLLM2}", False, False, detail, SETUP)
+
+
 def flash_attn_check() -> Check:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -266,11 +278,12 @@ def preflight(
 
 
 def doctor_checks(db_url: str, suite: str = "mini") -> list[Check]:
-    """Everything `nexus-eval doctor` shows: packages, the containers of ``suite``, broker, database, GPU."""
+    """Everything `nexus-eval doctor` shows: packages, the containers of ``suite``, broker, database, the real
+    CPU model, GPU."""
     from env.tasks import load_suite
 
     checks = package_checks()
     checks += container_checks(load_suite(suite)).checks
     checks.append(broker_check(os.environ.get("NEXUS_EVAL_BROKER") or None, required=False))
     checks.append(database_check(db_url))
-    return [*checks, gpu_check(), flash_attn_check()]
+    return [*checks, model_check(), gpu_check(), flash_attn_check()]

@@ -14,6 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from agent_runner.config import SMOLLM2, ModelSpec
+from agent_runner.model_host import load_host
+from agent_runner.real_models import ensure_preset, is_ready, preset_path
+
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 
 # One intra-op thread: the tiny models gain nothing from more, and on a 2-core machine shared with Docker
@@ -79,3 +83,33 @@ def run_task_episode(task, model, *, agent=None, grade: bool = True, seed: int =
         task_id=task.instance_id, agent=agent or AgentConfig(), grade=grade, seed=seed, eviction={"method": "dense"}
     )
     return run_episode(spec, task=task, model=model, **kwargs)
+
+
+# -- the real model preset (smollm2-135m), loaded once per test session ------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def smollm2_path():
+    """The converted folder (torch runs on one thread in tests: the fast choice on 2 cores)."""
+    if not is_ready(SMOLLM2):
+        if IN_CI:
+            pytest.fail(f"required in CI: model {SMOLLM2} is not set up (run .ci/parts/35-models.sh)")
+        try:
+            ensure_preset(SMOLLM2)
+        except ValueError as exc:
+            require(False, f"cannot set up model {SMOLLM2} here: {exc}")
+    return preset_path(SMOLLM2)
+
+
+@pytest.fixture(scope="session")
+def smollm2_host(smollm2_path):
+    """The model host as a worker loads it (float32 on CPU, `nexus.prepare`d)."""
+    return load_host(ModelSpec(name=SMOLLM2, device="cpu"))
+
+
+@pytest.fixture(scope="session")
+def smollm2_plain(smollm2_path):
+    """The same weights through plain transformers: not prepared, its own attention and caches."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(smollm2_path, dtype=torch.float32).eval()

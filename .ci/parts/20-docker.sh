@@ -6,4 +6,4 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 
 # `nexus-eval setup` with the interpreter install.sh installed into; task images are built by the tests
-python -m nexus_eval.cli setup --no-task-images
+python -m nexus_eval.cli setup --no-task-images --no-model  # the model: 35-models.sh

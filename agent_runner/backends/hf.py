@@ -28,6 +28,7 @@ import torch
 
 import nexus
 from agent_runner.backends import ModelError
+from agent_runner.chat_turns import user_turn_ids
 from agent_runner.config import ModelSpec, ProtocolName, SamplingConfig, check_protocol
 from agent_runner.engine import DecodeEngine, TurnDecoder, TurnTiming, forward_last, sync
 from agent_runner.model_host import ModelHost, load_host, render_chat
@@ -60,7 +61,9 @@ class HFBackend:
         self.eviction = eviction or nexus.EvictionConfig(method="dense")
         self.protocol = protocol
         self.sampling = sampling or SamplingConfig()
-        self.max_context_tokens = max_context_tokens
+        # the window is also the model's own: past max_position_embeddings RoPE runs on positions it never saw
+        positions = getattr(host.model.config.get_text_config(), "max_position_embeddings", None)
+        self.max_context_tokens = min(max_context_tokens, positions or max_context_tokens)
         if engine is not None and engine.model is not host.model:
             raise ValueError("the decode engine serves another model than this backend's host")
         self.engine = engine
@@ -155,7 +158,7 @@ class HFBackend:
         if self._pending != self._im_end:
             close.append(self._im_end)
         nl = self.host.tokenizer.encode("\n", add_special_tokens=False)
-        user = self._render([{"role": "user", "content": new[1].content}])
+        user = user_turn_ids(self.host.tokenizer, new[1].content)
         feed = close + nl + user
         keep = len(self.stream)
         self.stream += feed

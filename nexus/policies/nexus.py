@@ -69,6 +69,7 @@ from nexus.policies.reservoir import descending_ranks, draw_uniforms, reservoir_
 
 WALK_ROWS = ("recent", "spread")
 WEIGHT_SCALES = ("raw", "mean")
+HEAD_SCORES = ("averaged", "per_head")
 
 
 def compute_dtype(t: torch.Tensor) -> torch.dtype:
@@ -228,6 +229,12 @@ class Nexus(ScorePolicy):
     walk_rows: "recent" (default) or "spread", which window rows feed the walk.
     weight_scale: "raw" (default, the paper's formula on w_j as computed) or "mean" (w_j divided by the mean
                   weight of the row's candidate blocks before the reservoir); see `rescale_weights`.
+    head_scores:  "averaged" (default, the paper's literal step 1: Q averaged over query heads, K over KV heads,
+                  one attention map per layer) or "per_head" (steps 2-5 per KV head with its group's mean
+                  query, as Ada-Nexus scores, then the block weights averaged over the KV heads: still one
+                  block set per layer). Averaging keys across KV heads mixes subspaces the heads use
+                  differently; on SmolLM2-135M it erases the needle (docs/methods.md, "The Nexus retrieval
+                  gap"). A named setting, never the default: `nexus` stays the paper's method.
     """
 
     name: ClassVar[str] = "nexus"
@@ -238,6 +245,7 @@ class Nexus(ScorePolicy):
     walk_rows: str = "recent"
 
     weight_scale: str = "raw"
+    head_scores: str = "averaged"
 
     def __post_init__(self) -> None:
         check_int(self.name, "walk_steps", self.walk_steps, 0)
@@ -246,6 +254,7 @@ class Nexus(ScorePolicy):
         check_number(self.name, "eps_tie", self.eps_tie, 0)
         check_choice(self.name, "walk_rows", self.walk_rows, WALK_ROWS)
         check_choice(self.name, "weight_scale", self.weight_scale, WEIGHT_SCALES)
+        check_choice(self.name, "head_scores", self.head_scores, HEAD_SCORES)
 
     def min_budget(self, window: int, block_size: int) -> int:
         """Most the forced set can take, plus one block (so the reservoir always gets at least one).
@@ -305,9 +314,14 @@ class Nexus(ScorePolicy):
                 "nexus: KV heads hold different slots, but uniform Nexus selects one set per layer; "
                 "use ada_nexus for head-adaptive budgets"
             )
-        queries = view.queries.mean(dim=1)  # [B, w, D] mean over all query heads
-        keys = view.keys.mean(dim=1)  # [B, P, D] mean over KV heads
-        weights = self.block_weights(queries, keys, view.query_positions, positions, view.scaling, view.block_size)
+        if self.head_scores == "per_head":
+            # each KV head's block weights (its group's queries against its own keys), then averaged over the
+            # heads: still one block set per layer, but scored where each head's attention lives
+            weights = self.head_weights(view).mean(dim=1)  # [B, N]
+        else:
+            queries = view.queries.mean(dim=1)  # [B, w, D] mean over all query heads
+            keys = view.keys.mean(dim=1)  # [B, P, D] mean over KV heads
+            weights = self.block_weights(queries, keys, view.query_positions, positions, view.scaling, view.block_size)
         keep = self.keep_slots(weights, positions, view.window, view.block_size, view.budget, view.generator)
         return mask_to_indices(keep.unsqueeze(1).expand(-1, view.num_kv_heads, -1))
 

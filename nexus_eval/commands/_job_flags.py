@@ -28,7 +28,11 @@ def _csv(values: list) -> str:
 
 FILE = typer.Option(None, "--file", "-f", help="a YAML job file (see examples/); flags given as well override it")
 NAME = typer.Option(None, help="a name for the job")
-MODEL = typer.Option(None, help=f"'tiny', a Hugging Face id or a local path (job default: {_D.model.name})")
+MODEL = typer.Option(
+    None,
+    help="'tiny' (random weights), 'smollm2-135m' (a real trained model), a Hugging Face id or a local path "
+    f"(job default: {_D.model.name})",
+)
 BACKEND = typer.Option(None, help=f"hf | oracle | openai (job default: {_D.backend})")
 METHODS = typer.Option(None, "--methods", help=f"comma-separated eviction methods (job default: {_csv(_D.methods)})")
 SCOPES = typer.Option(None, help=f"comma-separated: prefill_only,prefill_decode (job default: {_csv(_D.scopes)})")

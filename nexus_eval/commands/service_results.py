@@ -11,17 +11,32 @@ from nexus_eval.commands._common import DB_OPTION, fail, open_db
 
 
 def compare(
-    jobs: list[str] = typer.Argument(..., help="one or more job ids (prefixes)"),
+    jobs: list[str] = typer.Argument(..., help="one or more job ids (prefixes), or one probe run id"),
     fmt: str = typer.Option("table", "--format", help="table | json | csv | markdown"),
     db: str = DB_OPTION,
 ) -> None:
-    """Table 3: scope x protocol rows, method columns, resolved rate with 95% CI, McNemar vs dense."""
+    """Table 3: scope x protocol rows, method columns, resolved rate with 95% CI, McNemar vs dense.
+
+    Given one probe run id instead, the probe run's table (as `nexus-eval probe show`)."""
     from workers.compare import compare_jobs
     from workers.compare_render import FORMATS, render
 
     if fmt not in FORMATS:
         fail(f"unknown --format {fmt!r}; use one of {', '.join(FORMATS)}")
     database = open_db(db)
+    if len(jobs) == 1:
+        from db.probes import job_or_probe_run
+
+        try:
+            with database.session() as s:
+                kind, full_id = job_or_probe_run(s, jobs[0])
+        except LookupError as exc:
+            fail(str(exc))
+        if kind == "probe_run":
+            from nexus_eval.commands.probe import show_table
+
+            show_table(database, full_id, fmt)
+            return
     try:
         with database.session() as s:
             table = compare_jobs(s, jobs)

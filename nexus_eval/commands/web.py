@@ -55,11 +55,12 @@ def serve(
 
 
 def report(
-    job: str = typer.Argument(..., help="job id (prefix)"),
+    job: str = typer.Argument(..., help="job or probe run id (prefix)"),
     output: Path = typer.Option(Path("report.html"), "--output", "-o", help="the HTML file to write"),
     db: str = DB_OPTION,
 ) -> None:
-    """Write one job's compare table, charts and per-method cache plots as a single self-contained HTML file."""
+    """Write one job's compare table, charts and per-method cache plots (or one probe run's tables and charts) as a
+    single self-contained HTML file."""
     from dashboard.readonly import DatabaseUnavailable
     from dashboard.report import write_report
 

@@ -66,6 +66,15 @@ def test_prompt_already_over_the_limit_does_not_act(task, environment):
     assert result.exit_status == "context_limit" and environment.calls == []
 
 
+def test_a_full_model_window_ends_the_run_without_acting(task, environment):
+    """The backend's window can be tighter than max_context_tokens (the model's own positions): a completion
+    that says so ends the run as context_limit and its (empty) action never runs."""
+    full = Completion(text="", prompt_tokens=8200, logical_length=8200, finish_reason="length", context_full=True)
+    result = run_loop(ScriptedModel([LS, full, LS]), environment, task, AgentConfig(max_context_tokens=65536))
+    assert result.exit_status == "context_limit" and "window is full" in result.error
+    assert len(environment.calls) == 1 and len(result.turns) == 2
+
+
 def test_time_limit(task, environment):
     result = run_loop(ScriptedModel([LS, LS]), environment, task, AgentConfig(wall_time_s=1e-9))
     assert result.exit_status == "time_limit" and len(result.turns) == 1

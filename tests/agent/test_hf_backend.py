@@ -159,3 +159,14 @@ def test_model_without_chat_template_is_refused(host, tmp_path):
         (tmp_path / extra).unlink(missing_ok=True)
     with pytest.raises(ValueError, match="no chat template"):
         load_host(ModelSpec(name=str(tmp_path)))
+
+
+def test_the_window_is_capped_at_the_models_positions():
+    """max_context_tokens beyond the model's max_position_embeddings would run RoPE on positions it never saw."""
+    small = load_host(ModelSpec(name="tiny", weights_seed=0))
+    small.model.config.max_position_embeddings = 200
+    backend = HFBackend(small, max_context_tokens=65536, sampling=SamplingConfig(max_new_tokens=4))
+    assert backend.max_context_tokens == 200
+    backend.reset(seed=0)
+    completion = backend.complete([Message(role="system", content=SYSTEM), Message(role="user", content=ISSUE)])
+    assert completion.context_full and completion.finish_reason == "length" and completion.prompt_tokens > 200

@@ -342,6 +342,7 @@ def test_budget_below_min_and_ragged_heads_are_refused():
         ("reservoir_n", 0),
         ("reservoir_n", 2.0),
         ("walk_rows", "last"),
+        ("head_scores", "per_query"),
     ],
 )
 def test_bad_hyperparameters_raise(field, value):
@@ -423,3 +424,41 @@ def test_share_blocks_largest_remainder():
     free = torch.tensor([[40, 50, 70], [31, 31, 2]])
     # row 0: floors 1,1,2 (=4 blocks of 160 slots) -> pooled floor 5: one more to the head with remainder 18
     assert share_blocks(free, 32).tolist() == [[1, 2, 2], [1, 1, 0]]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# head_scores="per_head": one block set per layer, scored per KV head and averaged (a named setting, not the
+# paper's default; see docs/methods.md "The Nexus retrieval gap")
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_per_head_scores_average_each_heads_weights(seed):
+    view, pol = make_view(seed, 300, 200), Nexus(head_scores="per_head", reservoir_n=1)
+    weights = pol.head_weights(view).mean(dim=1)
+    for bi in range(B):
+        want = np.mean([np_head_weights(view, bi, hi, pol) for hi in range(HKV)], axis=0)
+        np.testing.assert_allclose(weights[bi].numpy(), want, rtol=1e-9, atol=1e-12)
+    idx = pol.select(view)
+    assert all(kept(idx, bi, 0) == kept(idx, bi, hi) for bi in range(B) for hi in range(HKV))  # one set per layer
+
+
+def test_averaging_keys_across_heads_can_erase_what_each_head_attends_to():
+    """Two KV heads store the same 'needle' block with opposite keys (heads use different subspaces). Each head's
+    queries match its own key strongly, so per-head scoring finds the block; the head-averaged key is zero
+    there, so the paper's literal head-averaged scoring cannot see it."""
+    length, needle = 256, range(96, 128)  # block 3
+    view = make_view(0, length, 32 + 48 + 32)  # sink + recency + exactly one chosen block
+    direction = torch.zeros(D, dtype=torch.float64)
+    direction[0] = 1.0
+    keys, queries = view.keys * 0.05, view.queries * 0.0
+    for h, sign in ((0, 1.0), (1, -1.0)):
+        keys[:, h, needle] = sign * 8 * direction
+        queries[:, h * (HQ // HKV) : (h + 1) * (HQ // HKV)] = sign * 8 * direction
+    view.keys, view.queries = keys, queries
+    needle_kept = {
+        mode: all(
+            set(needle) <= set(kept(Nexus(head_scores=mode, reservoir_n=1000).select(view), bi, 0)) for bi in range(B)
+        )
+        for mode in ("averaged", "per_head")
+    }
+    assert needle_kept == {"averaged": False, "per_head": True}

@@ -85,7 +85,7 @@ def test_debootstrap_missing_without_apt_says_what_to_install(monkeypatch, tmp_p
 
 
 def test_setup_exits_2_with_the_paragraph(no_daemon):
-    result = invoke("setup", "--no-install")
+    result = invoke("setup", "--no-install", "--no-model")
     assert result.exit_code == 2, result.output
     assert "unset DOCKER_HOST" in result.output
 
