@@ -17,7 +17,7 @@ Protocols of the replay:
   full_context   every turn starts a fresh cache and prefills that turn's whole context, then decodes.
 
 Speed: completion tokens are fed in chunks under `EvictableCache.decoding()`, not one by one. Under
-prefill_decode a chunk ends exactly where the next decode-time eviction fires (`decode_room()`), so every
+prefill_decode a chunk ends exactly where the next decode-time eviction fires (`EvictableCache.decode_chunk`), so every
 eviction sees the same cache as token-by-token teacher forcing and the logits are the same (tested in fp64).
 """
 
@@ -127,8 +127,7 @@ def teacher_force(
         rest = list(turn.generated[:-1])  # fed back as decoded tokens; the last one opens the next feed
         with cache.decoding():
             while rest:
-                room = cache.decode_room() if chunked else 1
-                n = min(len(rest), room or len(rest), MAX_CHUNK)
+                n = min(cache.decode_chunk(len(rest)), MAX_CHUNK) if chunked else 1
                 logits.append(forward(cache, rest[:n], True))
                 rest, forwards = rest[n:], forwards + 1
         fed = len(ctxs[t]) + len(turn.generated) - 1

@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 
 import torch
+from _kvpress_side import prefill_press  # this script's folder is on sys.path: it runs as a script
 
 
 def n_kept(t: int, ratio: float) -> int:
@@ -43,34 +44,15 @@ def n_kept(t: int, ratio: float) -> int:
 
 def make_press(method: str, req: dict, t: int):
     """The kvpress press for `method` (names as on the parent's side) at the request's settings."""
-    from kvpress import (
-        AdaKVPress,
-        DecodingPress,
-        PrefillDecodingPress,
-        PyramidKVPress,
-        SnapKVPress,
-        StreamingLLMPress,
-    )
+    from kvpress import DecodingPress, PrefillDecodingPress, SnapKVPress, StreamingLLMPress
 
     if method == "dense":
         return None
     r, w, k = req["compression_ratio"], req["window"], req["kernel_size"]
     base, _, scope = method.partition("@")
 
-    def prefill_press():
-        if base == "snapkv":
-            return SnapKVPress(compression_ratio=r, window_size=w, kernel_size=k)
-        if base == "pyramidkv":
-            return PyramidKVPress(compression_ratio=r, window_size=w, kernel_size=k, beta=req["beta"])
-        if base == "streaming_llm":
-            return StreamingLLMPress(compression_ratio=r, n_sink=req["n_sink"])
-        if base == "ada_snapkv":
-            inner = SnapKVPress(compression_ratio=r, window_size=w, kernel_size=k)
-            return AdaKVPress(inner, alpha_safeguard=req["alpha_safeguard"])
-        raise ValueError(f"no kvpress press for method {method!r}")
-
     if not scope:
-        return prefill_press()
+        return prefill_press(base, req)
     if scope != "prefill_decode" or base not in ("snapkv", "streaming_llm"):
         raise ValueError(f"no kvpress decoding press for method {method!r}")
     # the decoding press's scorer carries no ratio of its own: DecodingPress sets one per event
@@ -82,7 +64,7 @@ def make_press(method: str, req: dict, t: int):
         target_size=n_kept(t, r),  # back to the prefill's budget at every event, as the nexus side does
         hidden_states_buffer_size=max(256, interval),
     )
-    return PrefillDecodingPress(prefilling_press=prefill_press(), decoding_press=decoding)
+    return PrefillDecodingPress(prefilling_press=prefill_press(base, req), decoding_press=decoding)
 
 
 def kept_counts(model, cache, t: int) -> tuple[list[float], list[int]]:

@@ -39,7 +39,8 @@ def _match(full: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
     return mask
 
 
-def _press(name: str, req: dict):
+def prefill_press(name: str, req: dict):
+    """The kvpress prefill press for method `name` at the request's settings (`_kvpress_probe_side` uses it too)."""
     from kvpress import AdaKVPress, PyramidKVPress, SnapKVPress, StreamingLLMPress
 
     r, w, k = req["compression_ratio"], req["window"], req["kernel_size"]
@@ -112,7 +113,7 @@ def main(request_path: str) -> None:
             for rep in range(req["repeats"]):
                 for layer in model.model.layers:
                     layer.self_attn.masked_key_indices = None
-                press = _press(name, req)
+                press = prefill_press(name, req)
                 record = dict(seconds=0.0, kept={})
                 _instrument(press, layers, record)
                 cache = DynamicCache()

@@ -147,17 +147,13 @@ def _sinks_kept(cache, n_sink: int) -> float:
 
 @torch.no_grad()
 def _continued_cache(host, recorded, config, target: list[int]):
-    """The cache after teacher-forcing `target[:-1]` (what run_cell's nll scoring leaves), fed in chunks split
-    at decode-time events so it equals one token at a time."""
-    cache = recorded.cache_for(config)
-    kw, pos, ids = nexus.cache_kwarg(host.model), 0, target[:-1]
-    with cache.decoding():
-        while pos < len(ids):
-            room = cache.decode_room()
-            n = len(ids) - pos if room is None else max(1, min(room, len(ids) - pos))
-            host.model(input_ids=torch.tensor([ids[pos : pos + n]]), use_cache=True, **{kw: cache})
-            pos += n
-    return cache
+    """The cache after teacher-forcing `target[:-1]` (what run_cell's nll scoring leaves), fed as run_cell feeds
+    it (split at decode-time events, so it equals one token at a time)."""
+    from agent_runner.probes.runner import CellStream
+
+    stream = CellStream(host.model, recorded.cache_for(config))
+    stream.decoded(target[:-1])
+    return stream.cache
 
 
 def run_ours(host, samples, methods: list[str], args) -> list[dict]:
@@ -200,13 +196,9 @@ def run_ours(host, samples, methods: list[str], args) -> list[dict]:
     return out
 
 
-def start_kvpress(python: Path, model_dir: Path, samples, stop_ids: list[int], methods, args, work: Path):
-    """Write the request and start the kvpress side; returns (process, output path, log path)."""
-    out_path, req_path, log_path = work / "kvpress.json", work / "request.json", work / "kvpress.log"
-    req = dict(
-        model_dir=str(model_dir),
-        out_path=str(out_path),
-        methods=methods,
+def press_settings(args) -> dict[str, Any]:
+    """The press settings both sides run with, as the kvpress side's request names them (stored in the JSON too)."""
+    return dict(
         compression_ratio=args.ratio,
         window=args.window,
         kernel_size=args.kernel_size,
@@ -214,6 +206,17 @@ def start_kvpress(python: Path, model_dir: Path, samples, stop_ids: list[int], m
         n_sink=args.n_sink,
         alpha_safeguard=args.alpha_safeguard,
         decode_interval=args.decode_interval,
+    )
+
+
+def start_kvpress(python: Path, model_dir: Path, samples, stop_ids: list[int], methods, args, work: Path):
+    """Write the request and start the kvpress side; returns (process, output path, log path)."""
+    out_path, req_path, log_path = work / "kvpress.json", work / "request.json", work / "kvpress.log"
+    req = dict(
+        model_dir=str(model_dir),
+        out_path=str(out_path),
+        methods=methods,
+        **press_settings(args),
         stop_token_ids=stop_ids,
         threads=args.threads,
         samples=[
@@ -527,13 +530,7 @@ def main(argv=None) -> dict[str, Any]:
         lengths=args.lengths,
         prefill_tokens=dict(min=min(lengths), max=max(lengths)),
         density=args.density,
-        compression_ratio=args.ratio,
-        window=args.window,
-        kernel_size=args.kernel_size,
-        beta=args.beta,
-        n_sink=args.n_sink,
-        alpha_safeguard=args.alpha_safeguard,
-        decode_interval=args.decode_interval,
+        **press_settings(args),
         continuation=args.continuation,
         seed=args.seed,
         probe_code=probe_code,  # the probes change: results are comparable only at the same texts and rules

@@ -38,6 +38,7 @@ import common  # noqa: E402
 from agent_runner.config import SMOLLM2, ModelSpec  # noqa: E402
 from agent_runner.model_host import load_host  # noqa: E402
 from agent_runner.probes import ProbeSettings, eviction_config  # noqa: E402
+from agent_runner.probes.runner import sample_seed  # noqa: E402
 from agent_runner.probes.samples import build_sample  # noqa: E402
 from nexus.shared_prefill import record_prefill  # noqa: E402
 
@@ -109,11 +110,12 @@ def main(argv=None) -> dict[str, Any]:
     started = time.perf_counter()
     for index in range(args.samples):
         sample = build_sample("needle", host.tokenizer, index, settings)
+        seed = sample_seed(settings.seed, index)  # as the probe runner seeds this sample's cells
         span = answer_span(sample.prefill, host.tokenizer.encode(sample.expected, add_special_tokens=False))
         recorded = record_prefill(host.model, torch.tensor([sample.prefill], device=host.device))
         similarity.append(head_key_similarity(recorded))
         for variant in variants:
-            cache = recorded.cache_for(eviction_config(variant, "prefill_only", args.density, index, "paper"))
+            cache = recorded.cache_for(eviction_config(variant, "prefill_only", args.density, seed, "paper"))
             kept = sum(cache.occupancy(i) for i in range(cache.num_layers)) / (cache.num_layers * len(sample.prefill))
             rows[variant].append((*needle_retention(cache, span), kept))
         print(f"sample {index + 1}/{args.samples} done ({time.perf_counter() - started:.0f} s)", flush=True)

@@ -27,6 +27,7 @@ from sqlalchemy.orm import Session
 
 from db.connection import begin_write
 from db.models import ProbeResultRow, ProbeRun, ProbeRunStatus, utcnow
+from db.store import by_id_or_prefix
 
 #: the fields of ``agent_runner.probes.ProbeResult``, one column each (a test holds the two equal)
 RESULT_FIELDS = (
@@ -101,16 +102,7 @@ def finish_probe_run(session: Session, run_id: str, status: str, *, error: str |
 
 def get_probe_run(session: Session, ident: str) -> ProbeRun:
     """The run with this id or unique id prefix; ``LookupError`` (saying which) otherwise."""
-    run = session.get(ProbeRun, ident)
-    if run is not None:
-        return run
-    query = select(ProbeRun).where(ProbeRun.id.startswith(ident, autoescape=True)).limit(2)
-    matches = session.execute(query).scalars().all()
-    if not matches:
-        raise LookupError(f"no probe run with id {ident!r}")
-    if len(matches) > 1:
-        raise LookupError(f"probe run id prefix {ident!r} is ambiguous ({matches[0].id}, {matches[1].id}, ...)")
-    return matches[0]
+    return by_id_or_prefix(session, ProbeRun, ident)
 
 
 def list_probe_runs(session: Session, *, limit: int = 20) -> list[ProbeRun]:

@@ -162,12 +162,14 @@ def assign_celery_task(session: Session, episode_id: str, celery_task_id: str) -
     return done.rowcount == 1
 
 
-def _by_id_or_prefix(session: Session, model: type[Job] | type[Episode], ident: str) -> Any:
+def by_id_or_prefix(session: Session, model: type[Any], ident: str) -> Any:
+    """The row of ``model`` (a table with a string ``id``) with this id or unique id prefix; ``LookupError``
+    naming the kind of row ("job", "probe run") otherwise."""
     row = session.get(model, ident)
     if row is not None:
         return row
     matches = session.execute(select(model).where(model.id.startswith(ident, autoescape=True)).limit(2)).scalars().all()
-    kind = model.__tablename__[:-1]
+    kind = model.__tablename__[:-1].replace("_", " ")
     if not matches:
         raise LookupError(f"no {kind} with id {ident!r}")
     if len(matches) > 1:
@@ -177,7 +179,7 @@ def _by_id_or_prefix(session: Session, model: type[Job] | type[Episode], ident: 
 
 def get_job(session: Session, job_id: str) -> Job:
     """The job with this id or unique id prefix; ``LookupError`` (saying which) otherwise."""
-    return _by_id_or_prefix(session, Job, job_id)
+    return by_id_or_prefix(session, Job, job_id)
 
 
 def list_jobs(session: Session, *, limit: int = 20) -> list[Job]:
@@ -187,7 +189,7 @@ def list_jobs(session: Session, *, limit: int = 20) -> list[Job]:
 
 def get_episode(session: Session, episode_id: str) -> Episode:
     """The episode with this id or unique id prefix; ``LookupError`` otherwise."""
-    return _by_id_or_prefix(session, Episode, episode_id)
+    return by_id_or_prefix(session, Episode, episode_id)
 
 
 def episodes_for_job(

@@ -294,7 +294,7 @@ class EvictableCache(Cache):
 
         Inside, a multi-token forward is treated as decode steps: the budget stays, and only decode-time
         eviction applies. The result equals feeding the tokens one at a time as long as no layer's decode
-        event falls strictly inside the chunk: split feeds at `decode_room()`.
+        event falls strictly inside the chunk: split feeds at `decode_chunk()`.
         """
         self.phase_override = "decode"
         try:
@@ -314,6 +314,12 @@ class EvictableCache(Cache):
             if layer.budget is not None
         ]
         return min(room) if room else None
+
+    def decode_chunk(self, remaining: int) -> int:
+        """How many of `remaining` tokens to feed in the next forward inside :meth:`decoding` so the result
+        equals feeding them one at a time: all of them, or up to and including the next decode-time event."""
+        room = self.decode_room()
+        return remaining if room is None else min(room, remaining)
 
     # -- called by the attention function, after layer `layer_idx` attended ---------------------------------
     def owns(self, layer_idx: int, key: torch.Tensor) -> bool:

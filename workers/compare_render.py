@@ -17,6 +17,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+from collections.abc import Callable
 from typing import Any
 
 from db.models import EpisodeStatus
@@ -239,17 +240,31 @@ def rich_tables(table: CompareTable) -> list[Any]:
 
 def render(table: CompareTable, fmt: str = "table", *, width: int = 140) -> str:
     """The table as text in ``fmt`` (one of :data:`FORMATS`)."""
+    return render_as(table, fmt, width=width, csv_of=to_csv, markdown_of=to_markdown, renderables_of=rich_tables)
+
+
+def render_as(
+    table: Any,
+    fmt: str,
+    *,
+    width: int,
+    csv_of: Callable[[Any], str],
+    markdown_of: Callable[[Any], str],
+    renderables_of: Callable[[Any], list[Any]],
+) -> str:
+    """A results table (one with ``to_dict()``) as text in ``fmt``, one of :data:`FORMATS`, with that table's
+    own csv / markdown writers and rich renderables: what every results view (compare, probes) renders through."""
     if fmt == "json":
         return json.dumps(table.to_dict(), indent=2, sort_keys=False) + "\n"
     if fmt == "csv":
-        return to_csv(table)
+        return csv_of(table)
     if fmt == "markdown":
-        return to_markdown(table)
+        return markdown_of(table)
     if fmt == "table":
         from rich.console import Console
 
         console = Console(file=io.StringIO(), width=width, force_terminal=False, color_system=None)
-        for renderable in rich_tables(table):
+        for renderable in renderables_of(table):
             console.print(renderable)
         return console.file.getvalue()  # type: ignore[attr-defined]
     raise ValueError(f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")

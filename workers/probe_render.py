@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 from typing import Any
 
+from workers.compare_render import render_as
 from workers.probe_stats import BASELINES, CAPTION, PairedTest, ProbeCell, ProbeTable
 
-FORMATS = ("table", "json", "csv", "markdown")
 _DIMENSIONS = ("scope", "protocol", "density")
 CSV_COLUMNS = [
     "run_id", "probe", "variant", "scope", "protocol", "density", "n", "n_correct", "accuracy", "ci_low", "ci_high",
@@ -157,18 +156,5 @@ def rich_tables(table: ProbeTable) -> list[Any]:
 
 
 def render(table: ProbeTable, fmt: str = "table", *, width: int = 140) -> str:
-    """The table as text in ``fmt`` (one of :data:`FORMATS`)."""
-    if fmt == "json":
-        return json.dumps(table.to_dict(), indent=2) + "\n"
-    if fmt == "csv":
-        return to_csv(table)
-    if fmt == "markdown":
-        return to_markdown(table)
-    if fmt == "table":
-        from rich.console import Console
-
-        console = Console(file=io.StringIO(), width=width, force_terminal=False, color_system=None)
-        for renderable in rich_tables(table):
-            console.print(renderable)
-        return console.file.getvalue()  # type: ignore[attr-defined]
-    raise ValueError(f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")
+    """The table as text in ``fmt`` (one of ``workers.compare_render.FORMATS``)."""
+    return render_as(table, fmt, width=width, csv_of=to_csv, markdown_of=to_markdown, renderables_of=rich_tables)

@@ -26,6 +26,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from agent_runner.config import SMOLLM2, TINY
 from nexus.methods import DENSE
 from workers.stats import bootstrap_mean_ci, mcnemar_paired, wilson_interval
 
@@ -203,11 +204,11 @@ def notes_for(run: Mapping[str, Any], settings: Mapping[str, Any], cells: Sequen
     """What a reader must know before reading the numbers: a random model, small cells, an unfinished run, a
     missing baseline."""
     notes = []
-    if settings.get("model") == "tiny":
+    if settings.get("model") == TINY:
         notes.append("tiny model: random weights, the numbers measure nothing about quality (a pipeline check)")
-    elif settings.get("model") == "smollm2-135m":
+    elif settings.get("model") == SMOLLM2:
         notes.append(
-            "smollm2-135m is a 135M-parameter model: dense itself misses some answers and quotes lines loosely, so "
+            f"{SMOLLM2} is a 135M-parameter model: dense itself misses some answers and quotes lines loosely, so "
             "read each method against dense's row (vs dense, ΔNLL), not against 100%"
         )
     probes = {c.probe for c in cells}

@@ -12,7 +12,7 @@
 
 Greedy decoding (not the agent's temperature 1): a probe asks whether the kept cache still holds the fact,
 and sampling noise would only widen every interval. Eviction's own random choices (Nexus's reservoir) use
-the sample's seed, ``settings.seed * 100_003 + index``, so cells of one sample share every draw they can.
+the sample's seed (``sample_seed``), so cells of one sample share every draw they can.
 """
 
 from __future__ import annotations
@@ -37,6 +37,11 @@ def eviction_config(variant: str, scope: str, density: float, seed: int, preset:
     return EvictionConfig.from_preset(method, preset, scope=scope, density=density, seed=seed, **params)
 
 
+def sample_seed(seed: int, index: int) -> int:
+    """The seed of eviction's random choices in sample `index` of a run seeded `seed` (every cell of the sample)."""
+    return seed * 100_003 + index
+
+
 def check_settings(settings: ProbeSettings) -> None:
     """Build every cell's config once, so a bad variant setting fails before any model runs (ValueError)."""
     for variant in settings.variants:
@@ -47,7 +52,7 @@ def check_settings(settings: ProbeSettings) -> None:
                 raise ValueError(f"variant {variant!r}: {exc}") from exc
 
 
-class _Stream:
+class CellStream:
     """One cell's cache and model, fed the way an agent feeds them."""
 
     def __init__(self, model, cache: EvictableCache):
@@ -67,8 +72,7 @@ class _Stream:
         out, pos = [], 0
         with self.cache.decoding():
             while pos < len(ids):
-                room = self.cache.decode_room()
-                n = len(ids) - pos if room is None else max(1, min(room, len(ids) - pos))
+                n = self.cache.decode_chunk(len(ids) - pos)
                 out.append(self._forward(ids[pos : pos + n]))
                 pos += n
         return torch.cat(out)
@@ -105,7 +109,7 @@ class _Stream:
 @torch.no_grad()
 def run_cell(host, sample: Sample, recorded, config: EvictionConfig, protocol: str) -> dict:
     """One cell of one sample from the recorded prefill: correct / nll / answer / cache numbers."""
-    stream = _Stream(host.model, recorded.cache_for(config))
+    stream = CellStream(host.model, recorded.cache_for(config))
     last = recorded.logits[0, -1].float()
     if sample.probe == "later_turn" and protocol == "true_eviction":
         stream.decoded(sample.reply)
@@ -113,7 +117,7 @@ def run_cell(host, sample: Sample, recorded, config: EvictionConfig, protocol: s
     kept, kv_bytes = stream.kept_fraction(), stream.cache.nbytes()
     nll = None
     if sample.target:
-        scorer = stream if sample.probe == "nll" else _Stream(host.model, copy.deepcopy(stream.cache))
+        scorer = stream if sample.probe == "nll" else CellStream(host.model, copy.deepcopy(stream.cache))
         nll = scorer.teacher_forced_nll(last, sample.target)
     answer, correct = "", None
     if sample.max_new_tokens:
@@ -140,7 +144,7 @@ def run_probes(
         cells = settings.cells(probe)
         for index in range(settings.samples):
             sample = build_sample(probe, host.tokenizer, index, settings)
-            seed = settings.seed * 100_003 + index
+            seed = sample_seed(settings.seed, index)
             recorded: dict = {}
             # dense never evicts, so its cache ignores scope and density: one measurement serves every
             # dense cell of the sample (its seconds are that measurement's)

@@ -116,7 +116,7 @@ def run(
 ) -> None:
     """Run quality probes on a model; store every result as it arrives; print the table."""
     given = {name: value for name, value in locals().items() if name in SETTINGS_FLAGS}
-    from workers.probe_render import FORMATS
+    from workers.compare_render import FORMATS
 
     if fmt not in FORMATS:
         fail(f"unknown --format {fmt!r}; use one of {', '.join(FORMATS)}; nothing was run")
@@ -234,7 +234,7 @@ def show(
     run_id: str = typer.Argument(..., help="probe run id (prefix)"), fmt: str = FORMAT, db: str = DB_OPTION
 ) -> None:
     """A stored probe run's table: accuracy with Wilson intervals, McNemar vs dense and snapkv, ΔNLL vs dense."""
-    from workers.probe_render import FORMATS
+    from workers.compare_render import FORMATS
 
     if fmt not in FORMATS:
         fail(f"unknown --format {fmt!r}; use one of {', '.join(FORMATS)}")

@@ -137,6 +137,28 @@ def test_budget_slack_and_bytes(model32):
     assert cache.nbytes() <= cache.num_layers * (25 + cfg.slack) * per_slot
 
 
+def test_decode_chunk_ends_at_the_next_decode_event(model32):
+    """decode_chunk(n): every token when no decode-time event comes (dense, prefill_only), else up to and
+    including the token whose append fires the next event, as feeding one token at a time shows."""
+    ids = torch.randint(0, 1000, (1, 160), generator=torch.Generator().manual_seed(1))
+    for cfg in (nexus.EvictionConfig(method="dense"), nexus.EvictionConfig(method="snapkv", density=0.25)):
+        cache = nexus.EvictableCache(model32.config, cfg)
+        with torch.no_grad():
+            model32(ids[:, :100], **{cache_kwarg(model32): cache})
+        assert cache.decode_chunk(7) == 7
+    cfg = nexus.EvictionConfig(method="snapkv", scope="prefill_decode", density=0.25, window=4, block_size=4)
+    cache = nexus.EvictableCache(model32.config, cfg)
+    with torch.no_grad():
+        model32(ids[:, :100], **{cache_kwarg(model32): cache})
+        chunk = cache.decode_chunk(60)
+        assert 1 <= chunk < 60 and cache.decode_chunk(chunk - 1) == chunk - 1
+        fed, before = 0, len(cache.events)
+        while len(cache.events) == before:  # one token at a time until a decode-time event fires
+            model32(ids[:, 100 + fed : 101 + fed], **{cache_kwarg(model32): cache})
+            fed += 1
+    assert fed == chunk
+
+
 def test_retained_positions_are_logical_and_ragged_marked(model32):
     cfg = nexus.EvictionConfig(method="test_ragged", scope="prefill_only", density=0.4, window=4, block_size=4)
     cache = nexus.EvictableCache(model32.config, cfg)
