@@ -11,7 +11,9 @@
    backend with it (its sampler); the eviction policy draws from ``spec.eviction.seed``, which ``EpisodeSpec``
    holds equal to it. The exit status is kept whatever happens next. The backend's final cache is read at once
    (``retention``: the backend holds the cache until its next ``reset``).
-6. **The diff** -> ``patch`` (None if the container died: then nothing is graded), then the sandbox closes.
+6. **The diff** -> ``patch``, then the sandbox closes. If the diff cannot be taken (the container or the engine
+   died) there is nothing to grade: the run is an ``infra_failure`` whatever the agent's exit, with that reason
+   first and the agent's exit after it.
 7. **The grade**, in a fresh container, when ``spec.grade``. R2E grades every trajectory whatever the agent's
    exit reason; so do we, except after an ``infra_failure`` (the run is broken, not the agent's answer: rerun
    it) or when there is no patch.
@@ -131,10 +133,15 @@ def run_episode(
         t0 = time.monotonic()
         try:
             result.patch = environment.diff()
-        except Exception as exc:
-            _note(result, f"taking the diff failed: {_failure(exc)}")
+        except Exception as exc:  # the container is gone: no patch, so no verdict whatever the agent's exit
             result.exception = result.exception or exc
-            if result.exit_status == "submitted":
+            if result.exit_status == "infra_failure":
+                _note(result, f"taking the diff failed: {_failure(exc)}")
+            else:  # this is the run's first failure: its reason leads, the agent's exit follows
+                agent = f"the agent had exited with {result.exit_status}" + (
+                    f": {result.error}" if result.error else ""
+                )
+                result.error = f"taking the diff failed: {_failure(exc)}\n{agent}"
                 result.exit_status = "infra_failure"
         timings["diff_s"] = time.monotonic() - t0
     finally:

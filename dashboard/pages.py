@@ -33,10 +33,14 @@ def _episode(ctx: Context, episode_id: str) -> queries.EpisodeView:
         return queries.episode(s, full_id)
 
 
-def _compare(ctx: Context, job_id: str) -> tuple[str, queries.CompareView]:
+def _compare(ctx: Context, job_id: str, include_interactive: bool) -> tuple[str, queries.CompareView]:
     full_id = job_id_of(ctx, job_id)
     with ctx.read() as s:
-        return full_id, queries.compare_view(s, full_id)
+        return full_id, queries.compare_view(s, full_id, include_interactive=include_interactive)
+
+
+#: ``?include_interactive=1`` on the compare page and its downloads counts interactive attempts (marked)
+INCLUDE_INTERACTIVE = Query(False, description="count interactive attempts (steered or not) as results, marked *")
 
 
 def retention(view: queries.EpisodeView) -> tuple[str, str]:
@@ -68,7 +72,8 @@ def register(app: FastAPI, ctx: Context) -> None:
         with ctx.read() as s:
             row = queries.job(s, full_id)
             episodes = queries.job_episodes(s, full_id)
-        return render("job.html", job=row, episodes=episodes, notice=notice_text(notice, n))
+            interactive = queries.job_interactive(s, full_id)
+        return render("job.html", job=row, episodes=episodes, interactive=interactive, notice=notice_text(notice, n))
 
     @app.get("/api/jobs/{job_id}/progress")
     def progress(job_id: str) -> JSONResponse:
@@ -77,18 +82,24 @@ def register(app: FastAPI, ctx: Context) -> None:
             return JSONResponse(queries.progress(s, full_id), headers={"Cache-Control": "no-store"})
 
     @app.get("/jobs/{job_id}/compare", response_class=HTMLResponse)
-    def compare(job_id: str) -> str:
-        full_id, view = _compare(ctx, job_id)
-        return render("compare.html", job_id=full_id, view=view, chart=svg(charts.compare_chart(view.table)))
+    def compare(job_id: str, include_interactive: bool = INCLUDE_INTERACTIVE) -> str:
+        full_id, view = _compare(ctx, job_id, include_interactive)
+        return render(
+            "compare.html",
+            job_id=full_id,
+            view=view,
+            chart=svg(charts.compare_chart(view.table)),
+            include_interactive=include_interactive,
+        )
 
     @app.get("/jobs/{job_id}/compare.json")
-    def compare_json(job_id: str) -> Response:
-        _, view = _compare(ctx, job_id)
+    def compare_json(job_id: str, include_interactive: bool = INCLUDE_INTERACTIVE) -> Response:
+        _, view = _compare(ctx, job_id, include_interactive)
         return Response(render_table(view.table, "json"), media_type="application/json")
 
     @app.get("/jobs/{job_id}/compare.csv")
-    def compare_csv(job_id: str) -> Response:
-        full_id, view = _compare(ctx, job_id)
+    def compare_csv(job_id: str, include_interactive: bool = INCLUDE_INTERACTIVE) -> Response:
+        full_id, view = _compare(ctx, job_id, include_interactive)
         disposition = {"Content-Disposition": f'attachment; filename="compare-{full_id}.csv"'}
         return Response(to_csv(view.table), media_type="text/csv; charset=utf-8", headers=disposition)
 

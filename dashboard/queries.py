@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session, defer
 
 from db import store as db_store
 from db.job_status import summarize
-from db.models import Episode, Turn
+from db.models import AGENT_DRIVERS, Episode, Turn
 from env.grading.hostlog import unpack
 from workers.compare import CompareTable, cell_outcomes, compare_jobs
 
@@ -56,6 +56,11 @@ class EpisodeRow:
     seed: int
     attempt: int
     status: str
+    driver: str = "agent"  # db.models.AttemptDriver: who chose the attempt's actions
+
+    @property
+    def interactive(self) -> bool:
+        return self.driver not in AGENT_DRIVERS
 
 
 @dataclass
@@ -114,8 +119,8 @@ class EpisodeView:
 @dataclass
 class CompareView:
     table: CompareTable
-    # (scope, protocol, method, task) -> [(episode id, status)] ordered by seed, exactly as table.grid's statuses
-    links: dict[tuple[str, str, str, str], list[tuple[str, str]]]
+    # (scope, protocol, method, task) -> [(episode id, status, driver)] ordered by seed, as table.grid's statuses
+    links: dict[tuple[str, str, str, str], list[tuple[str, str, str]]]
 
 
 def _job_row(session: Session, job: Any) -> JobRow:
@@ -143,23 +148,28 @@ def progress(session: Session, job_id: str) -> dict[str, Any]:
 
 
 def _episode_row(e: Any) -> EpisodeRow:
-    return EpisodeRow(e.id, e.task_id, e.method, e.scope, e.protocol, e.seed, e.attempt, e.status)
+    return EpisodeRow(e.id, e.task_id, e.method, e.scope, e.protocol, e.seed, e.attempt, e.status, e.driver)
 
 
 def job_episodes(session: Session, job_id: str) -> list[EpisodeRow]:
-    """The newest attempt of each of the job's episodes, by key."""
-    return [_episode_row(e) for e in db_store.latest_attempts(session, [job_id])]
+    """The result attempt of each of the job's episode keys (the newest the agent drove alone), by key."""
+    return [_episode_row(e) for e in db_store.result_attempts(session, [job_id])]
 
 
-def compare_view(session: Session, job_id: str) -> CompareView:
+def job_interactive(session: Session, job_id: str) -> list[EpisodeRow]:
+    """The job's interactive attempts (``rerun --interactive``, steered or not): shown apart, never counted."""
+    return [_episode_row(e) for e in db_store.interactive_attempts(session, [job_id])]
+
+
+def compare_view(session: Session, job_id: str, *, include_interactive: bool = False) -> CompareView:
     """``compare_jobs`` for one job, plus the episode behind every status of its per-task grid."""
-    table = compare_jobs(session, [job_id])
-    links: dict[tuple[str, str, str, str], list[tuple[str, str]]] = {}
+    table = compare_jobs(session, [job_id], include_interactive=include_interactive)
+    links: dict[tuple[str, str, str, str], list[tuple[str, str, str]]] = {}
     for scope, protocol, method in table.grid:
         # the grid's dense column may reuse another cell's dense episodes: ask compare which ones it used
-        per_task: dict[str, list[tuple[str, str]]] = defaultdict(list)
+        per_task: dict[str, list[tuple[str, str, str]]] = defaultdict(list)
         for o in sorted(cell_outcomes(table.outcomes, scope, protocol, method), key=lambda o: o.seed):
-            per_task[o.task_id].append((o.episode_id, o.status))
+            per_task[o.task_id].append((o.episode_id, o.status, o.driver))
         for task, items in per_task.items():
             links[(scope, protocol, method, task)] = items
     return CompareView(table, links)
@@ -199,13 +209,14 @@ def _turn_view(t: Turn) -> TurnView:
 
 
 def siblings(session: Session, e: Episode) -> list[EpisodeRow]:
-    """The newest attempts of the same job, task and seed under the other methods / scopes / protocols."""
+    """The result attempts (the newest the agent drove alone) of the same job, task and seed under the other
+    methods / scopes / protocols."""
     rows = session.execute(
         select(Episode).where(Episode.job_id == e.job_id, Episode.task_id == e.task_id, Episode.seed == e.seed)
     ).scalars()
     newest: dict[str, Episode] = {}
     for r in rows:
-        if r.episode_key == e.episode_key:
+        if r.episode_key == e.episode_key or r.driver not in AGENT_DRIVERS:
             continue
         if r.episode_key not in newest or r.attempt > newest[r.episode_key].attempt:
             newest[r.episode_key] = r
@@ -249,10 +260,13 @@ def divergence(a: list[TurnView], b: list[TurnView]) -> int | None:
     return None
 
 
-def method_curves(session: Session, job_id: str) -> dict[tuple[str, str], dict[str, list[tuple[int, float, float]]]]:
+def method_curves(
+    session: Session, job_id: str, *, include_interactive: bool = False
+) -> dict[tuple[str, str], dict[str, list[tuple[int, float, float]]]]:
     """Per (scope, protocol) and method, per turn: (turn, mean physical slots after eviction, mean eviction
-    events), averaged over the job's newest attempts that reached that turn. Only telemetry columns are read."""
-    episodes = {e.id: e for e in db_store.latest_attempts(session, [db_store.get_job(session, job_id).id])}
+    events), averaged over the job's result attempts that reached that turn. Only telemetry columns are read."""
+    full_id = db_store.get_job(session, job_id).id
+    episodes = {e.id: e for e in db_store.result_attempts(session, [full_id], include_interactive=include_interactive)}
     if not episodes:
         return {}
     query = select(Turn.episode_id, Turn.index, Turn.physical_after, Turn.eviction_events).where(

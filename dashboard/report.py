@@ -24,12 +24,13 @@ from workers.compare import compare_jobs
 from workers.probe_stats import load_probe_table
 
 
-def report_html(session: Session, job_id: str) -> str:
-    """The report of job ``job_id`` (id or unique prefix); ``LookupError`` when there is no such job."""
+def report_html(session: Session, job_id: str, *, include_interactive: bool = False) -> str:
+    """The report of job ``job_id`` (id or unique prefix); ``LookupError`` when there is no such job.
+    ``include_interactive``: count interactive attempts as results, marked (default: the agent's own only)."""
     full_id = get_job(session, job_id).id
     job = queries.job(session, full_id)
-    table = compare_jobs(session, [full_id])
-    curves = queries.method_curves(session, full_id)
+    table = compare_jobs(session, [full_id], include_interactive=include_interactive)
+    curves = queries.method_curves(session, full_id, include_interactive=include_interactive)
     rows = [(r.scope, r.protocol) for r in table.rows]
     method_charts = [(title, svg(chart)) for title, chart in charts.method_charts(curves, rows, table.methods)]
     return render(
@@ -50,7 +51,7 @@ def probe_report_html(session: Session, run_id: str) -> str:
     return render("probe_report.html", standalone=True, table=table, charts=charts_svg, written=utcnow())
 
 
-def write_report(db_url: str, ident: str, output: Path) -> Path:
+def write_report(db_url: str, ident: str, output: Path, *, include_interactive: bool = False) -> Path:
     """Write the report of job or probe run ``ident`` (id or unique prefix) from the database at ``db_url``
     (read-only) to ``output``; ``LookupError`` when it names neither."""
     engine = readonly_engine(db_url)
@@ -58,7 +59,10 @@ def write_report(db_url: str, ident: str, output: Path) -> Path:
         check_schema(engine)
         with Session(engine) as session:
             kind, full_id = job_or_probe_run(session, ident)
-            html = report_html(session, full_id) if kind == "job" else probe_report_html(session, full_id)
+            if kind == "job":
+                html = report_html(session, full_id, include_interactive=include_interactive)
+            else:
+                html = probe_report_html(session, full_id)
     finally:
         engine.dispose()
     output.write_text(html, encoding="utf-8")

@@ -41,6 +41,7 @@ from db.models import (
     GRADE_STATUSES,
     RUN_FAILURE_STATUSES,
     VERDICT_STATUSES,
+    AttemptDriver,
     Episode,
     EpisodeStatus,
     Job,
@@ -220,6 +221,10 @@ def record_turn(session: Session, claim: Claim, index: int, **fields: Any) -> Tu
     _touch(session, claim, now)
     turn = Turn(episode_id=claim.episode_id, index=index, created_at=now, **fields)
     session.add(turn)
+    if (fields.get("extra") or {}).get("intervened"):  # an operator replaced this turn's action
+        session.execute(
+            update(Episode).where(Episode.id == claim.episode_id).values(driver=AttemptDriver.steered.value)
+        )
     session.flush()
     return turn
 
@@ -362,6 +367,11 @@ def record_grade(
     result = dict(row.result or {})
     if report is not None:
         result["grade"] = report
+    # The agent stage's reason comes first and stays: a grade adds its own after it, a regrade replaces only
+    # the grade's. (A row graded before the agent's reason was kept has none to keep.)
+    if row.status in AGENT_EXIT_STATUSES and row.error:
+        result["agent_error"] = row.error
+    error = "\n".join(part for part in (result.get("agent_error"), error) if part) or None
     written = session.execute(
         update(Episode)
         .where(Episode.id == episode_id, Episode.status == row.status)

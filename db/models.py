@@ -82,6 +82,24 @@ TERMINAL_STATUSES = GRADE_STATUSES | AGENT_EXIT_STATUSES | SERVICE_FAILURE_STATU
 ACTIVE_STATUSES = frozenset({"queued", "running"})
 
 
+class AttemptDriver(StrEnum):
+    """Who chose an attempt's actions (``episodes.driver``); docs/service.md, "Steered attempts".
+
+    Only ``agent`` attempts are the method's result: compare, the dashboard, the report, ``export`` and
+    ``regrade`` count the newest ``agent`` attempt of each key unless told to count interactive ones too.
+    """
+
+    agent = "agent"  # run by the service (a job, ``rerun --status``): the model chose every action
+    # ``rerun --interactive`` in which the operator let the model choose every live action (a person still
+    # picked the episode, usually a failed one, and the turn to resume from: not an independent sample)
+    interactive = "interactive"
+    steered = "steered"  # ``rerun --interactive`` in which the operator edited, skipped or stopped an action
+
+
+#: the drivers whose attempts are the method's own result
+AGENT_DRIVERS = frozenset({AttemptDriver.agent.value})
+
+
 def new_id(n_hex: int = 12) -> str:
     """A short random id: ``n_hex`` hex digits of a uuid4 (8 for jobs, which people type; 12 for episodes)."""
     return uuid.uuid4().hex[:n_hex]
@@ -155,6 +173,7 @@ class Episode(Base):
         ),
         CheckConstraint(_in_check("status", EpisodeStatus), name="ck_episodes_status"),
         CheckConstraint("attempt >= 1", name="ck_episodes_attempt"),
+        CheckConstraint(_in_check("driver", AttemptDriver), name="ck_episodes_driver"),
         Index("ix_episodes_job_key", "job_id", "episode_key"),
         Index("ix_episodes_job_status", "job_id", "status"),
     )
@@ -167,6 +186,7 @@ class Episode(Base):
     protocol: Mapped[str] = mapped_column(String(32))
     seed: Mapped[int] = mapped_column(Integer)
     attempt: Mapped[int] = mapped_column(Integer, default=1)
+    driver: Mapped[str] = mapped_column(String(16), default=AttemptDriver.agent.value, server_default="agent")
     episode_key: Mapped[str] = mapped_column(String(400))  # see db.store.episode_key
     status: Mapped[str] = mapped_column(String(32), default=EpisodeStatus.queued.value)
     exit_status: Mapped[str | None] = mapped_column(String(64))  # the agent loop's exit, as it reported it

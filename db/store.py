@@ -14,8 +14,10 @@ Running one episode (see :mod:`db.claims` for the idempotency contract, re-expor
     with db.session() as s: finish_episode(s, claim, "submitted", patch=diff, agent_s=...)
     with db.session() as s: record_grade(s, episode_id, "resolved", test_log=log, grader="swebench", ...)
 
-Reading: :func:`episodes_for_job`, :func:`latest_attempts` (what ``compare`` uses), :func:`job_summary`.
+Reading: :func:`episodes_for_job`, :func:`result_attempts` (what a job measured: ``compare``, ``export``),
+:func:`latest_attempts` (what is running), :func:`interactive_attempts`, :func:`job_summary`.
 Reruns: :func:`new_attempt` / :func:`rerun_job` add rows with ``attempt + 1``; old rows are never changed.
+An attempt's ``driver`` (``db.models.AttemptDriver``) says whether the agent alone chose its actions.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ from db.claims import (
 )
 from db.connection import begin_write
 from db.job_status import JobSummary, job_grades, refresh_job_status, summarize
-from db.models import ACTIVE_STATUSES, Episode, EpisodeStatus, Job, JobStatus, utcnow
+from db.models import ACTIVE_STATUSES, AGENT_DRIVERS, AttemptDriver, Episode, EpisodeStatus, Job, JobStatus, utcnow
 from db.provenance import git_revision as current_git_revision
 from db.provenance import package_versions as current_package_versions
 
@@ -67,11 +69,13 @@ __all__ = [
     "heartbeat",
     "job_grades",
     "job_summary",
+    "interactive_attempts",
     "latest_attempts",
     "list_jobs",
     "local_worker_is_dead",
     "lock_job",
     "new_attempt",
+    "result_attempts",
     "record_grade",
     "record_turn",
     "refresh_job_status",
@@ -211,14 +215,18 @@ def episodes_for_job(
     return sorted(rows, key=lambda r: (r.episode_key, r.attempt))
 
 
-def latest_attempts(session: Session, job_ids: Sequence[str]) -> list[Episode]:
-    """The newest attempt of every episode key of the given jobs, ordered by job then key."""
-    newest = (
-        select(Episode.job_id, Episode.episode_key, func.max(Episode.attempt).label("attempt"))
-        .where(Episode.job_id.in_(list(job_ids)))
-        .group_by(Episode.job_id, Episode.episode_key)
-        .subquery()
+def latest_attempts(
+    session: Session, job_ids: Sequence[str], *, drivers: Collection[str] | None = None
+) -> list[Episode]:
+    """The newest attempt of every episode key of the given jobs, ordered by job then key; with ``drivers``,
+    the newest among the attempts those drivers drove (``db.models.AttemptDriver``). What is running and
+    what a job waits for: every driver. What a job measured: :func:`result_attempts`."""
+    newest = select(Episode.job_id, Episode.episode_key, func.max(Episode.attempt).label("attempt")).where(
+        Episode.job_id.in_(list(job_ids))
     )
+    if drivers is not None:
+        newest = newest.where(Episode.driver.in_(sorted(drivers)))
+    newest = newest.group_by(Episode.job_id, Episode.episode_key).subquery()
     # populate_existing: the claim/grade functions change rows with Core UPDATEs, which do not refresh
     # objects already loaded in this session; re-read them so callers never see a stale status.
     query = (
@@ -236,9 +244,31 @@ def latest_attempts(session: Session, job_ids: Sequence[str]) -> list[Episode]:
     return sorted(session.execute(query).scalars(), key=lambda r: (r.job_id, r.episode_key))
 
 
-def new_attempt(session: Session, episode_id: str, *, config_overrides: dict[str, Any] | None = None) -> Episode:
+def result_attempts(session: Session, job_ids: Sequence[str], *, include_interactive: bool = False) -> list[Episode]:
+    """The attempt that is each episode key's result: the newest one the agent drove alone. A key whose only
+    attempts were run interactively has none. ``include_interactive``: the newest attempt of any driver, so an
+    interactive or steered attempt stands in for the agent's (every reader marks it)."""
+    return latest_attempts(session, job_ids, drivers=None if include_interactive else AGENT_DRIVERS)
+
+
+def interactive_attempts(session: Session, job_ids: Sequence[str]) -> list[Episode]:
+    """Every attempt of the given jobs run with ``rerun --interactive`` (steered or not), by job, key, attempt."""
+    query = select(Episode).where(Episode.job_id.in_(list(job_ids)), Episode.driver.not_in(sorted(AGENT_DRIVERS)))
+    return sorted(session.execute(query).scalars(), key=lambda r: (r.job_id, r.episode_key, r.attempt))
+
+
+def new_attempt(
+    session: Session,
+    episode_id: str,
+    *,
+    config_overrides: dict[str, Any] | None = None,
+    driver: str = AttemptDriver.agent.value,
+) -> Episode:
     """A new ``queued`` row for the same key with attempt = newest attempt + 1. The source must have
-    finished (not queued/running). ``config_overrides`` are merged over the source's config."""
+    finished (not queued/running). ``config_overrides`` are merged over the source's config. ``driver``:
+    ``interactive`` for ``rerun --interactive`` (it becomes ``steered`` when the operator changes an action)."""
+    if driver not in {d.value for d in AttemptDriver}:
+        raise ValueError(f"unknown driver {driver!r}; known: {[d.value for d in AttemptDriver]}")
     begin_write(session)
     source = get_episode(session, episode_id)
     lock_job(session, source.job_id)  # job lock first, like every writer (see db.claims.lock_job)
@@ -260,6 +290,7 @@ def new_attempt(session: Session, episode_id: str, *, config_overrides: dict[str
         attempt=newest + 1,
         episode_key=source.episode_key,
         status=EpisodeStatus.queued.value,
+        driver=driver,
         config={**(source.config or {}), **(config_overrides or {})},
     )
     session.add(row)
@@ -279,7 +310,7 @@ def rerun_job(session: Session, job_id: str, statuses: Collection[str]) -> list[
         raise ValueError(f"unknown episode status(es) {unknown}; known: {[s.value for s in EpisodeStatus]}")
     if set(statuses) & ACTIVE_STATUSES:
         raise ValueError("queued/running episodes cannot be rerun; cancel them first")
-    targets = [r for r in latest_attempts(session, [job_id]) if r.status in statuses]
+    targets = [r for r in result_attempts(session, [job_id]) if r.status in statuses]
     return [new_attempt(session, r.id) for r in targets]
 
 

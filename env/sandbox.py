@@ -10,6 +10,11 @@ container (the whole process group dies), plus a host-side guard. Every process 
 `NEXUS_EXEC=<id>` in its environment; after a timeout every process still carrying it is killed, which also
 catches children that left the process group with `setsid`. Output is streamed and capped: the first and
 last `max_output_bytes / 2` are kept with a marker in between, so a 1 GB print costs no host memory.
+
+Environment (`SandboxConfig.path`, `.user`): by default every command gets SANDBOX_PATH (the agent's) on top
+of the image's other ENV, in `/testbed`, as the image's USER. `path="image"` keeps the image's environment
+untouched (its ENV, PATH included, and its WORKDIR as the container's working directory, which
+`run(workdir=None)` uses), as SWE-bench's harness does; `user` overrides the image's USER.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import time
 import uuid
 from pathlib import Path, PurePosixPath
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 # Repo interpreters first, as in R2E-Gym's DOCKER_PATH: R2E images keep a uv venv at /testbed/.venv
 # (linked to /root/.venv), SWE-bench images a conda env `testbed`; directories that do not exist are skipped.
@@ -43,6 +48,7 @@ SANDBOX_PATH = ":".join(
         "/bin",
     ]
 )
+IMAGE_ENV = "image"  # SandboxConfig.path: keep the image's own environment
 LABEL_PREFIX = "nexus-eval"
 TRUNCATION_MARK = "\n[... output truncated: {dropped} bytes omitted from the middle ...]\n"
 
@@ -68,15 +74,45 @@ class SandboxConfig(BaseModel):
     cap_add: list[str] = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETUID", "SETGID"]
     env: dict[str, str] = Field(default_factory=dict, description="extra environment for every command")
     path: str | None = Field(
-        None, description="PATH for every command; None: SANDBOX_PATH (repo interpreters first, for the agent)"
+        None,
+        description=(
+            "PATH for every command. None: SANDBOX_PATH (repo interpreters first, for the agent); "
+            f"'{IMAGE_ENV}': the image's own environment, set by nothing of ours (its ENV, PATH included, and its "
+            "WORKDIR as the container's working directory), as SWE-bench's harness runs; "
+            "else a PATH of absolute directories, set on top of the image's other ENV"
+        ),
+    )
+    user: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9_.-]+(:[A-Za-z0-9_.-]+)?$",
+        description="user[:group] of the container and so of every command; None: the image's USER",
     )
     network: bool = Field(
         False, description="attach the engine's default bridge network; off by default (network_mode none)"
     )
 
+    @field_validator("path")
+    @classmethod
+    def _image_or_absolute_dirs(cls, value: str | None) -> str | None:
+        if value is None or value == IMAGE_ENV:
+            return value
+        if not all(part.startswith("/") for part in value.split(":")):
+            raise ValueError(f"path must be None, {IMAGE_ENV!r} or absolute directories joined by ':', not {value!r}")
+        return value
+
     @property
-    def command_path(self) -> str:
-        return self.path or SANDBOX_PATH
+    def image_env(self) -> bool:
+        return self.path == IMAGE_ENV
+
+    @property
+    def command_path(self) -> str | None:
+        """The PATH we set on every command; None when the image's own is kept."""
+        return None if self.image_env else self.path or SANDBOX_PATH
+
+    def command_env(self) -> dict[str, str]:
+        """What we set in every command's environment (on top of the image's ENV), the kill tag aside."""
+        path = self.command_path
+        return {**({"PATH": path} if path else {}), **self.env}
 
 
 class ExecResult(BaseModel):
@@ -166,6 +202,12 @@ class Sandbox:
             raise SandboxError(f"image {image} is not present locally (images are never pulled): {exc}") from exc
         except docker.errors.DockerException as exc:
             raise SandboxError(f"cannot inspect image {image}: {exc}") from exc
+        # image_env: neither environment nor working directory is set, so both are the image's, as in
+        # swebench's create_container; otherwise our PATH replaces the image's (its other ENV stays) and the
+        # keep-alive runs in "/". A user set here is every exec's default.
+        own = {} if config.image_env else {"working_dir": "/", "environment": {"PATH": config.command_path}}
+        if config.user is not None:
+            own["user"] = config.user
         container = None
         try:
             container = client.containers.create(
@@ -183,8 +225,7 @@ class Sandbox:
                 security_opt=["no-new-privileges"],
                 privileged=False,
                 labels=all_labels,
-                working_dir="/",
-                environment={"PATH": config.command_path},
+                **own,
             )
             container.start()
         except docker.errors.DockerException as exc:
@@ -223,15 +264,17 @@ class Sandbox:
         return self.container.id
 
     # ------------------------------------------------------------------------------------ commands
-    def run(self, cmd: str, *, timeout: float | None = None, workdir: str = "/testbed") -> ExecResult:
-        """Run `cmd` with `/bin/sh -c` in `workdir`; the timeout is enforced inside the container."""
+    def run(self, cmd: str, *, timeout: float | None = None, workdir: str | None = "/testbed") -> ExecResult:
+        """Run `cmd` with `/bin/sh -c` in `workdir` (None: the container's working directory, the image's
+        WORKDIR under `path="image"`); the timeout is enforced inside the container."""
         if self._closed:
             raise SandboxError("sandbox is closed")
         timeout = float(timeout if timeout is not None else self.config.default_timeout_s)
         exec_tag = uuid.uuid4().hex
         # exec 2>&1 merges in the container, so the order of stdout/stderr lines is the real one.
         wrapped = f"exec 2>&1; exec timeout -s KILL {timeout:.3f} /bin/sh -c {shlex.quote(cmd)}"
-        env = {"PATH": self.config.command_path, "NEXUS_EXEC": exec_tag, **self.config.env}
+        # docker adds an exec's environment to the container's, so the tag never hides the image's ENV
+        env = {**self.config.command_env(), "NEXUS_EXEC": exec_tag}
         api = self.client.api
         started = time.monotonic()
         try:
@@ -275,7 +318,7 @@ class Sandbox:
         output, truncated = buffer.text()
         return ExecResult(output=output, exit_code=exit_code, timed_out=timed_out, truncated=truncated, seconds=seconds)
 
-    def run_to_file(self, cmd: str, *, timeout: float | None = None, workdir: str = "/testbed") -> ExecResult:
+    def run_to_file(self, cmd: str, *, timeout: float | None = None, workdir: str | None = "/testbed") -> ExecResult:
         """`run`, with the output written to a file in the container and read back whole (no cap): for
         logs that are evidence, such as a grading run's. The shell's own messages, if any, follow it."""
         out = f"/tmp/.nexus-output-{uuid.uuid4().hex}.log"
@@ -292,9 +335,10 @@ class Sandbox:
             f"for p in /proc/[0-9]*; do grep -qsz '^NEXUS_EXEC={exec_tag}$' $p/environ 2>/dev/null "
             "&& kill -9 ${p#/proc/} 2>/dev/null; done; true"
         )
-        # the container may be gone; the caller reports the timeout either way
+        # the container may be gone; the caller reports the timeout either way. As root, whatever the
+        # container's user, so the kill reaches processes of every user.
         with contextlib.suppress(Exception):
-            self.container.exec_run(["/bin/sh", "-c", script], environment={"PATH": SANDBOX_PATH})
+            self.container.exec_run(["/bin/sh", "-c", script], environment={"PATH": SANDBOX_PATH}, user="0")
 
     def _why(self, exc: BaseException) -> str:
         try:
@@ -304,7 +348,7 @@ class Sandbox:
         except Exception:
             return f"{exc} (container gone)"
 
-    def check(self, cmd: str, *, timeout: float | None = None, workdir: str = "/testbed") -> str:
+    def check(self, cmd: str, *, timeout: float | None = None, workdir: str | None = "/testbed") -> str:
         """`run`, but a non-zero exit or a timeout raises SandboxError (for our own plumbing commands)."""
         result = self.run(cmd, timeout=timeout, workdir=workdir)
         if result.exit_code != 0 or result.timed_out:

@@ -6,7 +6,8 @@ Row kinds (see docs/tasks.md):
 - `r2e_swebench`: the same row as republished by R2E-Gym, with `docker_image` like
   `slimshetty/swebench-verified:sweb.eval.x86_64.<instance_id>` (and often `parsed_commit`).
 - `r2e`: an R2E-native row (`repo_name`, `docker_image`, `expected_output_json`, no `instance_id`); the id is
-  derived as `<repo_name>__<commit_hash[:12]>` (rLLM's convention), stable across loads.
+  derived as `<repo_name>__<commit_hash[:12]>` (rLLM's convention), stable across loads. Without a `patch`,
+  its gold patch is rebuilt from `parsed_commit_content` as R2E-Gym builds it (`env.task_rows.r2e_gold_patch`).
 - `local`: a folder with `task.json` and `repo/` (the source tree at the base state).
 
 Sources: a `.json` / `.jsonl` / `.parquet` file, a local task folder, a folder of task folders (a suite), or a

@@ -29,12 +29,23 @@ def _listed(report: dict, key: str) -> list[str]:
     return list(report.get(key, []) or [])
 
 
+def _empty_gold_reason(task) -> str:
+    """Why an R2E-native task's gold patch is empty (its row has no `patch`; see env.task_rows.r2e_gold_patch)."""
+    if task.kind != "r2e":
+        return ""
+    if task.source_row.get("parsed_commit_content"):
+        return "; the row has no `patch` and its `parsed_commit_content` changes no non-test Python file"
+    return "; the row has neither a `patch` nor a `parsed_commit_content` to rebuild it from"
+
+
 def judge(task, gold: GradeResult, base: GradeResult) -> list[str]:
     """What is wrong with a task given its gold-patch and base-state grading results (empty: valid)."""
     problems: list[str] = []
     if gold.status != "resolved":
         failing = _listed(gold.fail_to_pass, "failure") + _listed(gold.pass_to_pass, "failure")
         detail = f"; failing: {failing[:5]}" if failing else ""
+        if gold.status == "empty_patch":
+            detail += _empty_gold_reason(task)
         problems.append(f"gold patch -> {gold.status}{detail}{f' ({gold.error})' if gold.error else ''}")
     if base.status == "resolved":
         problems.append("the base state already resolves the task (FAIL_TO_PASS tests pass without a fix)")

@@ -9,6 +9,10 @@ Layout: one row per (scope, protocol) cell, one column per method. A cell report
   pairs, chi-square with continuity correction above); ``b`` = pairs only the method resolved, ``c`` =
   pairs only dense resolved.
 
+Which attempt counts: the newest attempt of each key that the agent drove alone (``db.models.AttemptDriver``);
+interactive reruns, steered or not, are kept apart and named in a note unless ``include_interactive``, which
+counts the newest attempt of any driver and marks it (``Cell.interactive``, ``CompareTable.drivers``).
+
 What counts: verdicts (resolved, unresolved, empty_patch, patch_failed) and the service failures timeout and
 infra_failure are in ``n`` (a failure is "not resolved", as in SWE-bench, and is also counted in
 ``failures``); queued/running episodes and agent exits still waiting for their grade are ``pending`` and
@@ -36,7 +40,15 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from agent_runner.config import PROTOCOLS
-from db.models import ACTIVE_STATUSES, AGENT_EXIT_STATUSES, COUNTED_STATUSES, RUN_FAILURE_STATUSES, EpisodeStatus
+from db.models import (
+    ACTIVE_STATUSES,
+    AGENT_DRIVERS,
+    AGENT_EXIT_STATUSES,
+    COUNTED_STATUSES,
+    RUN_FAILURE_STATUSES,
+    AttemptDriver,
+    EpisodeStatus,
+)
 from nexus.methods import DENSE, METHODS, SCOPES
 from workers.replay_stats import ReplayCell, replay_cells, replay_notes
 from workers.stats import bootstrap_mean_ci, mcnemar_paired, pass_at_k, wilson_interval
@@ -57,6 +69,12 @@ class Outcome:
     job_id: str = ""
     attempt: int = 1
     episode_id: str = ""  # the attempt's row (links from a rendered grid back to the episode)
+    driver: str = AttemptDriver.agent.value  # who chose the attempt's actions (db.models.AttemptDriver)
+
+    @property
+    def interactive(self) -> bool:
+        """Run with ``rerun --interactive`` (steered or not): not the method's own sample."""
+        return self.driver not in AGENT_DRIVERS
 
     @property
     def counted(self) -> bool:
@@ -90,6 +108,7 @@ class Cell:
     cancelled: int = 0
     failures: int = 0  # timeout + infra_failure (inside n)
     reused_dense: bool = False
+    interactive: int = 0  # counted outcomes from interactive attempts (only with include_interactive)
 
 
 @dataclass
@@ -109,6 +128,8 @@ class CompareTable:
     tasks: list[str]
     grid: dict[tuple[str, str, str], dict[str, list[str]]]
     notes: list[str] = field(default_factory=list)
+    # same shape as grid: the driver of each status's attempt ("agent" unless interactive attempts were counted)
+    drivers: dict[tuple[str, str, str], dict[str, list[str]]] = field(default_factory=dict)
     replay: list[ReplayCell] = field(default_factory=list)  # counterfactual replays, when any were stored
     # the outcomes the table was built from (not serialized): which episode is behind each grid status
     outcomes: list[Outcome] = field(default_factory=list, repr=False)
@@ -129,7 +150,13 @@ class CompareTable:
                 {
                     "task_id": t,
                     "cells": [
-                        {"scope": s, "protocol": p, "method": m, "statuses": by_task.get(t, [])}
+                        {
+                            "scope": s,
+                            "protocol": p,
+                            "method": m,
+                            "statuses": by_task.get(t, []),
+                            "drivers": self.drivers.get((s, p, m), {}).get(t, []),
+                        }
                         for (s, p, m), by_task in self.grid.items()
                     ],
                 }
@@ -201,6 +228,7 @@ def summarize_cell(
     cell.pending = sum(o.status in PENDING for o in outcomes)
     cell.cancelled = sum(o.status == EpisodeStatus.cancelled for o in outcomes)
     cell.failures = sum(o.status in RUN_FAILURE_STATUSES for o in counted)
+    cell.interactive = sum(o.interactive for o in counted)
     cell.n, cell.resolved = len(counted), sum(o.resolved for o in counted)
     per_task: dict[str, list[bool]] = defaultdict(list)
     for o in counted:
@@ -248,6 +276,7 @@ def build_table(
     cells_present = cells_with_evicting or {(o.scope, o.protocol) for o in rows_in}
     rows: list[Row] = []
     grid: dict[tuple[str, str, str], dict[str, list[str]]] = {}
+    drivers: dict[tuple[str, str, str], dict[str, list[str]]] = {}
     for scope in _order((s for s, _ in cells_present), SCOPES):
         for protocol in _order((p for s, p in cells_present if s == scope), PROTOCOLS):
             dense, reused = _dense_for(rows_in, scope, protocol)
@@ -258,9 +287,12 @@ def build_table(
                 cell.reused_dense = method == DENSE and reused
                 cells[method] = cell
                 by_task: dict[str, list[str]] = defaultdict(list)
+                driven: dict[str, list[str]] = defaultdict(list)
                 for o in sorted(mine, key=lambda o: o.seed):
                     by_task[o.task_id].append(o.status)
+                    driven[o.task_id].append(o.driver)
                 grid[(scope, protocol, method)] = dict(by_task)
+                drivers[(scope, protocol, method)] = dict(driven)
             rows.append(Row(scope, protocol, cells))
     notes = list(notes)
     if any(c.reused_dense for r in rows for c in r.cells.values()):
@@ -272,6 +304,7 @@ def build_table(
         tasks=sorted({o.task_id for o in rows_in}, key=natural_key),
         grid=grid,
         notes=notes,
+        drivers=drivers,
         outcomes=rows_in,
     )
 
@@ -289,25 +322,55 @@ def outcomes_from_episodes(episodes: Iterable[Any]) -> list[Outcome]:
             job_id=e.job_id,
             attempt=e.attempt,
             episode_id=e.id,
+            driver=e.driver,
         )
         for e in episodes
     ]
 
 
-def compare_jobs(session: Any, job_ids: Sequence[str], *, confidence: float = 0.95, seed: int = 0) -> CompareTable:
-    """The database entry point: the table over the latest attempts of ``job_ids`` (ids or unique prefixes)."""
-    from db.store import get_job, latest_attempts
+def compare_jobs(
+    session: Any,
+    job_ids: Sequence[str],
+    *,
+    confidence: float = 0.95,
+    seed: int = 0,
+    include_interactive: bool = False,
+) -> CompareTable:
+    """The database entry point: the table over the result attempts of ``job_ids`` (ids or unique prefixes):
+    the newest attempt the agent drove alone of each key (``db.store.result_attempts``); with
+    ``include_interactive`` the newest of any driver, interactive ones counted and marked."""
+    from db.store import get_job, interactive_attempts, result_attempts
 
     jobs = [get_job(session, j) for j in job_ids]
     ids = [job.id for job in jobs]
-    episodes = [latest_attempts(session, [j]) for j in ids]
+    episodes = [result_attempts(session, [j], include_interactive=include_interactive) for j in ids]
     outcomes, notes = merge_jobs([outcomes_from_episodes(e) for e in episodes])
     every = [e for per_job in episodes for e in per_job]
+    notes += interactive_notes(interactive_attempts(session, ids), counted=[o for o in outcomes if o.interactive])
     notes += setting_notes(jobs) + grading_notes(every) + seed_notes(every)
     table = build_table(outcomes, job_ids=ids, confidence=confidence, seed=seed, notes=notes)
     table.replay = replay_cells(session, ids, confidence=confidence, seed=seed)
     table.notes += replay_notes(table.replay)
     return table
+
+
+def interactive_notes(interactive: Sequence[Any], *, counted: Sequence[Outcome]) -> list[str]:
+    """What the table did with the jobs' interactive attempts (``interactive``: their rows; ``counted``: the
+    outcomes of them the table counts, empty unless ``include_interactive``)."""
+    if not interactive:
+        return []
+    steered = sum(e.driver == AttemptDriver.steered for e in interactive)
+    if not counted:
+        return [
+            f"{len(interactive)} interactive attempt(s) ({steered} steered by an operator) are kept apart: each "
+            "key's result is the agent's own attempt; `--include-interactive` counts them (marked *)"
+        ]
+    steered_counted = sum(o.driver == AttemptDriver.steered for o in counted)
+    return [
+        f"{len(counted)} result(s) (marked *) come from interactive attempts ({steered_counted} steered by an "
+        "operator), counted in place of the agent's own: a person chose to run them, so they are not the "
+        "method's samples"
+    ]
 
 
 def grading_notes(episodes: Sequence[Any]) -> list[str]:

@@ -20,7 +20,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from db.models import EpisodeStatus
+from db.models import AGENT_DRIVERS, EpisodeStatus
 from workers.compare import Cell, CompareTable
 from workers.replay_stats import REPLAY_CAPTION, ReplayCell
 
@@ -34,7 +34,10 @@ SYMBOLS = {
     EpisodeStatus.infra_failure: "!",
     EpisodeStatus.cancelled: "-",
 }
-LEGEND = "✓ resolved  ✗ unresolved  ∅ empty patch  P patch failed  T timeout  ! infra failure  … pending  - cancelled"
+LEGEND = (
+    "✓ resolved  ✗ unresolved  ∅ empty patch  P patch failed  T timeout  ! infra failure  … pending  - cancelled"
+    "  * interactive attempt"
+)
 
 
 def _pct(x: float | None) -> str:
@@ -54,13 +57,21 @@ def cell_text(cell: Cell, *, multiline: bool = False) -> str:
         parts.append(f"p={cell.p_value:.3g} ({cell.b}:{cell.c})")
     if cell.reused_dense:
         parts.append("(reused)")
+    if cell.interactive:
+        parts.append(f"({cell.interactive} interactive*)")
     if cell.pending:
         parts.append(f"+{cell.pending} pending")
     return ("\n" if multiline else " ").join(parts)
 
 
-def _grid_symbol(statuses: list[str]) -> str:
-    return "".join(SYMBOLS.get(s, "…") for s in statuses) or " "
+def _grid_symbol(statuses: list[str], drivers: list[str] = ()) -> str:
+    """One symbol per seed; ``*`` after one whose attempt was run interactively (counted by request)."""
+    marks = [d not in AGENT_DRIVERS for d in drivers] or [False] * len(statuses)
+    return "".join(SYMBOLS.get(s, "…") + ("*" if m else "") for s, m in zip(statuses, marks, strict=True)) or " "
+
+
+def _grid_cell(table: CompareTable, key: tuple[str, str, str], task: str) -> str:
+    return _grid_symbol(table.grid[key].get(task, []), table.drivers.get(key, {}).get(task, []))
 
 
 SUMMARY_COLUMNS = [
@@ -85,6 +96,7 @@ SUMMARY_COLUMNS = [
     "cancelled",
     "failures",
     "reused_dense",
+    "interactive",
 ]
 
 
@@ -133,11 +145,12 @@ def to_csv(table: CompareTable, *, grid: bool = False) -> str:
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     if grid:
-        writer.writerow(["task_id", "scope", "protocol", "method", "seed_index", "status"])
-        for (scope, protocol, method), by_task in table.grid.items():
+        writer.writerow(["task_id", "scope", "protocol", "method", "seed_index", "status", "driver"])
+        for key, by_task in table.grid.items():
             for task in table.tasks:
+                drivers = table.drivers.get(key, {}).get(task, [])
                 for i, status in enumerate(by_task.get(task, [])):
-                    writer.writerow([task, scope, protocol, method, i, status])
+                    writer.writerow([task, *key, i, status, drivers[i] if i < len(drivers) else "agent"])
         return out.getvalue()
     replays = {(r.scope, r.protocol, r.method): r for r in table.replay}
     with_replays = bool(replays)  # every line gets the columns (popping below empties the dict)
@@ -168,6 +181,7 @@ def to_csv(table: CompareTable, *, grid: bool = False) -> str:
                     c.cancelled,
                     c.failures,
                     str(c.reused_dense).lower(),
+                    c.interactive,
                     *extra,
                 ]
             )
@@ -195,7 +209,7 @@ def to_markdown(table: CompareTable) -> str:
     lines.append("| task | " + " | ".join(f"{s}/{p}/{m}" for s, p, m in keys) + " |")
     lines.append("|---|" + "---|" * len(keys))
     for task in table.tasks:
-        lines.append(f"| {task} | " + " | ".join(_grid_symbol(table.grid[k].get(task, [])) for k in keys) + " |")
+        lines.append(f"| {task} | " + " | ".join(_grid_cell(table, k, task) for k in keys) + " |")
     lines += [""] + [f"Note: {n}" for n in table.notes]
     return "\n".join(lines).rstrip() + "\n"
 
@@ -231,7 +245,7 @@ def rich_tables(table: CompareTable) -> list[Any]:
         for task in table.tasks:
             grid.add_row(
                 task,
-                *(_grid_symbol(table.grid[(row.scope, row.protocol, m)].get(task, [])) for m in table.methods),
+                *(_grid_cell(table, (row.scope, row.protocol, m), task) for m in table.methods),
             )
         renderables.append(grid)
     renderables.append(Text(LEGEND, style="dim"))

@@ -273,8 +273,9 @@ def grade_stored_episode(db: Database, episode_id: str, *, tasks: TaskCache | No
     return graded.status
 
 
-def regrade_job(db: Database, job_id: str) -> list[tuple[str, str | None, str]]:
-    """Re-derive every latest attempt's verdict from its stored test log and patch (no agent, no container).
+def regrade_job(db: Database, job_id: str, *, include_interactive: bool = False) -> list[tuple[str, str | None, str]]:
+    """Re-derive every result attempt's verdict from its stored test log and patch (no agent, no container):
+    the newest attempt the agent drove alone of each key, or with ``include_interactive`` the newest of any.
 
     Returns ``(episode_id, old_status, new_status)`` for each episode that had a log; others are skipped."""
     from env.grading import regrade
@@ -282,7 +283,9 @@ def regrade_job(db: Database, job_id: str) -> list[tuple[str, str | None, str]]:
     with db.session() as s:
         rows = [
             (r.id, r.status, r.patch, r.test_log, dict(r.config or {}))
-            for r in db_store.latest_attempts(s, [db_store.get_job(s, job_id).id])
+            for r in db_store.result_attempts(
+                s, [db_store.get_job(s, job_id).id], include_interactive=include_interactive
+            )
         ]
     changes, tasks = [], TaskCache()
     for episode_id, old, patch, log, config in rows:

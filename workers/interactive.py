@@ -9,7 +9,9 @@ Each turn the operator sees the model's thought and proposed action and answers:
 - ``q`` stop (submit the repository as it is now; the patch is graded as usual).
 
 The observation of every turn is printed after it runs. ``--from-turn K`` first forces the source attempt's
-stored turns 0..K-1 without asking (``agent_runner.backends.forced_prefix.ForcedPrefix``). The run is a new
+stored turns 0..K-1 without asking (``agent_runner.backends.forced_prefix.ForcedPrefix``); a forced turn whose
+action an operator had replaced runs that stored replacement again (``replay_actions``), so the rerun is steered
+too and its environment sees what the source's saw. The run is a new
 attempt row, written through the same claim/record_turn/finish path and the same episode runner as a worker's.
 """
 
@@ -49,10 +51,18 @@ class Operator:
     ``ask(prompt) -> str`` and ``say(text)`` default to input() and a rich console, so tests can drive it
     through a real pseudo-terminal (pexpect)."""
 
-    def __init__(self, *, replay_turns: int = 0, ask: Callable[[str], str] | None = None, console: Any = None) -> None:
+    def __init__(
+        self,
+        *,
+        replay_turns: int = 0,
+        replay_actions: dict[int, ParsedAction] | None = None,
+        ask: Callable[[str], str] | None = None,
+        console: Any = None,
+    ) -> None:
         from rich.console import Console
 
         self.replay_turns = replay_turns
+        self.replay_actions = dict(replay_actions or {})
         self.ask = ask or input
         self.console = console or Console(highlight=False)
         self.container_id: str | None = None
@@ -74,8 +84,10 @@ class Operator:
 
     def intervene(self, index: int, parsed: ParsedAction) -> ParsedAction | None:
         if index < self.replay_turns:
-            self.say(f"--- turn {index} (forced from the stored attempt) ---", "dim")
-            return None
+            replayed = self.replay_actions.get(index)
+            edited = " with its operator's action" if replayed is not None else ""
+            self.say(f"--- turn {index} (forced from the stored attempt{edited}) ---", "dim")
+            return replayed
         self.say(f"--- turn {index} ---", "bold")
         self.say(f"thought: {parsed.thought.strip()[:2000] or '(none)'}")
         self.say(f"action: {action_text(parsed.call)}", "cyan")

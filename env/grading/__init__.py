@@ -12,7 +12,8 @@ Each task is graded by the tool its row belongs to (docs/tasks.md, "How a task i
 
 The grading container starts from the task's image with nothing of the agent's container but the patch;
 the log is framed by the host (`hostlog`) and holds everything needed to re-derive the verdict
-(`regrade`). Limits come from `GradeConfig`, then the task's own `grading` limits.
+(`regrade`). Limits come from `GradeConfig`, then the task's own `grading` limits; the commands' environment
+(PATH and ENV, user, working directory) is the route's tool's own (`official.SANDBOX`, `r2e.SANDBOX`).
 """
 
 from __future__ import annotations
@@ -46,7 +47,6 @@ __all__ = [
 Status = Literal["resolved", "unresolved", "empty_patch", "patch_failed", "timeout", "infra_failure"]
 Route = Literal["swebench", "r2e-swebench", "r2e-native"]
 DEFAULT_TIMEOUT_S = {"swebench": 1800.0, "r2e-swebench": 1200.0, "r2e-native": 1200.0}
-PLAIN_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 class GradeConfig(BaseModel):
@@ -104,8 +104,9 @@ def _grader(task, route: Route) -> tuple[str, str]:
 
 def _limits(task, config: GradeConfig, route: Route) -> tuple[SandboxConfig, float]:
     own = task.grading.model_dump(include={"memory", "cpus", "pids", "network"}, exclude_none=True)
-    # SWE-bench's harness runs with the image's own PATH (it activates conda itself); R2E-Gym with its own.
-    own["path"] = r2e.R2E_PATH if route != "swebench" else PLAIN_PATH
+    # the environment is the route's tool's, whatever GradeConfig.sandbox says: swebench's harness keeps the
+    # image's (ENV, PATH included) as root; R2E-Gym puts its DOCKER_PATH over it as the image's USER.
+    own.update(official.SANDBOX if route == "swebench" else r2e.SANDBOX)
     sandbox = config.sandbox.model_copy(update=own)
     timeout = task.grading.timeout_s or config.test_timeout_s or DEFAULT_TIMEOUT_S[route]
     return sandbox, timeout

@@ -7,7 +7,8 @@
 * The run (`run_eval`): the model patch goes through swebench's own apply chain (`GIT_APPLY_CMDS`, the tree
   reset between attempts, then the already-applied check), the eval script is written to `/eval.sh` and run
   with `/bin/bash` under the timeout (swebench's 1800 s by default), its merged output going to a file that
-  is read back whole.
+  is read back whole. The environment is the harness's (`SANDBOX`, `APPLY_WORKDIR`): the image's own ENV
+  with PATH untouched, as root, the apply commands in /testbed and the eval script in the image's WORKDIR.
 * The verdict (`verdict`): swebench's `get_eval_report` on that log. On top, our anti-spoof veto: the
   genuine script prints each test-output marker once; a log where the tested code printed a start or end
   marker, or a second exit-code line, is not trusted (swebench reads the first markers it finds).
@@ -22,8 +23,16 @@ from pathlib import Path
 from typing import Any
 
 from env.grading.hostlog import HostLog, Section
-from env.sandbox import Sandbox
+from env.sandbox import IMAGE_ENV, Sandbox
 
+# swebench 5.0.2's harness (run_evaluation.create_container / run_instance) creates the container with
+# user=CONTAINER_USER ("root", swebench.image_builder.constants) and no environment or working directory of
+# its own, so every exec sees the image's ENV, PATH included (an image may put its toolchain there), and
+# runs as root whatever the image's USER. The apply commands run with workdir=CONTAINER_WORKDIR
+# ("/testbed"); `/bin/bash /eval.sh` gets no workdir: the container's, i.e. the image's WORKDIR.
+# (tests/env/test_grading_image_env.py checks these values against the installed swebench.)
+SANDBOX = {"path": IMAGE_ENV, "user": "root"}
+APPLY_WORKDIR = "/testbed"
 PATCH_PATH = "/tmp/patch.diff"
 EVAL_PATH = "/eval.sh"
 LOCAL_HEREDOC = "EOF_NEXUS_EVAL_TEST_PATCH"
@@ -113,14 +122,16 @@ def make_spec(row: dict[str, Any]):
     return make_test_spec(row)
 
 
-def apply_chain(box: Sandbox, commands, reset: str, log: HostLog, *, timeout_s: float) -> bool:
-    """Try each apply command on `PATCH_PATH` in turn, running `reset` before every retry; each attempt is a
-    log section `apply.N`. True once one succeeds."""
+def apply_chain(
+    box: Sandbox, commands, reset: str, log: HostLog, *, timeout_s: float, workdir: str = APPLY_WORKDIR
+) -> bool:
+    """Try each apply command on `PATCH_PATH` in turn in `workdir`, running `reset` before every retry; each
+    attempt is a log section `apply.N`. True once one succeeds."""
     for attempt, command in enumerate(commands):
         if attempt:
-            box.run(reset, timeout=timeout_s)
+            box.run(reset, timeout=timeout_s, workdir=workdir)
         applied = f"{command} {PATCH_PATH}"
-        if log.record(f"apply.{attempt}", box.run(applied, timeout=timeout_s), command=applied):
+        if log.record(f"apply.{attempt}", box.run(applied, timeout=timeout_s, workdir=workdir), command=applied):
             return True
     return False
 
@@ -135,11 +146,12 @@ def run_eval(box: Sandbox, spec, patch: str | None, log: HostLog, *, timeout_s: 
         applied = apply_chain(box, GIT_APPLY_CMDS, "git checkout -- . ; git clean -fd", log, timeout_s=apply_timeout_s)
         if not applied:  # the chain can leave the patch applied while each command exited non-zero
             check = f"git apply --check --reverse {PATCH_PATH}"
-            applied = log.record("apply.reverse_check", box.run(check, timeout=apply_timeout_s))
+            applied = log.record("apply.reverse_check", box.run(check, timeout=apply_timeout_s, workdir=APPLY_WORKDIR))
         if not applied:
             return False
     box.write_file(EVAL_PATH, spec.eval_script)
-    log.record("eval", box.run_to_file(f"/bin/bash {EVAL_PATH}", timeout=timeout_s))
+    # workdir None: the image's WORKDIR, where the harness's exec of the eval script starts
+    log.record("eval", box.run_to_file(f"/bin/bash {EVAL_PATH}", timeout=timeout_s, workdir=None))
     return True
 
 

@@ -30,6 +30,10 @@ from env.sandbox import Sandbox
 R2E_PATH = (
     "/root/.venv/bin:/root/.local/bin:/root/.cargo/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 )
+# R2E-Gym's DockerRuntime starts the container with no user, environment or working directory of its own, and
+# `run` execs with environment={"PATH": DOCKER_PATH} (added to the image's ENV) and workdir /testbed (its
+# repo_path, also our `Sandbox.run` default): the image's USER, the image's ENV with that PATH.
+SANDBOX = {"path": R2E_PATH, "user": None}
 R2E_VERSION = "r2e-gym@69bc953 runtime/docker.py semantics"
 _COLOUR_AND_CR = re.compile(r"\x1b\[[0-9;]*m|\r")
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")

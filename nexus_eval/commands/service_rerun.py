@@ -49,7 +49,10 @@ def _interactive(database, episode: str, from_turn: int) -> None:
 
     from agent_runner.backends.forced_prefix import ForcedPrefix
     from agent_runner.environment import DockerEnvironment
+    from agent_runner.parsing import ParsedAction
     from db import store as db_store
+    from db.models import AttemptDriver
+    from env.tools import ToolCall
     from workers.execution import EpisodeHooks, execute_episode, grade_stored_episode
     from workers.interactive import Operator
 
@@ -57,17 +60,29 @@ def _interactive(database, episode: str, from_turn: int) -> None:
     try:
         with database.session() as s:
             source = db_store.get_episode(s, episode)
-            recorded = [t.completion for t in source.turns if t.index < from_turn]
+            recorded = [(t.completion, t.tokens) for t in source.turns if t.index < from_turn]  # text + token ids
+            # an operator's replacement in the source is run again (the rerun is then steered too)
+            edits = {
+                t.index: ParsedAction(thought=t.thought or "", call=ToolCall.model_validate(t.action))
+                for t in source.turns
+                if t.index < from_turn and (t.extra or {}).get("intervened") and t.action is not None
+            }
             if len(recorded) < from_turn:
                 raise ValueError(f"--from-turn {from_turn}: episode {source.id} has only {len(recorded)} turns")
-            row = db_store.new_attempt(s, source.id)
+            row = db_store.new_attempt(s, source.id, driver=AttemptDriver.interactive.value)
             new_id, attempt = row.id, row.attempt
     except (LookupError, ValueError) as exc:
         fail(str(exc))
     console.print(f"episode {source.id} -> new attempt {attempt} ({new_id}); forcing {from_turn} stored turns")
-    operator = Operator(replay_turns=from_turn, console=console)
+    operator = Operator(replay_turns=from_turn, replay_actions=edits, console=console)
+    prefixes: list[ForcedPrefix] = []
+
+    def force_prefix(model):
+        prefixes.append(ForcedPrefix(recorded, model))
+        return prefixes[-1]
+
     hooks = EpisodeHooks(
-        wrap_model=(lambda model: ForcedPrefix(recorded, model)) if from_turn else None,
+        wrap_model=force_prefix if from_turn else None,
         on_turn=operator.show,
         intervene=operator.intervene,
         open_environment=operator.open_environment(DockerEnvironment.open),
@@ -75,9 +90,15 @@ def _interactive(database, episode: str, from_turn: int) -> None:
     outcome = execute_episode(database, new_id, hooks=hooks)
     if not outcome.ran:
         fail(f"could not run {new_id}: {outcome.reason}", 1)
+    for note in (line for prefix in prefixes for line in prefix.notes):
+        console.print(f"forced prefix: {note}", style="yellow", markup=False)
     verdict = grade_stored_episode(database, new_id) if outcome.needs_grade else outcome.status
+    with database.session() as s:
+        driver = db_store.get_episode(s, new_id).driver
     console.print(
-        f"attempt {attempt} ({new_id}) finished: agent {outcome.status}, final [bold]{verdict}[/bold]", markup=True
+        f"attempt {attempt} ({new_id}) finished: agent {outcome.status}, final [bold]{verdict}[/bold]; "
+        f"recorded as {driver} (kept apart from the job's results; compare --include-interactive counts it)",
+        markup=True,
     )
     typer.echo(f"RESULT {new_id} {verdict}")
 

@@ -1,8 +1,8 @@
-"""CLI verbs that read results: compare, inspect, export, regrade (no agent, no worker needed)."""
+"""CLI verbs that read results: compare, export, regrade (no agent, no worker needed). Listing and reading one
+episode (``episodes``, ``inspect``) live in ``service_episodes``."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import typer
@@ -13,11 +13,17 @@ from nexus_eval.commands._common import DB_OPTION, fail, open_db
 def compare(
     jobs: list[str] = typer.Argument(..., help="one or more job ids (prefixes), or one probe run id"),
     fmt: str = typer.Option("table", "--format", help="table | json | csv | markdown"),
+    include_interactive: bool = typer.Option(
+        False,
+        "--include-interactive",
+        help="count interactive attempts (rerun --interactive, steered or not) as results, marked *",
+    ),
     db: str = DB_OPTION,
 ) -> None:
     """Table 3: scope x protocol rows, method columns, resolved rate with 95% CI, McNemar vs dense.
 
-    Given one probe run id instead, the probe run's table (as `nexus-eval probe show`)."""
+    Each key counts its newest attempt the agent drove alone; interactive reruns are kept apart (a note says
+    how many) unless --include-interactive. Given one probe run id instead, the probe run's table."""
     from workers.compare import compare_jobs
     from workers.compare_render import FORMATS, render
 
@@ -39,140 +45,91 @@ def compare(
             return
     try:
         with database.session() as s:
-            table = compare_jobs(s, jobs)
+            table = compare_jobs(s, jobs, include_interactive=include_interactive)
     except LookupError as exc:
         fail(str(exc))
     typer.echo(render(table, fmt))
 
 
-def _fmt_stats(stats: dict | None) -> str:
-    return "-" if not stats else f"{stats['min']:.0f}/{stats['mean']:.0f}/{stats['max']:.0f}"
-
-
-def inspect(
-    episode: str = typer.Argument(..., help="episode id (prefix)"),
-    full: bool = typer.Option(False, "--full", help="print every turn's thought, action and observation"),
-    as_json: bool = typer.Option(False, "--json", help="the episode and its turns as JSON"),
-    db: str = DB_OPTION,
-) -> None:
-    """An episode's trajectory and per-turn cache telemetry."""
-    from rich.console import Console
-    from rich.table import Table
-
-    from db import store as db_store
-
-    database = open_db(db)
-    try:
-        with database.session() as s:
-            row = db_store.get_episode(s, episode)
-            turns = list(row.turns)
-            info = {c.name: getattr(row, c.name) for c in row.__table__.columns}
-            turn_rows = [{c.name: getattr(t, c.name) for c in t.__table__.columns} for t in turns]
-    except LookupError as exc:
-        fail(str(exc))
-    if as_json:
-        from env.grading.hostlog import unpack
-
-        info["test_log"] = unpack(info.get("test_log")) or None
-        typer.echo(json.dumps({"episode": info, "turns": turn_rows}, default=str))
-        return
-    console = Console()
-    console.print(
-        f"[bold]episode {info['id']}[/bold] job {info['job_id']} attempt {info['attempt']}: "
-        f"{info['task_id']} {info['method']}/{info['scope']}/{info['protocol']} seed {info['seed']}"
-    )
-    console.print(
-        f"status [bold]{info['status']}[/bold] (agent exit {info['exit_status']}), {info['n_turns']} turns,"
-        f" generated {info['generated_tokens']} tokens, peak cache {info['peak_cache_bytes']} bytes"
-    )
-    if info["error"]:
-        console.print(f"[yellow]{info['error'].splitlines()[0]}[/yellow]")
-    if info.get("grader"):
-        grade = (info.get("result") or {}).get("grade") or {}
-        offline = (
-            " [yellow](the task needs the network; graded without it)[/yellow]" if grade.get("needs_network") else ""
-        )
-        console.print(f"graded by {info['grader']} ({info['grader_version']}){offline}")
-    table = Table(title="turns")
-    for col in (
-        "turn",
-        "action",
-        "appended",
-        "generated",
-        "logical",
-        "physical before",
-        "physical after",
-        "events",
-        "cache bytes",
-        "prefill s",
-        "decode s",
-        "env s",
-    ):
-        table.add_column(col, justify="left" if col == "action" else "right")
-    for t in turn_rows:
-        action = (t["action"] or {}).get("name", "(no call)")
-        if (t["extra"] or {}).get("intervened"):
-            action += " *"
-        table.add_row(
-            str(t["index"]),
-            action,
-            str(t["tokens_appended"]),
-            str(t["tokens_generated"]),
-            str(t["logical_length"]),
-            _fmt_stats(t["physical_before"]),
-            _fmt_stats(t["physical_after"]),
-            str(t["eviction_events"]),
-            str(t["cache_bytes"] or "-"),
-            f"{t['prefill_s']:.2f}",
-            f"{t['decode_s']:.2f}",
-            f"{t['env_s']:.2f}",
-        )
-    console.print(table)
-    if full:
-        for t in turn_rows:
-            console.rule(f"turn {t['index']}")
-            console.print("[bold]thought[/bold]", t["thought"] or "", highlight=False, markup=False)
-            console.print("[bold]action[/bold]", json.dumps(t["action"]), highlight=False)
-            console.print("[bold]observation[/bold]", (t["observation"] or "")[:4000], highlight=False, markup=False)
-
-
 def export(
     job: str = typer.Argument(..., help="job id (prefix)"),
-    output: Path = typer.Option(None, "--output", "-o", help="file to write (default: stdout)"),
-    model_name: str = typer.Option(None, "--model-name", help="model_name_or_path (default: model/method/...)"),
+    output: Path = typer.Option(None, "--output", "-o", help="the file for one configuration (default: stdout)"),
+    output_dir: Path = typer.Option(
+        None, "--output-dir", help="write one file per configuration into this folder (it is created)"
+    ),
+    method: str = typer.Option(None, "--method", help="only this method"),
+    scope: str = typer.Option(None, "--scope", help="only this scope"),
+    protocol: str = typer.Option(None, "--protocol", help="only this protocol"),
+    seed: int = typer.Option(None, "--seed", help="only this seed"),
+    model_name: str = typer.Option(
+        None, "--model-name", help="model_name_or_path for a single configuration (default: model__method__...)"
+    ),
+    r2e_filter: bool = typer.Option(
+        False,
+        "--r2e-filter",
+        help="R2E-Gym's true_output_patch: only .py files the agent edited with file_editor str_replace",
+    ),
+    include_interactive: bool = typer.Option(
+        False, "--include-interactive", help="export interactive attempts (steered or not) in place of the agent's"
+    ),
     db: str = DB_OPTION,
 ) -> None:
     """SWE-bench predictions JSONL (instance_id, model_name_or_path, model_patch) for the official harness.
 
-    One line per latest attempt that left a patch; episodes of several methods get distinct model names."""
-    from db import store as db_store
+    One configuration (method, scope, protocol, seed) per file, since the harness keeps one prediction per
+    instance: pick one with --method/--scope/--protocol/--seed, or use --output-dir for one file each. Each
+    key's result attempt (the newest the agent drove alone) that left a non-empty patch is written."""
+    from workers.export import collect, file_name, prediction_lines
 
+    if output is not None and output_dir is not None:
+        fail("give --output FILE or --output-dir DIR, not both")
     database = open_db(db)
+    only = {"method": method, "scope": scope, "protocol": protocol, "seed": seed}
     try:
         with database.session() as s:
-            the_job = db_store.get_job(s, job)
-            model = ((the_job.config or {}).get("model") or {}).get("name") or (the_job.config or {}).get("backend")
-            rows = [
-                (r.task_id, r.method, r.scope, r.protocol, r.seed, r.patch)
-                for r in db_store.latest_attempts(s, [the_job.id])
-                if r.patch is not None
-            ]
+            found = collect(s, job, r2e_filter=r2e_filter, include_interactive=include_interactive, only=only)
     except LookupError as exc:
         fail(str(exc))
-    lines = []
-    for task_id, method, scope, protocol, seed, patch in rows:
-        name = model_name or f"{model}__{method}__{scope}__{protocol}__seed{seed}"
-        lines.append(json.dumps({"instance_id": task_id, "model_name_or_path": name, "model_patch": patch}))
-    text = "".join(line + "\n" for line in lines)
-    if output:
-        output.write_text(text, encoding="utf-8")
-        typer.echo(f"wrote {len(lines)} predictions to {output}", err=True)
-    else:
-        typer.echo(text, nl=False)
+    if not found.files:
+        fail(f"nothing to export from job {found.job_id}: {found.summary()}")
+    if output_dir is None and len(found.files) > 1:
+        listed = "\n".join(f"  {c.label}" for c in found.files)
+        fail(
+            f"job {found.job_id} has {len(found.files)} configurations and the harness keeps one prediction per "
+            f"instance, so one file must hold one:\n{listed}\npick one with --method/--scope/--protocol/--seed, "
+            "or write one file each with --output-dir DIR"
+        )
+    if model_name and len(found.files) > 1:
+        fail("--model-name names one configuration; with several, each file is named model__method__scope__...")
+    for prediction in found.interactive:
+        typer.echo(f"note: {prediction.instance_id} comes from interactive attempt {prediction.episode_id}", err=True)
+    if output_dir is None:
+        ((configuration, predictions),) = found.files.items()
+        text = prediction_lines(predictions, model_name or configuration.model_name(found.model))
+        if output is None:
+            typer.echo(text, nl=False)
+        else:
+            output.write_text(text, encoding="utf-8")
+        typer.echo(f"{configuration.label}: {found.summary()}" + (f" -> {output}" if output else ""), err=True)
+        return
+    try:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        for configuration, predictions in found.files.items():
+            name = configuration.model_name(found.model)
+            (output_dir / file_name(name)).write_text(prediction_lines(predictions, name), encoding="utf-8")
+    except OSError as exc:
+        fail(f"cannot write into {output_dir}: {exc.strerror or exc}", 1)
+    typer.echo(f"wrote {found.summary()} to {output_dir}", err=True)
 
 
-def regrade(job: str = typer.Argument(..., help="job id (prefix)"), db: str = DB_OPTION) -> None:
-    """Re-derive every verdict from the stored test logs (no agent, no container); print what changed."""
+def regrade(
+    job: str = typer.Argument(..., help="job id (prefix)"),
+    include_interactive: bool = typer.Option(
+        False, "--include-interactive", help="regrade the newest attempt of any driver, interactive ones too"
+    ),
+    db: str = DB_OPTION,
+) -> None:
+    """Re-derive every result's verdict from the stored test logs (no agent, no container); print what changed."""
     from rich.console import Console
     from rich.table import Table
 
@@ -180,7 +137,7 @@ def regrade(job: str = typer.Argument(..., help="job id (prefix)"), db: str = DB
 
     database = open_db(db)
     try:
-        changes = regrade_job(database, job)
+        changes = regrade_job(database, job, include_interactive=include_interactive)
     except LookupError as exc:
         fail(str(exc))
     table = Table(title=f"regraded {len(changes)} episodes")
@@ -192,5 +149,5 @@ def regrade(job: str = typer.Argument(..., help="job id (prefix)"), db: str = DB
 
 
 def register(app: typer.Typer) -> None:
-    for verb in (compare, inspect, export, regrade):
+    for verb in (compare, export, regrade):
         app.command(verb.__name__)(verb)

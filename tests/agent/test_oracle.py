@@ -182,3 +182,22 @@ def test_oracle_resolves_the_first_mini_suite_task():
     task = load_suite("mini")[0]
     result = run_task_episode(task, OracleModel(task))
     assert (result.exit_status, result.status) == ("submitted", "resolved"), (result.error, result.grade)
+
+
+def test_a_lost_diff_is_an_infra_failure_whatever_the_agents_exit_and_its_reason_leads():
+    """The engine goes away while the agent runs out of steps: nothing can be graded, so the run is an
+    infra_failure whose first line is the lost diff (before: ``step_limit``, then a grade that said only "the
+    agent stage left no patch")."""
+    from agent_runner.backends.scripted import ScriptedModel
+
+    class DiffBreaks(RecordingEnvironment):
+        def diff(self):
+            raise OSError("cannot reach the Docker engine")
+
+    ls = "<function=execute_bash><parameter=cmd>ls</parameter></function>"
+    opener = lambda task, **kw: DiffBreaks()  # noqa: E731
+    broken = run_task_episode(TinyTask(), ScriptedModel([ls]), agent=AgentConfig(max_steps=1), open_environment=opener)
+    assert broken.exit_status == "infra_failure" and broken.patch is None and broken.grade is None
+    first, *rest = broken.error.splitlines()
+    assert first.startswith("taking the diff failed: OSError: cannot reach the Docker engine")
+    assert rest[-1] == "the agent had exited with step_limit: reached max_steps=1"

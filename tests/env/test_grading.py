@@ -282,7 +282,8 @@ def test_task_grading_limits_override_the_defaults_and_routes_pick_their_own():
     plain = task_from_row(swebench_row())
     sandbox, timeout = _limits(plain, GradeConfig(), "swebench")
     assert (timeout, sandbox.memory, sandbox.network) == (1800.0, "4g", False)
-    assert sandbox.command_path == "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # no conda on it
+    # swebench's harness: the image's own ENV (PATH included), as root
+    assert (sandbox.path, sandbox.user, sandbox.command_path) == ("image", "root", None)
     own = task_from_row(swebench_row(grading={"timeout_s": 60, "memory": "8g", "cpus": 4, "network": True}))
     sandbox, timeout = _limits(own, GradeConfig(test_timeout_s=999), "swebench")
     assert (timeout, sandbox.memory, sandbox.cpus, sandbox.network) == (60, "8g", 4, True)

@@ -141,6 +141,7 @@ def test_csv(table):
         "method": "nexus",
         "seed_index": "0",
         "status": "running",
+        "driver": "agent",
     } in grid
 
 

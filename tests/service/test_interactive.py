@@ -58,16 +58,21 @@ def test_interactive_rerun_edit_continue_finish_in_a_real_terminal(tmp_path):
     assert grade_stored_episode(db, source_id) == "resolved"
 
     env = {**os.environ, "NO_COLOR": "1", "TERM": "dumb", "COLUMNS": "200", "NEXUS_EVAL_DB": url}
-    child = pexpect.spawn(
-        sys.executable,
-        ["-m", "nexus_eval.cli", "rerun", source_id, "--interactive", "--from-turn", "1"],
-        cwd=str(ROOT),
-        env=env,
-        encoding="utf-8",
-        timeout=120,
-        dimensions=(50, 200),
-    )
-    child.logfile_read = open(tmp_path / "terminal.log", "w")  # noqa: SIM115
+
+    def rerun_in_a_terminal(episode_id: str, from_turn: int, log_name: str):
+        child = pexpect.spawn(
+            sys.executable,
+            ["-m", "nexus_eval.cli", "rerun", episode_id, "--interactive", "--from-turn", str(from_turn)],
+            cwd=str(ROOT),
+            env=env,
+            encoding="utf-8",
+            timeout=120,
+            dimensions=(50, 200),
+        )
+        child.logfile_read = open(tmp_path / log_name, "w")  # noqa: SIM115
+        return child
+
+    child = rerun_in_a_terminal(source_id, 1, "terminal.log")
     child.expect_exact("--- turn 0 (forced from the stored attempt) ---")
     child.expect_exact("--- turn 1 ---")
     child.expect_exact("action: execute_bash")
@@ -98,3 +103,22 @@ def test_interactive_rerun_edit_continue_finish_in_a_real_terminal(tmp_path):
         assert turns[1].extra["intervened"] is True and "EDITED_BY_OPERATOR" in turns[1].action["arguments"]["cmd"]
         assert "EDITED_BY_OPERATOR" in turns[1].observation
         assert turns[2].action["name"] == "finish" and not turns[2].extra["intervened"]
+        assert (rows[0].driver, new.driver) == ("agent", "steered")  # the operator's attempt is kept apart
+        assert [r.id for r in db_store.result_attempts(s, [job_id])] == [source_id]
+
+    # a rerun of the steered attempt past its edited turn runs the operator's stored action again
+    child = rerun_in_a_terminal(new_id, 2, "terminal2.log")
+    child.expect_exact("--- turn 1 (forced from the stored attempt with its operator's action) ---")
+    child.expect_exact("EDITED_BY_OPERATOR")
+    child.expect_exact("--- turn 2 ---")
+    child.expect_exact("[c]ontinue")
+    child.sendline("c")
+    child.expect(r"RESULT (\w+) (\w+)")
+    third_id = child.match.group(1)
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+    with db.session() as s:
+        third = db_store.get_episode(s, third_id)
+        assert (third.attempt, third.driver) == (3, "steered")
+        assert "EDITED_BY_OPERATOR" in third.turns[1].observation and third.turns[1].extra["intervened"] is True
