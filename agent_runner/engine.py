@@ -37,7 +37,13 @@ from agent_runner.sampling import sample_next
 
 class TurnDecoder:
     """One turn's token choices: sampled with the episode's generator (or teacher-forced), ending at a stop
-    token or after `limit` tokens. The solo loop and the engine both drive it, so they cannot disagree."""
+    token or after `limit` tokens. The solo loop and the engine both drive it, so they cannot disagree.
+
+    `forced`: the turn's tokens, fed instead of sampled; the turn ends at a stop token among them, else after
+    the last one (a stored turn that ran out of tokens, finish "length"). `draw_forced`: the generator still
+    draws once per forced token, as sampling did, so the turns sampled after a forced stored turn continue its
+    random stream where the stored run's was; `agreed` counts the forced tokens the draw chose too (all of
+    them when the cache gives the stored run's logits)."""
 
     def __init__(
         self,
@@ -47,22 +53,26 @@ class TurnDecoder:
         sampling: SamplingConfig,
         generator: torch.Generator,
         forced: list[int] | None = None,
+        draw_forced: bool = False,
     ):
         self.stop, self.limit, self.sampling, self.generator, self.forced = stop, limit, sampling, generator, forced
+        self.draw_forced = draw_forced
         self.tokens: list[int] = []
         self.finish = "length"
+        self.agreed = 0
 
     def next_token(self, logits: torch.Tensor) -> int | None:
         """Choose the next token from `logits` [1, V]; return it if it is to be fed, None if the turn ended."""
-        if self.forced is not None:
-            tok = self.forced[len(self.tokens)]
-        else:
-            tok = int(sample_next(logits, self.sampling, self.generator)[0])
+        drawn = None
+        if self.forced is None or self.draw_forced:
+            drawn = int(sample_next(logits, self.sampling, self.generator)[0])
+        tok = drawn if self.forced is None else self.forced[len(self.tokens)]
+        self.agreed += drawn == tok and self.forced is not None
         self.tokens.append(tok)
         if tok in self.stop:
             self.finish = "stop"
             return None
-        if self.forced is None and len(self.tokens) >= self.limit:
+        if len(self.tokens) >= (self.limit if self.forced is None else len(self.forced)):
             return None
         return tok
 

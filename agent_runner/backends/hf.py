@@ -35,32 +35,10 @@ from agent_runner.config import ModelSpec, ProtocolName, SamplingConfig, check_p
 from agent_runner.engine import DecodeEngine, TurnDecoder, TurnTiming, forward_last, sync
 from agent_runner.model_host import ModelHost, load_host, render_chat
 from agent_runner.records import Completion, LayerStats, Message, TurnTokens
-from agent_runner.sampling import sample_next
 
 
 def _as_dicts(messages: list[Message]) -> list[dict]:
     return [{"role": m.role, "content": m.content} for m in messages]
-
-
-class ForcedIds(TurnDecoder):
-    """Teacher-forces a stored turn's sampled ids (`TurnTokens.generated`), as they were produced: the turn ends
-    at a stop token, or after the last id when the stored turn ran out of tokens (finish "length"); and the
-    generator draws once per token as sampling did, so the turns sampled after the forced ones continue its
-    random stream where the stored run's was. `agreed` counts the forced ids the draw would have chosen too:
-    all of them when the rebuilt cache gives the stored run's logits (the same seed, the same weights)."""
-
-    def __init__(self, ids: list[int], **kw) -> None:
-        super().__init__(forced=list(ids), **kw)
-        self.agreed = 0
-
-    def next_token(self, logits: torch.Tensor) -> int | None:
-        tok = self.forced[len(self.tokens)]
-        self.agreed += int(sample_next(logits, self.sampling, self.generator)[0]) == tok
-        self.tokens.append(tok)
-        if tok in self.stop:
-            self.finish = "stop"
-            return None
-        return tok if len(self.tokens) < len(self.forced) else None
 
 
 class HFBackend:
@@ -117,7 +95,7 @@ class HFBackend:
         """Next assistant turn. `forced_ids` teacher-forces a stored turn's sampled ids (its
         `TurnTokens.generated`, the stop token included) instead of sampling: fed token by token, so decode-time
         evictions happen exactly as when sampling, and the cache ends as the stored run's did
-        (`extra["forced_agreed"]`: how many of them the generator's own draw chose too, see `ForcedIds`).
+        (`extra["forced_agreed"]`: how many of them the generator's own draw chose too, see `TurnDecoder`).
         `forced_text` teacher-forces a text re-tokenised (+ <|im_end|>): not the ids a model sampled in general
         (a sampled sequence is often not the tokenizer's own encoding of its text), so the cache may differ."""
         if forced_text is not None and forced_ids is not None:
@@ -150,7 +128,10 @@ class HFBackend:
         if forced_text is not None:
             forced = self.host.tokenizer.encode(forced_text, add_special_tokens=False) + [self._im_end]
         try:
-            completion, generated = self._generate(feed, limit, forced, forced_ids)
+            if forced_ids is not None:
+                completion, generated = self._generate(feed, limit, list(forced_ids), draw_forced=True)
+            else:
+                completion, generated = self._generate(feed, limit, forced)
         except torch.OutOfMemoryError as exc:
             raise ModelError(f"hf backend: out of memory at logical length {prompt_tokens}: {exc}") from exc
         self._consumed = len(messages)
@@ -218,14 +199,20 @@ class HFBackend:
         return TurnTiming(prefill_s=t1 - t0, decode_s=time.perf_counter() - t1)
 
     def _generate(
-        self, feed: list[int], limit: int, forced: list[int] | None = None, forced_ids: list[int] | None = None
+        self, feed: list[int], limit: int, forced: list[int] | None = None, *, draw_forced: bool = False
     ) -> tuple[Completion, list[int]]:
         """This turn's completion and the tokens it sampled (the stop token included)."""
         cache = self.cache
         before = [cache.occupancy(i) + len(feed) for i in range(cache.num_layers)]
         events0 = len(cache.events)
-        kw = {"stop": self._stop, "limit": limit, "sampling": self.sampling, "generator": self.generator}
-        decoder = ForcedIds(forced_ids, **kw) if forced_ids is not None else TurnDecoder(forced=forced, **kw)
+        decoder = TurnDecoder(
+            stop=self._stop,
+            limit=limit,
+            sampling=self.sampling,
+            generator=self.generator,
+            forced=forced,
+            draw_forced=draw_forced,
+        )
         if self.engine is not None:
             timing = self.engine.run_turn(cache, feed, decoder)
         else:
@@ -251,6 +238,6 @@ class HFBackend:
             batch_rows=timing.rows_mean if self.engine is not None else None,
             extra={"budget": cache.budget(0)},
         )
-        if isinstance(decoder, ForcedIds):
+        if draw_forced:
             completion.extra["forced_agreed"] = decoder.agreed
         return completion, tokens

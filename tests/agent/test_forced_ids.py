@@ -136,13 +136,13 @@ def test_a_rebuilt_context_that_differs_from_the_stored_one_is_noted(host):
 
 
 def test_forced_ids_end_at_a_stop_token_or_after_the_last_id():
-    from agent_runner.backends.hf import ForcedIds
+    from agent_runner.engine import TurnDecoder
 
-    kw = {"limit": 1, "sampling": SamplingConfig(temperature=0.0), "generator": torch.Generator()}
+    kw = {"limit": 1, "sampling": SamplingConfig(temperature=0.0), "generator": torch.Generator(), "draw_forced": True}
     logits = torch.tensor([[0.0, 5.0, 0.0, 0.0]])  # the greedy draw is token 1
-    ran_out = ForcedIds([1, 2, 3], stop={9}, **kw)  # a stored turn that ran out of tokens: no stop token
+    ran_out = TurnDecoder(forced=[1, 2, 3], stop={9}, **kw)  # a stored turn that ran out of tokens: no stop token
     assert [ran_out.next_token(logits) for _ in range(3)] == [1, 2, None]
     assert (ran_out.tokens, ran_out.finish, ran_out.agreed) == ([1, 2, 3], "length", 1)
-    stopped = ForcedIds([1, 3], stop={3}, **kw)
+    stopped = TurnDecoder(forced=[1, 3], stop={3}, **kw)
     assert [stopped.next_token(logits) for _ in range(2)] == [1, None]
     assert (stopped.tokens, stopped.finish) == ([1, 3], "stop")
