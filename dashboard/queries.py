@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session, defer
 
 from db import store as db_store
 from db.job_status import summarize
-from db.models import AGENT_DRIVERS, Episode, Turn
+from db.models import Episode, Turn, is_interactive
 from env.grading.hostlog import unpack
 from workers.compare import CompareTable, cell_outcomes, compare_jobs
 
@@ -60,7 +60,7 @@ class EpisodeRow:
 
     @property
     def interactive(self) -> bool:
-        return self.driver not in AGENT_DRIVERS
+        return is_interactive(self.driver)
 
 
 @dataclass
@@ -216,7 +216,7 @@ def siblings(session: Session, e: Episode) -> list[EpisodeRow]:
     ).scalars()
     newest: dict[str, Episode] = {}
     for r in rows:
-        if r.episode_key == e.episode_key or r.driver not in AGENT_DRIVERS:
+        if r.episode_key == e.episode_key or is_interactive(r.driver):
             continue
         if r.episode_key not in newest or r.attempt > newest[r.episode_key].attempt:
             newest[r.episode_key] = r

@@ -14,6 +14,7 @@ from typing import Any
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from markupsafe import Markup
 
+from db.models import is_interactive
 from workers.compare import Cell, CompareTable
 from workers.compare_render import LEGEND, REPLAY_CAPTION, REPLAY_HEADER, SYMBOLS, cell_text, replay_text
 from workers.probe_render import layout as probe_layout
@@ -117,7 +118,7 @@ def _environment() -> Environment:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.filters.update(num=num, when=when, symbol=symbol, plain=plain)
+    env.filters.update(num=num, when=when, symbol=symbol, plain=plain, interactive=is_interactive)
     env.globals.update(
         diff_lines=diff_lines,
         compare_rows=compare_rows,

@@ -100,6 +100,11 @@ class AttemptDriver(StrEnum):
 AGENT_DRIVERS = frozenset({AttemptDriver.agent.value})
 
 
+def is_interactive(driver: str) -> bool:
+    """An attempt run with ``rerun --interactive`` (steered or not): shown apart, not the method's own sample."""
+    return driver not in AGENT_DRIVERS
+
+
 def new_id(n_hex: int = 12) -> str:
     """A short random id: ``n_hex`` hex digits of a uuid4 (8 for jobs, which people type; 12 for episodes)."""
     return uuid.uuid4().hex[:n_hex]

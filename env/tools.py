@@ -195,6 +195,14 @@ def truncate_bash_output(text: str, keep: int = BASH_KEEP_LINES) -> str:
     )
 
 
+def str_replace_path(call: ToolCall) -> str | None:
+    """The file a ``file_editor str_replace`` call edits (None for any other call): R2E-Gym's filtered patch
+    export keeps only these ``.py`` files (``env.grading.export_patch_filtered``)."""
+    if call.name.strip() == "file_editor" and call.arguments.get("command") == "str_replace":
+        return call.arguments.get("path") or None
+    return None
+
+
 class ToolBox:
     """The four tools, bound to one sandbox. `install()` once, then `call()` per agent action."""
 
@@ -238,10 +246,9 @@ class ToolBox:
                 f"Available functions: {', '.join(TOOL_NAMES)}."
             )
             return ToolResult(observation=text, seconds=time.monotonic() - started)
-        if name == "file_editor" and call.arguments.get("command") == "str_replace":
-            path = call.arguments.get("path", "")
-            if path and path not in self.str_replace_paths:
-                self.str_replace_paths.append(path)
+        path = str_replace_path(call)
+        if path and path not in self.str_replace_paths:
+            self.str_replace_paths.append(path)
         result = self.sandbox.run(render_command_line(call), timeout=self.step_timeout_s, workdir="/testbed")
         if result.timed_out:
             limit = int(self.step_timeout_s) if float(self.step_timeout_s).is_integer() else self.step_timeout_s

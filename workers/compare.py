@@ -42,12 +42,12 @@ from typing import Any
 from agent_runner.config import PROTOCOLS
 from db.models import (
     ACTIVE_STATUSES,
-    AGENT_DRIVERS,
     AGENT_EXIT_STATUSES,
     COUNTED_STATUSES,
     RUN_FAILURE_STATUSES,
     AttemptDriver,
     EpisodeStatus,
+    is_interactive,
 )
 from nexus.methods import DENSE, METHODS, SCOPES
 from workers.replay_stats import ReplayCell, replay_cells, replay_notes
@@ -73,8 +73,7 @@ class Outcome:
 
     @property
     def interactive(self) -> bool:
-        """Run with ``rerun --interactive`` (steered or not): not the method's own sample."""
-        return self.driver not in AGENT_DRIVERS
+        return is_interactive(self.driver)
 
     @property
     def counted(self) -> bool:
@@ -128,11 +127,15 @@ class CompareTable:
     tasks: list[str]
     grid: dict[tuple[str, str, str], dict[str, list[str]]]
     notes: list[str] = field(default_factory=list)
-    # same shape as grid: the driver of each status's attempt ("agent" unless interactive attempts were counted)
+    # same shape as grid (build_table fills both): the driver of each status's attempt
     drivers: dict[tuple[str, str, str], dict[str, list[str]]] = field(default_factory=dict)
     replay: list[ReplayCell] = field(default_factory=list)  # counterfactual replays, when any were stored
     # the outcomes the table was built from (not serialized): which episode is behind each grid status
     outcomes: list[Outcome] = field(default_factory=list, repr=False)
+
+    def seeds(self, key: tuple[str, str, str], task: str) -> list[tuple[str, str]]:
+        """(status, driver) of each seed of ``task`` in the grid cell ``key`` (scope, protocol, method)."""
+        return list(zip(self.grid[key].get(task, []), self.drivers[key].get(task, []), strict=True))
 
     def to_dict(self) -> dict[str, Any]:
         out = {
@@ -155,7 +158,7 @@ class CompareTable:
                             "protocol": p,
                             "method": m,
                             "statuses": by_task.get(t, []),
-                            "drivers": self.drivers.get((s, p, m), {}).get(t, []),
+                            "drivers": self.drivers[(s, p, m)].get(t, []),
                         }
                         for (s, p, m), by_task in self.grid.items()
                     ],

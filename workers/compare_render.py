@@ -20,7 +20,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from db.models import AGENT_DRIVERS, EpisodeStatus
+from db.models import EpisodeStatus, is_interactive
 from workers.compare import Cell, CompareTable
 from workers.replay_stats import REPLAY_CAPTION, ReplayCell
 
@@ -64,14 +64,10 @@ def cell_text(cell: Cell, *, multiline: bool = False) -> str:
     return ("\n" if multiline else " ").join(parts)
 
 
-def _grid_symbol(statuses: list[str], drivers: list[str] = ()) -> str:
-    """One symbol per seed; ``*`` after one whose attempt was run interactively (counted by request)."""
-    marks = [d not in AGENT_DRIVERS for d in drivers] or [False] * len(statuses)
-    return "".join(SYMBOLS.get(s, "…") + ("*" if m else "") for s, m in zip(statuses, marks, strict=True)) or " "
-
-
 def _grid_cell(table: CompareTable, key: tuple[str, str, str], task: str) -> str:
-    return _grid_symbol(table.grid[key].get(task, []), table.drivers.get(key, {}).get(task, []))
+    """One symbol per seed; ``*`` after one whose attempt was run interactively (counted by request)."""
+    seeds = table.seeds(key, task)
+    return "".join(SYMBOLS.get(s, "…") + ("*" if is_interactive(d) else "") for s, d in seeds) or " "
 
 
 SUMMARY_COLUMNS = [
@@ -146,11 +142,10 @@ def to_csv(table: CompareTable, *, grid: bool = False) -> str:
     writer = csv.writer(out, lineterminator="\n")
     if grid:
         writer.writerow(["task_id", "scope", "protocol", "method", "seed_index", "status", "driver"])
-        for key, by_task in table.grid.items():
+        for key in table.grid:
             for task in table.tasks:
-                drivers = table.drivers.get(key, {}).get(task, [])
-                for i, status in enumerate(by_task.get(task, [])):
-                    writer.writerow([task, *key, i, status, drivers[i] if i < len(drivers) else "agent"])
+                for i, (status, driver) in enumerate(table.seeds(key, task)):
+                    writer.writerow([task, *key, i, status, driver])
         return out.getvalue()
     replays = {(r.scope, r.protocol, r.method): r for r in table.replay}
     with_replays = bool(replays)  # every line gets the columns (popping below empties the dict)

@@ -25,8 +25,10 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+from sqlalchemy import select
+
 from db import store as db_store
-from db.models import AGENT_DRIVERS, Turn
+from db.models import Turn, is_interactive
 
 
 @dataclass(frozen=True, order=True)
@@ -66,7 +68,7 @@ class Export:
 
     @property
     def interactive(self) -> list[Prediction]:
-        return [p for preds in self.files.values() for p in preds if p.driver not in AGENT_DRIVERS]
+        return [p for preds in self.files.values() for p in preds if is_interactive(p.driver)]
 
     def summary(self) -> str:
         kept = sum(len(p) for p in self.files.values())
@@ -79,15 +81,14 @@ class Export:
 
 def _str_replace_paths(session: Any, episode_id: str) -> list[str]:
     """The files the episode edited with ``file_editor str_replace``, in order (R2E-Gym's filter keeps these)."""
+    from env.tools import ToolCall, str_replace_path
+
     paths: list[str] = []
-    for (action,) in session.execute(
-        Turn.__table__.select().with_only_columns(Turn.action).where(Turn.episode_id == episode_id)
-    ):
-        args = (action or {}).get("arguments") or {}
-        if (action or {}).get("name") == "file_editor" and args.get("command") == "str_replace":
-            path = args.get("path") or ""
-            if path and path not in paths:
-                paths.append(path)
+    actions = session.execute(select(Turn.action).where(Turn.episode_id == episode_id).order_by(Turn.index))
+    for (action,) in actions:
+        path = str_replace_path(ToolCall.model_validate(action)) if action else None
+        if path and path not in paths:
+            paths.append(path)
     return paths
 
 

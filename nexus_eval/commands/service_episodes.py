@@ -118,8 +118,12 @@ def inspect(
         info["test_log"] = unpack(info.get("test_log")) or None
         typer.echo(json.dumps({"episode": info, "turns": turn_rows}, default=str))
         return
+    from db.models import is_interactive
+
     console = Console(highlight=False)
-    driver = "" if info["driver"] == "agent" else f" [yellow]({info['driver']}: not counted as the result)[/yellow]"
+    driver = (
+        f" [yellow]({info['driver']}: not counted as the result)[/yellow]" if is_interactive(info["driver"]) else ""
+    )
     console.print(
         f"[bold]episode {info['id']}[/bold] job {info['job_id']} attempt {info['attempt']}{driver}: "
         + escape(f"{info['task_id']} {info['method']}/{info['scope']}/{info['protocol']} seed {info['seed']}")
