@@ -208,12 +208,12 @@ class EpisodeSpec(_Config):
         check_openai_fields(self.openai)
         return self
 
-    def grade_config(self, job: str = "grade"):
-        """The grading settings this episode asks for (``env.grading.GradeConfig``); ``job`` labels the grading
-        container (the job id, so a job's containers can be found and reaped)."""
+    def grade_config(self, job: str = "grade", episode: str | None = None):
+        """The grading settings this episode asks for (``env.grading.GradeConfig``); ``job`` and ``episode``
+        label the grading container (the service's ids, so a gone grader's container can be found and reaped)."""
         from env.grading import GradeConfig
 
-        return GradeConfig(r2e_swebench_route=self.grade_route, job=job)
+        return GradeConfig(r2e_swebench_route=self.grade_route, job=job, episode=episode)
 
     def task_source(self) -> dict[str, str | None]:
         """Where the task comes from, as ``env.tasks.load_source``'s keywords (a file, else a suite)."""

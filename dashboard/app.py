@@ -129,7 +129,7 @@ def _register_actions(app: FastAPI, ctx: Context) -> None:
         full_id = job_id_of(ctx, job_id)
         try:
             new_ids = rerun(ctx.database(), full_id, sorted(FAILED_STATUSES), app=ctx.celery_factory())
-        except NotEnqueued as exc:  # the attempts are stored (queued); nexus.resume_job sends them later
+        except NotEnqueued as exc:  # the attempts are stored (queued); `nexus-eval resume JOB` sends them
             log.exception("enqueueing reruns of job %s", full_id)
             return error_page(request, 503, str(exc))
         return RedirectResponse(f"/jobs/{full_id}?notice=rerun&n={len(new_ids)}", status_code=303)

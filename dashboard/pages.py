@@ -55,6 +55,18 @@ def retention(view: queries.EpisodeView) -> tuple[str, str]:
         return "", f"The stored retention map cannot be read ({type(exc).__name__}: {exc})."
 
 
+def worker_window_s() -> float:
+    """How far back the jobs page lists workers: 3 sweeps of ``$NEXUS_EVAL_SWEEP`` seconds (as `doctor` does;
+    ``workers.heartbeat.LIVENESS.sweep_s`` by default)."""
+    from workers.app import ServiceSettings
+    from workers.heartbeat import LIVENESS
+
+    try:
+        return 3 * ServiceSettings.from_env().sweep_s
+    except ValueError:  # a bad NEXUS_EVAL_* variable: the commands that use it say so
+        return 3 * LIVENESS.sweep_s
+
+
 def register(app: FastAPI, ctx: Context) -> None:
     @app.get("/", include_in_schema=False)
     def index() -> Response:
@@ -62,9 +74,11 @@ def register(app: FastAPI, ctx: Context) -> None:
 
     @app.get("/jobs", response_class=HTMLResponse)
     def jobs(limit: int = Query(100, ge=1, le=10_000)) -> str:
+        window = worker_window_s()
         with ctx.read() as s:
             rows = queries.list_jobs(s, limit=limit)
-        return render("jobs.html", jobs=rows)
+            workers = queries.recent_workers(s, within_s=window)
+        return render("jobs.html", jobs=rows, workers=workers, worker_window=f"{window:g}")
 
     @app.get("/jobs/{job_id}", response_class=HTMLResponse)
     def job(job_id: str, notice: str | None = None, n: int = Query(0, ge=0)) -> str:

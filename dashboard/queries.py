@@ -16,9 +16,10 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session, defer
 
+from db import liveness
 from db import store as db_store
 from db.job_status import summarize
-from db.models import Episode, Turn, is_interactive
+from db.models import Episode, Turn, is_interactive, utcnow
 from env.grading.hostlog import unpack
 from workers.compare import CompareTable, cell_outcomes, compare_jobs
 
@@ -123,6 +124,22 @@ class CompareView:
     links: dict[tuple[str, str, str, str], list[tuple[str, str, str]]]
 
 
+@dataclass
+class WorkerView:
+    """One worker's last report (``db.models.WorkerRow``) and how long ago it came."""
+
+    name: str
+    queues: str
+    state: str  # ok | paused (db.models.WorkerState)
+    since: datetime  # in this state since
+    seen_ago_s: float
+    detail: str | None
+
+    @property
+    def paused(self) -> bool:
+        return self.state == "paused"
+
+
 def _job_row(session: Session, job: Any) -> JobRow:
     summary = summarize(session, job)
     return JobRow(
@@ -134,6 +151,16 @@ def _job_row(session: Session, job: Any) -> JobRow:
 def list_jobs(session: Session, *, limit: int = 100) -> list[JobRow]:
     """The newest ``limit`` jobs, newest first, with their progress."""
     return [_job_row(session, job) for job in db_store.list_jobs(session, limit=limit)]
+
+
+def recent_workers(session: Session, *, within_s: float, now: datetime | None = None) -> list[WorkerView]:
+    """The workers that reported in the last ``within_s`` seconds (``db.liveness.recent_workers``), by name."""
+    now = now or utcnow()
+    rows = sorted(liveness.recent_workers(session, within_s=within_s, now=now), key=lambda r: r.name)
+    return [
+        WorkerView(r.name, r.queues, r.state, r.state_since, max(0.0, (now - r.seen_at).total_seconds()), r.detail)
+        for r in rows
+    ]
 
 
 def job(session: Session, job_id: str) -> JobRow:

@@ -50,6 +50,8 @@ from db.models import (
     utcnow,
 )
 
+#: the statuses in which a claim holds a row: a run, or the grading of an agent exit
+HELD_STATUSES = ("running", *sorted(AGENT_EXIT_STATUSES))
 TURN_FIELDS = frozenset(c.name for c in Turn.__table__.columns) - {"id", "episode_id", "index", "created_at"}
 
 
@@ -149,6 +151,8 @@ def claim_episode(
         took_over_from = row.worker or "?"
     elif row.status != EpisodeStatus.queued:
         return None
+    elif row.n_claims and row.worker is not None:  # handed back by db.liveness.release: a takeover too
+        took_over_from = row.worker
 
     token = uuid.uuid4().hex
     swapped = session.execute(
@@ -191,7 +195,7 @@ def claim_episode(
 def _touch(session: Session, claim: Claim, now: datetime) -> None:
     touched = session.execute(
         update(Episode)
-        .where(Episode.id == claim.episode_id, Episode.status == "running", Episode.claim_token == claim.token)
+        .where(Episode.id == claim.episode_id, Episode.status.in_(HELD_STATUSES), Episode.claim_token == claim.token)
         .values(heartbeat_at=now)
         .execution_options(synchronize_session=False)
     )
@@ -201,7 +205,8 @@ def _touch(session: Session, claim: Claim, now: datetime) -> None:
 
 
 def heartbeat(session: Session, claim: Claim) -> None:
-    """Mark the claim alive (for long turns). Raises :class:`ClaimLost` if it no longer holds."""
+    """Mark the claim (a run's, or a grade's from ``db.liveness.claim_grade``) alive; ``workers.heartbeat``
+    calls it every few seconds while the episode is held. Raises :class:`ClaimLost` if it no longer holds."""
     begin_write(session)
     _touch(session, claim, utcnow())
 
@@ -291,6 +296,8 @@ def finish_episode(session: Session, claim: Claim, status: str, **fields: Any) -
     values = {**_turn_totals(session, claim.episode_id), **fields, "status": status, "finished_at": now}
     if status in GRADE_STATUSES:
         values.setdefault("graded_at", now)
+    if status in AGENT_EXIT_STATUSES:  # the run lets go; a grader claims the row next (db.liveness.claim_grade)
+        values.update(claim_token=None, heartbeat_at=None)
     written = session.execute(
         update(Episode)
         .where(Episode.id == claim.episode_id, Episode.status == "running", Episode.claim_token == claim.token)

@@ -68,10 +68,11 @@ def summarize(session: Session, job: Job) -> JobSummary:
 
 
 def refresh_job_status(session: Session, job_id: str) -> str:
-    """Recompute and store the job's status from its episodes (cancelled/failed jobs stay as they are):
-    ``done`` once nothing is queued, running or (when the job grades) waiting for a grade."""
+    """Recompute and store the job's status from its episodes (a cancelled job stays cancelled): ``done``
+    once nothing is queued, running or (when the job grades) waiting for a grade. A ``failed`` job (an older
+    version's mark for a failed send) is recomputed too: its episodes say where it is."""
     job = session.execute(select(Job).where(Job.id == job_id).execution_options(populate_existing=True)).scalar_one()
-    if job.status in (JobStatus.cancelled, JobStatus.failed):
+    if job.status == JobStatus.cancelled:
         return job.status
     summary = summarize(session, job)
     if summary.total > 0 and summary.active == 0:

@@ -39,7 +39,9 @@ class JobStatus(StrEnum):
     running = "running"  # at least one episode claimed, some not terminal
     done = "done"  # every episode terminal
     cancelled = "cancelled"
-    failed = "failed"  # the job itself could not proceed (e.g. the task selection failed); see jobs.error
+    # written by earlier versions when a job's episodes could not be sent; now a job's status always follows its
+    # episodes (a failed send is a note in jobs.error and `nexus-eval resume JOB`), and any change recomputes it
+    failed = "failed"
 
 
 class EpisodeStatus(StrEnum):
@@ -382,3 +384,24 @@ class ProbeResultRow(Base):
     seconds: Mapped[float] = mapped_column(Float)
 
     run: Mapped[ProbeRun] = relationship(back_populates="results")
+
+
+class WorkerState(StrEnum):
+    ok = "ok"  # taking episodes
+    paused = "paused"  # not taking episodes: the Docker engine does not answer (``detail`` says why)
+
+
+class WorkerRow(Base):
+    """One worker process as it last reported itself (``workers.sweeper``): what ``doctor`` and the dashboard
+    show. A row whose ``seen_at`` is older than a few sweeps belongs to a worker that is gone."""
+
+    __tablename__ = "workers"
+    __table_args__ = (CheckConstraint(_in_check("state", WorkerState), name="ck_workers_state"),)
+
+    name: Mapped[str] = mapped_column(String(200), primary_key=True)  # "hostname/pid" of the main process
+    queues: Mapped[str] = mapped_column(String(200))
+    state: Mapped[str] = mapped_column(String(16), default=WorkerState.ok.value)
+    detail: Mapped[str | None] = mapped_column(Text)  # why it is paused; what its last sweep recovered
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    seen_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    state_since: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)

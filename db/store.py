@@ -61,7 +61,7 @@ __all__ = [
     "create_job",
     "episode_key",
     "episodes_for_job",
-    "fail_job",
+    "note_job_error",
     "fail_running_episode",
     "finish_episode",
     "get_episode",
@@ -351,10 +351,10 @@ def cancel_job(session: Session, job_id: str, reason: str = "cancelled by user")
     return task_ids
 
 
-def fail_job(session: Session, job_id: str, error: str) -> None:
-    """Mark the job failed with ``error`` (it could not proceed at all, e.g. its task selection failed)."""
+def note_job_error(session: Session, job_id: str, error: str) -> None:
+    """Set the job's ``error`` note (e.g. its episodes could not all be sent); its status stays derived from
+    its episodes."""
     begin_write(session)
     job = lock_job(session, get_job(session, job_id).id)
-    job.status = JobStatus.failed.value
     job.error = error
     session.flush()

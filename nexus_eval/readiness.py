@@ -15,6 +15,7 @@ import importlib
 import os
 import shutil
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -160,6 +161,12 @@ def broker_check(url: str | None, *, required: bool = True) -> Check:
 def database_check(url: str) -> Check:
     """Reachable, and at a schema revision this version knows (older ones migrate on first use). A SQLite
     file that does not exist yet is fine if its folder can be created: nothing is written here."""
+    return _database(url)[0]
+
+
+def _database(url: str) -> tuple[Check, str | None]:
+    """:func:`database_check`'s row, and the URL to read the database by when it answers with its schema at
+    head (``None`` otherwise: then :func:`workers_check` has nothing to read)."""
     from sqlalchemy.engine import make_url
 
     from db.connection import MIGRATIONS_DIR, current_revision, head_revision
@@ -172,24 +179,93 @@ def database_check(url: str) -> Check:
             if not parsed.database or not path.exists():
                 folder = next(p for p in [path.parent, *path.parent.parents] if p.exists())
                 if not folder.is_dir() or not os.access(folder, os.W_OK):
-                    return Check("database", False, True, f"{path}: cannot create it in {folder}", fix)
-                return Check("database", True, True, f"{path} (created on first use)")
+                    return Check("database", False, True, f"{path}: cannot create it in {folder}", fix), None
+                return Check("database", True, True, f"{path} (created on first use)"), None
         elif "connect_timeout" not in parsed.query:
             parsed = parsed.update_query_dict({"connect_timeout": "3"})
-        revision = current_revision(parsed.render_as_string(hide_password=False))
+        readable = parsed.render_as_string(hide_password=False)
+        revision = current_revision(readable)
     except Exception as exc:  # any driver error means "not reachable"; the message says which
-        return Check("database", False, True, f"{_safe(url)}: {type(exc).__name__}: {exc}".splitlines()[0], fix)
+        return Check("database", False, True, f"{_safe(url)}: {type(exc).__name__}: {exc}".splitlines()[0], fix), None
     head = head_revision()
     if revision == head:
-        return Check("database", True, True, f"{_safe(url)} (schema at {head})")
+        return Check("database", True, True, f"{_safe(url)} (schema at {head})"), readable
     from alembic.script import ScriptDirectory
 
     if revision is not None and revision not in {
         s.revision for s in ScriptDirectory(str(MIGRATIONS_DIR)).walk_revisions()
     }:
         detail = f"{_safe(url)}: schema revision {revision} is unknown to this version (a newer nexus-eval wrote it)"
-        return Check("database", False, True, detail, "pip install -e . from a newer checkout, or use another database")
-    return Check("database", True, True, f"{_safe(url)} (schema {revision or 'empty'} -> {head} on first use)")
+        fix = "pip install -e . from a newer checkout, or use another database"
+        return Check("database", False, True, detail, fix), None
+    return Check("database", True, True, f"{_safe(url)} (schema {revision or 'empty'} -> {head} on first use)"), None
+
+
+def sweep_window_s() -> float:
+    """How far back a worker counts as present: 3 sweeps, each ``$NEXUS_EVAL_SWEEP`` seconds (the workers'
+    setting as this environment sets it; ``workers.heartbeat.LIVENESS.sweep_s`` by default)."""
+    from workers.app import ServiceSettings
+    from workers.heartbeat import LIVENESS
+
+    try:
+        return 3 * ServiceSettings.from_env().sweep_s
+    except ValueError:  # a bad NEXUS_EVAL_* variable: the commands that use it say so
+        return 3 * LIVENESS.sweep_s
+
+
+def workers_check(db_url: str, *, within_s: float | None = None, now: datetime | None = None) -> Check:
+    """The workers that reported to the database at ``db_url`` in the last ``within_s`` seconds (default
+    :func:`sweep_window_s`). Optional: `run` starts its own worker; a paused one (its host's Docker engine does
+    not answer, so it takes no episode) makes the row fail."""
+    return _workers(*_database(db_url), within_s=within_s, now=now)
+
+
+def _workers(database: Check, readable: str | None, *, within_s: float | None, now: datetime | None) -> Check:
+    """:func:`workers_check` after the database row (read only when it answers at head)."""
+    within_s = sweep_window_s() if within_s is None else within_s
+    start = "start one: `nexus-eval worker` (or `nexus-eval run` runs its own)"
+    if not database.ok:
+        return Check("workers", False, False, "unknown: the database is not reachable", database.fix)
+    if readable is None:  # a SQLite file not made yet, or a schema a worker of this version would have migrated
+        return Check("workers", False, False, "none: no worker of this version has used this database", start)
+    from sqlalchemy.orm import Session
+
+    from db.connection import make_engine
+    from db.liveness import recent_workers
+    from db.models import WorkerState, utcnow
+
+    now = now or utcnow()
+    engine = make_engine(readable)
+    try:
+        with Session(engine) as s:
+            rows = sorted(recent_workers(s, within_s=within_s, now=now), key=lambda r: r.name)
+    except Exception as exc:  # the database went away since its row: say so, never raise
+        return Check("workers", False, False, f"cannot read it: {type(exc).__name__}: {exc}".splitlines()[0])
+    finally:
+        engine.dispose()
+    window = f"{within_s:g} s"
+    if not rows:
+        return Check("workers", False, False, f"no worker has reported in the last {window}", start)
+    parts = []
+    for r in rows:
+        if r.state == WorkerState.paused:
+            parts.append(f"{r.name} paused since {_clock(r.state_since, now)} ({r.queues}): {r.detail or '?'}")
+        else:
+            parts.append(f"{r.name} ok ({r.queues})")
+    paused = [r for r in rows if r.state == WorkerState.paused]
+    detail = f"{len(rows)} worker{'s' if len(rows) > 1 else ''} seen in the last {window}: " + "; ".join(parts)
+    if paused:
+        one = len(paused) == 1
+        fix = f"start the Docker engine on {'that host' if one else 'their hosts'} (`{SETUP}`); " + (
+            "the worker resumes by itself" if one else "the workers resume by themselves"
+        )
+        return Check("workers", False, False, detail, fix)
+    return Check("workers", True, False, detail)
+
+
+def _clock(at: datetime, now: datetime) -> str:
+    """``12:01:03 UTC`` today, with the date on another day."""
+    return f"{at:%H:%M:%S} UTC" if at.date() == now.date() else f"{at:%Y-%m-%d %H:%M:%S} UTC"
 
 
 def _safe(url: str) -> str:
@@ -278,12 +354,13 @@ def preflight(
 
 
 def doctor_checks(db_url: str, suite: str = "mini") -> list[Check]:
-    """Everything `nexus-eval doctor` shows: packages, the containers of ``suite``, broker, database, the real
-    CPU model, GPU."""
+    """Everything `nexus-eval doctor` shows: packages, the containers of ``suite``, broker, database, the workers
+    that reported to it, the real CPU model, GPU."""
     from env.tasks import load_suite
 
     checks = package_checks()
     checks += container_checks(load_suite(suite)).checks
     checks.append(broker_check(os.environ.get("NEXUS_EVAL_BROKER") or None, required=False))
-    checks.append(database_check(db_url))
+    database, readable = _database(db_url)
+    checks += [database, _workers(database, readable, within_s=None, now=None)]
     return [*checks, model_check(), gpu_check(), flash_attn_check()]

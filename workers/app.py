@@ -34,6 +34,7 @@ from kombu import Exchange, Queue
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from db.connection import default_url
+from workers.heartbeat import LIVENESS, Liveness
 
 QUEUES = ("gpu", "grade", "default")
 TASK_ROUTES = {
@@ -62,8 +63,21 @@ class ServiceSettings(BaseModel):
     visibility_timeout_s: float | None = Field(
         None, gt=0, description="Redis redelivery window; None: hard limit + 1 h"
     )
+    heartbeat_s: float = Field(
+        LIVENESS.heartbeat_s, gt=0, description="how often a worker marks the episode it holds alive"
+    )
     stale_after_s: float = Field(
-        3 * 3600.0, gt=0, description="a running episode whose heartbeat is older is taken over"
+        LIVENESS.stale_after_s, gt=0, description="an episode (run or grade) whose heartbeat is older is taken over"
+    )
+    sweep_s: float = Field(LIVENESS.sweep_s, gt=0, description="how often each worker looks for stranded episodes")
+    db_retry_s: float = Field(
+        LIVENESS.db_retry_s, gt=0, description="how long a database call is retried before the message is requeued"
+    )
+    engine_wait_s: float = Field(
+        300.0, gt=0, description="how long a task waits for the Docker engine before it requeues its message"
+    )
+    infra_retries: int = Field(
+        2, ge=0, description="new attempts made automatically for an infra_failure (each kept as an attempt)"
     )
     episodes_per_gpu: int = Field(
         1, description="episodes a gpu worker process decodes together on its one model (docs/engine.md)"
@@ -90,6 +104,13 @@ class ServiceSettings(BaseModel):
                 f"hard_time_limit_s ({self.hard_time_limit_s}) must exceed soft_time_limit_s "
                 f"({self.soft_time_limit_s}) so the soft limit can save the partial trajectory"
             )
+        if self.stale_after_s < 4 * self.heartbeat_s:
+            raise ValueError(
+                f"stale_after_s ({self.stale_after_s}) must be at least 4 heartbeats ({self.heartbeat_s} s each), "
+                "or a worker that misses one beat under load is taken over while it is alive"
+            )
+        if self.sweep_s > self.stale_after_s:
+            raise ValueError(f"sweep_s ({self.sweep_s}) must not exceed stale_after_s ({self.stale_after_s})")
         if self.visibility_timeout_s is not None and self.visibility_timeout_s <= self.hard_time_limit_s:
             raise ValueError(
                 f"visibility_timeout_s ({self.visibility_timeout_s}) must exceed hard_time_limit_s "
@@ -102,7 +123,8 @@ class ServiceSettings(BaseModel):
         """The settings from ``NEXUS_EVAL_*`` variables (``environ``, default ``os.environ``: the one place
         they are read), then ``overrides`` (a command's flags: ``db_url``, ``episodes_per_gpu``, ``device``)
         on top; every value validated. The variables: BROKER, RESULT_BACKEND, DB, EPISODES_PER_GPU, DEVICE,
-        SOFT_TIME_LIMIT, HARD_TIME_LIMIT, VISIBILITY_TIMEOUT, STALE_AFTER (docs/service.md)."""
+        SOFT_TIME_LIMIT, HARD_TIME_LIMIT, VISIBILITY_TIMEOUT, STALE_AFTER, HEARTBEAT, SWEEP, DB_RETRY, ENGINE_WAIT,
+        INFRA_RETRIES (docs/service.md, "Faults")."""
         env = os.environ if environ is None else environ
         values: dict[str, object] = {
             "broker_url": env.get("NEXUS_EVAL_BROKER") or None,
@@ -112,11 +134,17 @@ class ServiceSettings(BaseModel):
         }
         if env.get("NEXUS_EVAL_EPISODES_PER_GPU"):
             values["episodes_per_gpu"] = env["NEXUS_EVAL_EPISODES_PER_GPU"]
+        if env.get("NEXUS_EVAL_INFRA_RETRIES"):
+            values["infra_retries"] = env["NEXUS_EVAL_INFRA_RETRIES"]
         for field, var in (
             ("soft_time_limit_s", "NEXUS_EVAL_SOFT_TIME_LIMIT"),
             ("hard_time_limit_s", "NEXUS_EVAL_HARD_TIME_LIMIT"),
             ("visibility_timeout_s", "NEXUS_EVAL_VISIBILITY_TIMEOUT"),
             ("stale_after_s", "NEXUS_EVAL_STALE_AFTER"),
+            ("heartbeat_s", "NEXUS_EVAL_HEARTBEAT"),
+            ("sweep_s", "NEXUS_EVAL_SWEEP"),
+            ("db_retry_s", "NEXUS_EVAL_DB_RETRY"),
+            ("engine_wait_s", "NEXUS_EVAL_ENGINE_WAIT"),
         ):
             if env.get(var):
                 try:
@@ -127,6 +155,10 @@ class ServiceSettings(BaseModel):
             return cls(**{**values, **overrides})
         except ValidationError as exc:
             raise ValueError("; ".join(e["msg"].removeprefix("Value error, ") for e in exc.errors())) from None
+
+    @property
+    def liveness(self) -> Liveness:
+        return Liveness(self.heartbeat_s, self.stale_after_s, self.sweep_s, self.db_retry_s)
 
     @property
     def embedded(self) -> bool:

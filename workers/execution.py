@@ -18,7 +18,10 @@ from typing import TYPE_CHECKING, Any
 from agent_runner.config import EpisodeSpec
 from db import Database
 from db import store as db_store
+from db.liveness import claim_grade, give_back
 from db.models import AGENT_EXIT_STATUSES, EpisodeStatus
+from workers.db_retry import DatabaseUnavailable, retrying
+from workers.heartbeat import LIVENESS, Heartbeat, Liveness
 from workers.task_cache import TaskCache
 
 if TYPE_CHECKING:
@@ -122,6 +125,15 @@ def _reap_episode_containers(job_id: str, episode_id: str) -> int:
         return 0
 
 
+def _hand_back(db: Database, claim: db_store.Claim) -> None:
+    """Return a run this worker cannot record to ``queued`` (best effort: the database may still be down)."""
+    try:
+        with db.session() as s:
+            give_back(s, claim)
+    except Exception:  # still down: the row's heartbeat has stopped, so a sweeper hands it back later
+        pass
+
+
 def execute_episode(
     db: Database,
     episode_id: str,
@@ -129,7 +141,7 @@ def execute_episode(
     tasks: TaskCache | None = None,
     celery_task_id: str | None = None,
     soft_deadline_s: float | None = None,
-    stale_after_s: float | None = None,
+    liveness: Liveness = LIVENESS,
     episodes_per_gpu: int = 1,
     device: str | None = None,
     hooks: EpisodeHooks = EpisodeHooks(),
@@ -139,16 +151,26 @@ def execute_episode(
     ``tasks``: the worker process's task sources (default: a fresh cache, so this one episode loads its own).
     ``soft_deadline_s``: seconds from now after which the run stops at its next turn and is stored as
     ``timeout`` with its partial trajectory (so does any of ``hooks.time_limits`` raised into the run).
-    ``stale_after_s``: a running row whose heartbeat is older is taken over (see ``db.claims``).
+    ``liveness``: the heartbeat this run beats while it holds the episode, the bound after which a silent
+    holder's row is taken over, and how long each database call is retried (then :class:`DatabaseUnavailable`
+    is raised: the caller requeues its message; nothing was acknowledged into nothing).
     ``episodes_per_gpu``: > 1 decodes this episode together with the process's other episodes (a multi-episode
     worker; see ``agent_runner.model_cache.backend_for``). ``device``: the worker host's device for the model.
     """
     started = time.monotonic()
     timings: dict[str, float] = {}
-    with db.session() as s:
-        claim = db_store.claim_episode(s, episode_id, celery_task_id=celery_task_id, stale_after_s=stale_after_s)
-        row = db_store.get_episode(s, episode_id)
-        config, job_id, status_now = dict(row.config or {}), row.job_id, row.status
+
+    def claim_it():
+        with db.session() as s:
+            claim = db_store.claim_episode(
+                s, episode_id, celery_task_id=celery_task_id, stale_after_s=liveness.stale_after_s
+            )
+            row = db_store.get_episode(s, episode_id)
+            return claim, dict(row.config or {}), row.job_id, row.status, dict(row.result or {})
+
+    claim, config, job_id, status_now, noted = retrying(
+        claim_it, budget_s=liveness.db_retry_s, what=f"claim {episode_id}"
+    )
     timings["claim_s"] = time.monotonic() - started
     if claim is None:
         return ExecutionOutcome(episode_id, ran=False, reason=f"not claimed (episode is {status_now})")
@@ -156,14 +178,20 @@ def execute_episode(
         _reap_episode_containers(job_id, episode_id)
 
     out_of_time = (SoftTimeout, *hooks.time_limits)
-    state = {"db_s": 0.0, "claim_lost": None}
+    state: dict[str, Any] = {"db_s": 0.0, "claim_lost": None, "db_lost": None}
     deadline = None if soft_deadline_s is None else time.monotonic() + soft_deadline_s
+
+    def store_turn(turn: TurnRecord) -> None:
+        with db.session() as s:
+            db_store.record_turn(s, claim, turn.index, **turn_row(turn))
 
     def persist(turn: TurnRecord) -> None:
         t0 = time.monotonic()
         try:
-            with db.session() as s:
-                db_store.record_turn(s, claim, turn.index, **turn_row(turn))
+            retrying(lambda: store_turn(turn), budget_s=liveness.db_retry_s, what=f"turn {turn.index} of {episode_id}")
+        except DatabaseUnavailable as exc:
+            state["db_lost"] = exc
+            raise
         except db_store.ClaimLost as exc:
             state["claim_lost"] = str(exc)
             raise
@@ -182,16 +210,17 @@ def execute_episode(
         from agent_runner.episode import run_episode
 
         spec = worker_episode_spec(config, device=device)
-        result = run_episode(
-            spec,
-            task=(tasks or TaskCache()).task(spec),
-            episodes_per_gpu=episodes_per_gpu,
-            wrap_model=hooks.wrap_model,
-            labels={"nexus-eval.job": job_id, "nexus-eval.episode": episode_id},
-            on_turn=persist,
-            intervene=hooks.intervene,
-            open_environment=hooks.open_environment,
-        )
+        with Heartbeat(db, claim, every_s=liveness.heartbeat_s):
+            result = run_episode(
+                spec,
+                task=(tasks or TaskCache()).task(spec),
+                episodes_per_gpu=episodes_per_gpu,
+                wrap_model=hooks.wrap_model,
+                labels={"nexus-eval.job": job_id, "nexus-eval.episode": episode_id},
+                on_turn=persist,
+                intervene=hooks.intervene,
+                open_environment=hooks.open_environment,
+            )
         interrupted = result.exception
     except BaseException as exc:  # noqa: BLE001 - a time limit, a bad config, a broken model host
         error = f"{type(exc).__name__}: {exc}\n" + "".join(traceback.format_exception(exc)).strip()
@@ -213,14 +242,25 @@ def execute_episode(
         fields["error"] = f"soft time limit reached; partial trajectory kept\n{fields.get('error') or ''}".strip()
     timings["db_turns_s"] = state["db_s"]
     fields["result"] = {
+        **{k: noted[k] for k in ("retry_of", "retry") if k in noted},  # set on an automatic retry's row
         "service_timings": dict(timings),
         "episode_timings": dict(result.timings) if result else {},
         "took_over_from": claim.took_over_from,
+        "worker": claim.worker,  # `episodes.worker` names the grader once a grade is claimed
         "scaffold": result.scaffold.model_dump(mode="json") if result is not None and result.scaffold else None,
     }
+    if state["db_lost"] is not None:
+        # turns could not be stored: this run cannot be recorded whole. Hand the row back (it runs again from
+        # turn 0) if the database answers by now; else its silent heartbeat lets a sweeper do it later
+        _hand_back(db, claim)
+        raise state["db_lost"]
+
+    def finish() -> bool:
+        with db.session() as s:
+            return db_store.finish_episode(s, claim, status, **fields)
+
     t0 = time.monotonic()
-    with db.session() as s:
-        written = db_store.finish_episode(s, claim, status, **fields)
+    written = retrying(finish, budget_s=liveness.db_retry_s, what=f"finish {episode_id}")
     timings["finish_s"] = time.monotonic() - t0
     reason = state["claim_lost"] or (None if written else "the claim was lost before finishing")
     return ExecutionOutcome(episode_id, ran=True, status=status, reason=reason, written=written, timings=timings)
@@ -238,38 +278,74 @@ def grade_report(graded) -> dict[str, Any]:
     }
 
 
-def grade_stored_episode(db: Database, episode_id: str, *, tasks: TaskCache | None = None) -> str | None:
+def grade_stored_episode(
+    db: Database,
+    episode_id: str,
+    *,
+    tasks: TaskCache | None = None,
+    liveness: Liveness = LIVENESS,
+    engine_check: Callable[[], str | None] | None = None,
+) -> str | None:
     """Grade the stored patch of an episode awaiting its grade; returns the verdict, or None when there was
-    nothing to grade (already graded: a redelivered grade message). ``tasks``: the worker's task sources."""
-    with db.session() as s:
-        row = db_store.get_episode(s, episode_id)
-        status, patch, config = row.status, row.patch, dict(row.config or {})
-    if status not in AGENT_EXIT_STATUSES:
-        return None
-    try:
-        from env.grading import grade
-        from env.grading.hostlog import pack as pack_log
+    nothing to grade (already graded, or another grader holds it: a duplicate message). ``tasks``: the
+    worker's task sources. The grade is claimed and beats a heartbeat like a run (``db.liveness``).
 
-        if patch is None:
-            raise RuntimeError("the agent stage left no patch (the diff could not be taken)")
-        spec = EpisodeSpec.model_validate(config)
-        graded = grade((tasks or TaskCache()).task(spec), patch, config=spec.grade_config())
-    except Exception as exc:  # grading infrastructure broke: recorded, the agent's patch stays for a regrade
+    ``engine_check`` (``workers.docker_gate.engine_down``): asked when grading ends in an infra failure; when it
+    says the Docker engine is down, nothing is recorded, the grade claim is given back and ``EngineDown`` is
+    raised (the caller requeues the grade). Database outages raise :class:`DatabaseUnavailable` likewise."""
+
+    def claim_it():
         with db.session() as s:
-            db_store.record_grade(s, episode_id, "infra_failure", error=f"grading failed: {type(exc).__name__}: {exc}")
+            claim = claim_grade(s, episode_id, stale_after_s=liveness.stale_after_s)
+            row = db_store.get_episode(s, episode_id)
+            return claim, row.patch, dict(row.config or {}), row.job_id
+
+    claim, patch, config, job_id = retrying(
+        claim_it, budget_s=liveness.db_retry_s, what=f"claim the grade of {episode_id}"
+    )
+    if claim is None:
+        return None
+
+    def record(status: str, **fields: Any) -> None:
+        def write() -> None:
+            with db.session() as s:
+                db_store.record_grade(s, episode_id, status, **fields)
+
+        retrying(write, budget_s=liveness.db_retry_s, what=f"record the grade of {episode_id}")
+
+    with Heartbeat(db, claim, every_s=liveness.heartbeat_s):
+        try:
+            from env.grading import grade
+            from env.grading.hostlog import pack as pack_log
+
+            if patch is None:
+                raise RuntimeError("the agent stage left no patch (the diff could not be taken)")
+            spec = EpisodeSpec.model_validate(config)
+            labels = spec.grade_config(job=job_id, episode=episode_id)  # a gone grader's box is found by them
+            graded = grade((tasks or TaskCache()).task(spec), patch, config=labels)
+        except Exception as exc:  # grading infrastructure broke: recorded, the agent's patch stays for a regrade
+            graded, failure = None, f"grading failed: {type(exc).__name__}: {exc}"
+        else:
+            failure = None
+    down = engine_check() if engine_check is not None and (graded is None or graded.status == "infra_failure") else None
+    if down is not None:
+        from workers.docker_gate import EngineDown
+
+        with db.session() as s:
+            give_back(s, claim)
+        raise EngineDown(f"grading {episode_id} was cut short: {down}; the grade is sent again")
+    if graded is None:
+        record("infra_failure", error=failure)
         return "infra_failure"
-    with db.session() as s:
-        db_store.record_grade(
-            s,
-            episode_id,
-            graded.status,
-            test_log=pack_log(graded.log),
-            grader=graded.grader,
-            grader_version=graded.grader_version,
-            grade_s=graded.seconds,
-            error=graded.error,
-            report=grade_report(graded),
-        )
+    record(
+        graded.status,
+        test_log=pack_log(graded.log),
+        grader=graded.grader,
+        grader_version=graded.grader_version,
+        grade_s=graded.seconds,
+        error=graded.error,
+        report=grade_report(graded),
+    )
     return graded.status
 
 

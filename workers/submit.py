@@ -51,15 +51,13 @@ def submit(db: Database, spec: JobSpec, tasks: list[Task], *, app: Celery | None
     ``workers.app.get_app``); returns (job id, number enqueued). ``tasks``: the job's tasks as
     :func:`load_tasks` loaded them, once per submission (the caller has them already for its checks).
 
-    If the broker cannot be reached the job is marked ``failed`` with the reason (its rows stay, so
-    ``nexus-eval rerun``/``resume`` can send them later) and the error is raised."""
-    from workers.celery_tasks import enqueue_pending
+    If the broker cannot take them, the rows stay ``queued`` (the job is not failed: its episodes say where it
+    is) and ``workers.celery_tasks.NotEnqueued`` is raised, naming the job and ``nexus-eval resume JOB``."""
+    from workers.celery_tasks import enqueue_pending, note_unsent
 
-    job_id, _ = create_job_rows(db, spec, tasks)
+    job_id, episode_ids = create_job_rows(db, spec, tasks)
     try:
         counts = enqueue_pending(db, job_id, app=app)
     except Exception as exc:
-        with db.session() as s:
-            db_store.fail_job(s, job_id, f"enqueueing failed: {type(exc).__name__}: {exc}")
-        raise
+        raise note_unsent(db, job_id, episode_ids, exc) from exc
     return job_id, counts["episodes"]

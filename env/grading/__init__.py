@@ -61,6 +61,7 @@ class GradeConfig(BaseModel):
         "swebench", description="R2E's SWE-bench rows: the official harness (default) or R2E-Gym's in-loop reward"
     )
     job: str = "grade"
+    episode: str | None = Field(None, description="the episode graded (labels the container); None: grade-<task>")
 
 
 class GradeResult(BaseModel):
@@ -145,7 +146,7 @@ def _grade(task, patch: str | None, config: GradeConfig) -> GradeResult:
             image,
             config=sandbox_config,
             job=config.job,
-            episode=f"grade-{task.instance_id}",
+            episode=config.episode or f"grade-{task.instance_id}",
             labels={"nexus-eval.role": "grade"},
         ) as box:
             kwargs = {"timeout_s": timeout, "apply_timeout_s": config.apply_timeout_s}

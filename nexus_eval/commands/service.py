@@ -1,4 +1,4 @@
-"""CLI verbs that run jobs: submit, run (embedded), worker, status, cancel.
+"""CLI verbs that run jobs: submit, run (embedded), worker, status, cancel, resume.
 
 Where the service lives comes from the environment: ``NEXUS_EVAL_BROKER`` (unset: the embedded SQLite
 broker), ``NEXUS_EVAL_DB`` (unset: ./runs/nexus-eval.db; ``--db`` overrides it). See docs/service.md.
@@ -64,11 +64,13 @@ def submit(
     broker = os.environ.get("NEXUS_EVAL_BROKER") or None
     pre = preflight(None if broker else the_tasks, db_url=db_url(db), broker=broker, check_broker=True)
     refuse_unless_ready(pre, "nothing was submitted")
+    from workers.celery_tasks import NotEnqueued
+
     app = celery_app(db)
     try:
         job_id, n = submit_job(open_db(db), spec, the_tasks, app=app)
-    except Exception as exc:
-        fail(f"could not enqueue: {type(exc).__name__}: {exc}", 1)
+    except NotEnqueued as exc:  # stored, not (all) sent: the message names the job and `resume`
+        fail(str(exc), 1)
     typer.echo(job_id)
     Console(stderr=True).print(f"submitted job {job_id}: {n} episodes on the gpu queue")
 
@@ -186,6 +188,7 @@ def worker(
         # one process (one model), one thread per episode; Celery's time limits need prefork, so the
         # episode's own soft deadline (checked at turn boundaries) is what ends a long run here
         pool, concurrency = "threads", rows
+    open_db(db)  # migrated before the first sweep (workers.sweeper) reads it
     argv = ["worker", "-Q", queues, "--pool", pool, "--concurrency", str(concurrency), "--loglevel", loglevel]
     if hostname:
         argv += ["-n", hostname]
@@ -234,11 +237,30 @@ def cancel(job: str = typer.Argument(..., help="job id (prefix)"), db: str = DB_
     typer.echo(f"cancelled job {job_id} ({len(revoked)} queued/running episodes revoked)")
 
 
+def resume(job: str = typer.Argument(..., help="job id (prefix)"), db: str = DB_OPTION) -> None:
+    """Send again every episode of a job that nothing would finish otherwise: queued ones (a send was lost),
+    running ones whose worker stopped beating, agent exits whose grade nobody started. Safe to repeat: an
+    episode that is already queued or held is never run twice."""
+    from db import store as db_store
+    from workers.celery_tasks import resume as resume_job
+
+    database = open_db(db)
+    job_id = job_id_of(database, job)
+    try:
+        counts = resume_job(database, job_id, app=celery_app(db))
+    except Exception as exc:  # the broker: whatever was sent stays sent, the rest stays queued
+        fail(f"job {job_id}: could not send: {type(exc).__name__}: {exc}; run `nexus-eval resume {job_id}` again", 1)
+    with database.session() as s:
+        status = db_store.get_job(s, job_id).status
+    said = ", ".join(f"{n} {what.replace('_', ' ')}" for what, n in counts.items())
+    typer.echo(f"job {job_id}: {said}; job {status}")
+
+
 def register(app: typer.Typer) -> None:
     """Attach this area's verbs to the root app."""
     from workers.spec import QUICK_JOB_FILE
 
-    for verb in (submit, worker, status, cancel):
+    for verb in (submit, worker, status, cancel, resume):
         app.command(verb.__name__)(verb)
     # `run --help` shows the bundled quick job itself, so what runs without a --file is never a guess
     from rich.markup import escape

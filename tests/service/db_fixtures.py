@@ -76,7 +76,7 @@ def shared_pg_database() -> Database:
 
 def _emptied(db: Database) -> Database:
     with db.session() as s:
-        s.execute(text("TRUNCATE turns, episodes, jobs, probe_runs RESTART IDENTITY CASCADE"))
+        s.execute(text("TRUNCATE turns, episodes, jobs, probe_runs, workers RESTART IDENTITY CASCADE"))
     return db
 
 

@@ -183,3 +183,29 @@ def test_every_package_speaks_the_stored_status_words():
     assert exits == set(get_args(ExitStatus)) == AGENT_EXIT_STATUSES | {"infra_failure"}
     assert set(get_args(Status)) == GRADE_STATUSES | RUN_FAILURE_STATUSES
     assert exits | set(get_args(Status)) <= {s.value for s in EpisodeStatus}
+
+
+def test_downgrading_below_a_column_migration_keeps_every_turn_on_sqlite(tmp_path):
+    """A batch rebuild of ``episodes`` on SQLite drops the table, and ON DELETE CASCADE deletes every turn."""
+    from alembic import command
+
+    from db import connect
+    from db import store as st
+    from db.connection import _alembic_config
+    from tests.service.test_db_store import Key
+
+    url = sqlite_url(tmp_path / "turns.db")
+    db = connect(url)
+    with db.session() as s:
+        job = st.create_job(s, config={}, config_hash="c" * 64, name="t")
+        (ep,) = st.add_episodes(s, job.id, [Key("a", "dense")])
+        claim = st.claim_episode(s, ep.id)
+    for index in range(2):
+        with db.session() as s:
+            st.record_turn(s, claim, index, completion="x")
+    db.dispose()
+    command.downgrade(_alembic_config(url), "0002")
+    engine = make_engine(url)
+    with engine.connect() as conn:
+        assert conn.exec_driver_sql("SELECT count(*) FROM turns").scalar_one() == 2
+    engine.dispose()

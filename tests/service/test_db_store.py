@@ -116,13 +116,18 @@ def test_lookup_errors(sqlite_db):
             st.claim_episode(s, "nope")
 
 
-def test_fail_job(sqlite_db):
-    job_id, _ = _job_with(sqlite_db, [Key("a", "dense")])
+def test_a_job_error_note_leaves_its_status_to_its_episodes(sqlite_db):
+    job_id, (ep,) = _job_with(sqlite_db, [Key("a", "dense")])
     with sqlite_db.session() as s:
-        st.fail_job(s, job_id, "task selection matched nothing")
+        st.note_job_error(s, job_id, "not all episodes were sent: ...")
+        s.execute(select(Job)).scalar_one().status = "failed"  # what an older version wrote for a failed send
+    with sqlite_db.session() as s:
+        claim = st.claim_episode(s, ep)
+    with sqlite_db.session() as s:
+        st.finish_episode(s, claim, "infra_failure", error="x")
     with sqlite_db.session() as s:
         job = s.execute(select(Job)).scalar_one()
-        assert (job.status, job.error) == ("failed", "task selection matched nothing")
+        assert (job.status, job.error) == ("done", "not all episodes were sent: ...")
 
 
 def test_job_is_done_only_after_grading_unless_it_does_not_grade(sqlite_db):

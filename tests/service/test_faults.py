@@ -29,6 +29,9 @@ from tests.service.worker_fixtures import (
     oracle_job,
     redis_ping,
     service_env,
+    submit_file,
+    tiny_job,
+    wait_first_finished,
     wait_until,
     write_job,
 )
@@ -44,12 +47,6 @@ def _containers(job_id: str) -> list[str]:
     return [c.id for c in client.containers.list(all=True, filters={"label": f"nexus-eval.job={job_id}"})]
 
 
-def _submit(job_file, env) -> str:
-    done = cli("submit", "--file", str(job_file), env=env)
-    assert done.returncode == 0, done.stderr
-    return done.stdout.strip().splitlines()[-1]
-
-
 def _turn_count(s, episode_id: str) -> int:
     return s.execute(select(func.count(Turn.id)).where(Turn.episode_id == episode_id)).scalar_one()
 
@@ -60,19 +57,12 @@ def test_sigkilled_worker_mid_episode_is_redelivered_with_exactly_one_result(pg_
     # the tiny model makes each turn take a second or two: a wide window to kill the process mid-episode
     job = write_job(
         tmp_path / "job.yaml",
-        backend="hf",
-        model={"name": "tiny", "device": "cpu"},
-        methods=["nexus"],
-        scopes=["prefill_only"],
-        protocols=["true_eviction"],
-        tasks={"suite": "mini", "ids": TASKS[:1]},
-        limits={"max_steps": 4, "soft_step_limit": 4},
-        sampling={"max_new_tokens": 24},
+        **tiny_job(TASKS[:1]),
     )
     gpu = Worker(env, "gpu", tmp_path / "gpu.log")
     grade = Worker(env, "grade,default", tmp_path / "grade.log")
     try:
-        job_id = _submit(job, env)
+        job_id = submit_file(job, env)
         with pg_db.session() as s:
             (episode_id,) = [r.id for r in db_store.episodes_for_job(s, job_id)]
 
@@ -146,13 +136,9 @@ def test_redis_restarted_mid_job_and_the_job_completes(pg_db, tmp_path):
     gpu = Worker(env, "gpu", tmp_path / "gpu.log")
     grade = Worker(env, "grade,default", tmp_path / "grade.log")
     try:
-        job_id = _submit(job, env)
+        job_id = submit_file(job, env)
 
-        def one_finished() -> bool:
-            with pg_db.session() as s:
-                return db_store.job_summary(s, job_id).finished >= 1
-
-        wait_until(one_finished, 180, "the first episode", gpu.tail)
+        wait_first_finished(pg_db, job_id, gpu)
         subprocess.run(["redis-cli", "-p", str(port), "shutdown"], check=False)  # AOF is synced on shutdown
         redis.wait(20)
         time.sleep(3)  # the workers see the broker gone
@@ -182,7 +168,7 @@ def test_two_workers_never_run_the_same_episode_twice(pg_db, tmp_path):
     workers = [Worker(env, "gpu", tmp_path / f"gpu{i}.log", name=f"gpu{i}") for i in range(2)]
     workers.append(Worker(env, "grade,default", tmp_path / "grade.log", concurrency=2))
     try:
-        job_id = _submit(job, env)
+        job_id = submit_file(job, env)
         # a second message for every episode, as a redelivery or a double submit would produce
         dup = subprocess.run(
             [
@@ -240,18 +226,11 @@ def test_soft_time_limit_keeps_the_partial_trajectory_and_marks_timeout(pg_db, t
     )
     job = write_job(
         tmp_path / "job.yaml",
-        backend="hf",
-        model={"name": "tiny", "device": "cpu"},
-        methods=["nexus"],
-        scopes=["prefill_only"],
-        protocols=["true_eviction"],
-        tasks={"suite": "mini", "ids": TASKS[:1]},
-        limits={"max_steps": 100, "soft_step_limit": 40, "max_format_errors": 100},
-        sampling={"max_new_tokens": 24},
+        **tiny_job(TASKS[:1], limits={"max_steps": 100, "soft_step_limit": 40, "max_format_errors": 100}),
     )
     gpu = Worker(env, "gpu", tmp_path / "gpu.log")
     try:
-        job_id = _submit(job, env)
+        job_id = submit_file(job, env)
         wait_until(lambda: job_done(pg_db, job_id), 240, f"job {job_id}", gpu.tail)
     finally:
         gpu.stop()

@@ -63,7 +63,9 @@ def test_four_episodes_in_one_worker_equal_each_run_alone_and_replay(pg_db, tmp_
     with pg_db.session() as s:
         rows = db_store.episodes_for_job(s, job_id)
         stored = {r.id: ([t.completion for t in r.turns], [t.extra for t in r.turns], dict(r.config)) for r in rows}
-        assert len(rows) == 4 and len({r.worker for r in rows}) == 1  # one process ran all four
+        assert (
+            len(rows) == 4 and len({r.result["worker"] for r in rows}) == 1
+        )  # one process ran all four (`worker` is the grader now)
         assert all(r.n_claims == 1 for r in rows)
     # the engine really decoded rows together
     assert max(extra.get("batch_rows", 1.0) for _, extras, _ in stored.values() for extra in extras) > 1.0

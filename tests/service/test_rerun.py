@@ -51,13 +51,28 @@ def test_rerun_stores_new_attempts_and_sends_them(sqlite_db):
         assert (row.task_id, row.attempt, row.status, row.celery_task_id) == ("b", 2, "queued", "celery-task-1")
 
 
-def test_rerun_with_the_broker_down_keeps_the_rows_queued(sqlite_db):
+def test_rerun_with_the_broker_down_keeps_the_rows_queued_and_resume_sends_them(sqlite_db):
+    from types import SimpleNamespace
+
+    from workers.app import ServiceSettings
+    from workers.celery_tasks import resume
+
     job_id, _ = _finished_job(sqlite_db)
-    with pytest.raises(NotEnqueued, match="1 new attempt.*stored.*ConnectionError") as raised:
+    with pytest.raises(NotEnqueued, match=f"job {job_id}: 1 episode.*stored.*ConnectionError") as raised:
         rerun(sqlite_db, job_id, ["unresolved"], app=UnreachableBroker())
+    assert f"`nexus-eval resume {job_id}`" in str(raised.value)
+    (new_id,) = raised.value.episode_ids
     with sqlite_db.session() as s:
-        row = st.get_episode(s, raised.value.episode_ids[0])
+        row = st.get_episode(s, new_id)
         assert (row.attempt, row.status, row.celery_task_id) == (2, "queued", None)
+        assert st.get_job(s, job_id).error.startswith("not all episodes were sent")
+    broker = RecordingBroker()
+    broker.conf = SimpleNamespace(nexus_settings=ServiceSettings(db_url=sqlite_db.url))
+    assert resume(sqlite_db, job_id, app=broker)["sent"] == 1
+    assert [args for _, args in broker.sent] == [(new_id,)]
+    with sqlite_db.session() as s:
+        job = st.get_job(s, job_id)
+        assert (job.status, job.error) == ("running", None)
 
 
 def test_rerun_bad_job_or_status(sqlite_db):

@@ -123,6 +123,21 @@ def oracle_job(task_ids: list[str], methods: list[str], protocols: list[str], **
     }
 
 
+def tiny_job(task_ids: list[str], **extra) -> dict:
+    """One nexus episode per task on the tiny model (a second or two per turn: a wide window for a fault)."""
+    return {
+        "backend": "hf",
+        "model": {"name": "tiny", "device": "cpu"},
+        "methods": ["nexus"],
+        "scopes": ["prefill_only"],
+        "protocols": ["true_eviction"],
+        "tasks": {"suite": "mini", "ids": task_ids},
+        "limits": {"max_steps": 4, "soft_step_limit": 4},
+        "sampling": {"max_new_tokens": 24},
+        **extra,
+    }
+
+
 def cli(*args: str, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "nexus_eval.cli", *args],
@@ -141,6 +156,24 @@ def wait_until(condition: Callable[[], bool], timeout: float, what: str, on_time
             return
         time.sleep(0.5)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}\n{on_timeout()}")
+
+
+def submit_file(job_file: Path, env: dict[str, str]) -> str:
+    """``nexus-eval submit --file`` in a subprocess; the job id it printed."""
+    done = cli("submit", "--file", str(job_file), env=env)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip().splitlines()[-1]
+
+
+def wait_first_finished(db, job_id: str, worker: Worker, timeout: float = 180) -> None:
+    """Until one episode of the job has finished (the moment a fault test strikes)."""
+    from db import store as db_store
+
+    def one_finished() -> bool:
+        with db.session() as s:
+            return db_store.job_summary(s, job_id).finished >= 1
+
+    wait_until(one_finished, timeout, "the first episode", worker.tail)
 
 
 def job_done(db, job_id: str) -> bool:

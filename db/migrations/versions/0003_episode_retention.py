@@ -30,5 +30,9 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("episodes") as batch_op:
-        batch_op.drop_column("retention")
+    # Never a batch rebuild: on SQLite it drops the old episodes table, and with foreign keys on that DROP
+    # deletes every turn (ON DELETE CASCADE). SQLite >= 3.35 drops a column in place.
+    if op.get_bind().dialect.name == "sqlite":
+        op.execute("ALTER TABLE episodes DROP COLUMN retention")
+    else:
+        op.drop_column("episodes", "retention")
