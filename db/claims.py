@@ -234,7 +234,7 @@ def record_turn(session: Session, claim: Claim, index: int, **fields: Any) -> Tu
     return turn
 
 
-def _turn_totals(session: Session, episode_id: str) -> dict[str, Any]:
+def turn_totals(session: Session, episode_id: str) -> dict[str, Any]:
     n, prompt, appended, generated, peak = session.execute(
         select(
             func.count(Turn.id),
@@ -293,7 +293,7 @@ def finish_episode(session: Session, claim: Claim, status: str, **fields: Any) -
     begin_write(session)
     lock_job(session, claim.job_id)
     now = utcnow()
-    values = {**_turn_totals(session, claim.episode_id), **fields, "status": status, "finished_at": now}
+    values = {**turn_totals(session, claim.episode_id), **fields, "status": status, "finished_at": now}
     if status in GRADE_STATUSES:
         values.setdefault("graded_at", now)
     if status in AGENT_EXIT_STATUSES:  # the run lets go; a grader claims the row next (db.liveness.claim_grade)
@@ -327,7 +327,7 @@ def fail_running_episode(
     conditions = [Episode.id == episode_id, Episode.status == "running"]
     if claim_token is not None:
         conditions.append(Episode.claim_token == claim_token)
-    values = {**_turn_totals(session, episode_id), "status": status, "error": error, "finished_at": utcnow()}
+    values = {**turn_totals(session, episode_id), "status": status, "error": error, "finished_at": utcnow()}
     written = session.execute(
         update(Episode).where(*conditions).values(**values).execution_options(synchronize_session=False)
     )

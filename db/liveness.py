@@ -30,7 +30,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import delete, or_, select, update
 from sqlalchemy.orm import Session
 
-from db.claims import Claim, expire_loaded, local_worker_is_dead, lock_job, worker_identity
+from db.claims import Claim, expire_loaded, local_worker_is_dead, lock_job, turn_totals, worker_identity
 from db.connection import begin_write
 from db.job_status import job_grades, refresh_job_status
 from db.models import (
@@ -42,6 +42,7 @@ from db.models import (
     Turn,
     WorkerRow,
     WorkerState,
+    is_interactive,
     utcnow,
 )
 
@@ -104,8 +105,13 @@ def _release(session: Session, episode_id: str, gone: Callable[[Episode], bool],
     held = (running or row.status in AGENT_EXIT_STATUSES) and row.claim_token is not None
     if not held or (token is not None and row.claim_token != token) or not gone(row):
         return None
-    values = {"claim_token": None, "heartbeat_at": None}
-    if running:
+    values: dict = {"claim_token": None, "heartbeat_at": None}
+    ended = running and is_interactive(row.driver)
+    if ended:  # no operator is left to drive it: the attempt ends here, its turns kept (never sent to a worker)
+        reason = f"the interactive rerun's process {row.worker} is gone; the attempt ended unfinished"
+        values.update(turn_totals(session, episode_id), status=EpisodeStatus.infra_failure.value, error=reason)
+        values["finished_at"] = utcnow()
+    elif running:
         values["status"] = EpisodeStatus.queued.value  # `worker` stays: the next claim reports the takeover
     swapped = session.execute(
         update(Episode)
@@ -115,19 +121,21 @@ def _release(session: Session, episode_id: str, gone: Callable[[Episode], bool],
     )
     if swapped.rowcount != 1:
         return None
-    if running:
+    if running and not ended:
         session.execute(delete(Turn).where(Turn.episode_id == episode_id))  # the next run starts from turn 0
     expire_loaded(session, {episode_id})
     refresh_job_status(session, job_id)
-    return Released(row.worker or "?", running)
+    return Released(row.worker or "?", running, ended)
 
 
 @dataclass(frozen=True)
 class Released:
-    """What :func:`release` handed back: the gone ``holder``, and whether it was a run (else a grade)."""
+    """What :func:`release` handed back: the gone ``holder``, whether it was a run (else a grade), and whether
+    the attempt was ended instead (an interactive rerun: ``infra_failure``, nothing to send)."""
 
     holder: str
     run: bool
+    ended: bool = False
 
 
 def release(
@@ -139,7 +147,8 @@ def release(
     now: datetime | None = None,
 ) -> Released | None:
     """Hand back an episode whose holder is gone: a ``running`` row goes back to ``queued`` (claim void, partial
-    turns deleted), an agent exit's grade claim is dropped. ``None`` when it is not stranded (any more): of
+    turns deleted; an interactive rerun, which no worker may drive, ends as ``infra_failure`` instead), an agent
+    exit's grade claim is dropped. ``None`` when it is not stranded (any more): of
     several sweepers only one gets it. Send the run or the grade again after the commit."""
     now = now or utcnow()
     return _release(
@@ -197,8 +206,10 @@ class Unsent:
     grades: list[str] = field(default_factory=list)
 
 
-def unsent(session: Session, job_ids: list[str]) -> Unsent:
-    """The newest attempts of ``job_ids`` (cancelled jobs left out) that only a message would start."""
+def unsent(session: Session, job_ids: list[str], *, sent_before: bool = False) -> Unsent:
+    """The newest attempts of ``job_ids`` (cancelled jobs left out) that only a message would start. With
+    ``sent_before``, only ``queued`` rows a message was once sent for (``celery_task_id``): what a broker may
+    have lost, not rows stored and never sent (``resume`` sends those)."""
     from db.store import latest_attempts
 
     found = Unsent()
@@ -206,8 +217,9 @@ def unsent(session: Session, job_ids: list[str]) -> Unsent:
         if job.status == JobStatus.cancelled:
             continue
         for row in latest_attempts(session, [job.id]):
-            if row.status == EpisodeStatus.queued:
-                found.runs.append(row.id)
+            if row.status == EpisodeStatus.queued and not is_interactive(row.driver):  # only an operator runs those
+                if row.celery_task_id is not None or not sent_before:
+                    found.runs.append(row.id)
             elif row.status in AGENT_EXIT_STATUSES and row.claim_token is None and job_grades(job):
                 found.grades.append(row.id)
     return found

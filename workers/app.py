@@ -52,6 +52,31 @@ def _runs_dir(db_url: str) -> Path:
     return Path("runs").resolve()
 
 
+#: the environment variable of each setting read as a number (``*_s``: seconds), named in its error
+_VARIABLES = {
+    "episodes_per_gpu": "NEXUS_EVAL_EPISODES_PER_GPU",
+    "infra_retries": "NEXUS_EVAL_INFRA_RETRIES",
+    "soft_time_limit_s": "NEXUS_EVAL_SOFT_TIME_LIMIT",
+    "hard_time_limit_s": "NEXUS_EVAL_HARD_TIME_LIMIT",
+    "visibility_timeout_s": "NEXUS_EVAL_VISIBILITY_TIMEOUT",
+    "stale_after_s": "NEXUS_EVAL_STALE_AFTER",
+    "heartbeat_s": "NEXUS_EVAL_HEARTBEAT",
+    "sweep_s": "NEXUS_EVAL_SWEEP",
+    "db_retry_s": "NEXUS_EVAL_DB_RETRY",
+    "engine_wait_s": "NEXUS_EVAL_ENGINE_WAIT",
+}
+
+
+def _say(error: dict) -> str:
+    """One pydantic error as a sentence that names the setting (and its variable) it is about."""
+    message = error["msg"].removeprefix("Value error, ")
+    if not error.get("loc"):
+        return message  # a check across settings names them itself
+    field = str(error["loc"][0])
+    where = f"{field} (${_VARIABLES[field]})" if field in _VARIABLES else field
+    return f"{where}={error.get('input')!r}: {message}"
+
+
 class ServiceSettings(BaseModel):
     """The service's deployment settings; :meth:`from_env` reads ``NEXUS_EVAL_*`` variables."""
 
@@ -94,7 +119,7 @@ class ServiceSettings(BaseModel):
         except ValueError:
             rows = 0
         if rows < 1:
-            raise ValueError(f"episodes_per_gpu={value!r} must be a whole number >= 1")
+            raise ValueError("must be a whole number >= 1")
         return rows
 
     @model_validator(mode="after")
@@ -132,29 +157,20 @@ class ServiceSettings(BaseModel):
             "device": env.get("NEXUS_EVAL_DEVICE") or None,
             "db_url": default_url(env),
         }
-        if env.get("NEXUS_EVAL_EPISODES_PER_GPU"):
-            values["episodes_per_gpu"] = env["NEXUS_EVAL_EPISODES_PER_GPU"]
-        if env.get("NEXUS_EVAL_INFRA_RETRIES"):
-            values["infra_retries"] = env["NEXUS_EVAL_INFRA_RETRIES"]
-        for field, var in (
-            ("soft_time_limit_s", "NEXUS_EVAL_SOFT_TIME_LIMIT"),
-            ("hard_time_limit_s", "NEXUS_EVAL_HARD_TIME_LIMIT"),
-            ("visibility_timeout_s", "NEXUS_EVAL_VISIBILITY_TIMEOUT"),
-            ("stale_after_s", "NEXUS_EVAL_STALE_AFTER"),
-            ("heartbeat_s", "NEXUS_EVAL_HEARTBEAT"),
-            ("sweep_s", "NEXUS_EVAL_SWEEP"),
-            ("db_retry_s", "NEXUS_EVAL_DB_RETRY"),
-            ("engine_wait_s", "NEXUS_EVAL_ENGINE_WAIT"),
-        ):
-            if env.get(var):
-                try:
-                    values[field] = float(env[var])
-                except ValueError:
-                    raise ValueError(f"${var}={env[var]!r} is not a number of seconds") from None
+        for field, var in _VARIABLES.items():
+            if not env.get(var):
+                continue
+            if not field.endswith("_s"):  # whole numbers, validated by the field
+                values[field] = env[var]
+                continue
+            try:
+                values[field] = float(env[var])
+            except ValueError:
+                raise ValueError(f"${var}={env[var]!r} is not a number of seconds") from None
         try:
             return cls(**{**values, **overrides})
         except ValidationError as exc:
-            raise ValueError("; ".join(e["msg"].removeprefix("Value error, ") for e in exc.errors())) from None
+            raise ValueError("; ".join(_say(e) for e in exc.errors())) from None
 
     @property
     def liveness(self) -> Liveness:

@@ -48,10 +48,11 @@ class Recovered:
     grades: list[str] = field(default_factory=list)  # grades handed back and sent again
     sent_runs: list[str] = field(default_factory=list)  # unsent queued rows sent
     sent_grades: list[str] = field(default_factory=list)  # unstarted grades sent
+    ended: list[str] = field(default_factory=list)  # interactive reruns whose process is gone: infra_failure
     containers: int = 0  # containers removed
 
     def __bool__(self) -> bool:
-        return bool(self.runs or self.grades or self.sent_runs or self.sent_grades or self.containers)
+        return bool(self.runs or self.grades or self.sent_runs or self.sent_grades or self.ended or self.containers)
 
     def describe(self) -> str:
         parts = [
@@ -59,6 +60,7 @@ class Recovered:
             (len(self.grades), "grade(s) taken over"),
             (len(self.sent_runs), "queued run(s) sent again (a duplicate is a no-op)"),
             (len(self.sent_grades), "unstarted grade(s) sent again"),
+            (len(self.ended), "interactive rerun(s) ended"),
             (self.containers, "container(s) removed"),
         ]
         return ", ".join(f"{n} {what}" for n, what in parts if n) or "nothing to recover"
@@ -74,6 +76,12 @@ def _hand_back(
             released = release(s, episode_id, stale_after_s=liveness.stale_after_s)
         if released is None:  # another sweeper got it, or its holder beat meanwhile
             continue
+        if released.ended:
+            log.warning(
+                "episode %s: its interactive rerun %s is gone; ended as infra_failure", episode_id, released.holder
+            )
+            out.ended.append(episode_id)
+            continue
         what = "run" if released.run else "grade"
         log.warning("episode %s: its %s's holder %s is gone; sent again", episode_id, what, released.holder)
         out.containers += reap_episode_containers(db, episode_id)
@@ -81,13 +89,16 @@ def _hand_back(
         (out.runs if released.run else out.grades).append(episode_id)
 
 
-def _send_unsent(db: Database, job_ids: list[str], out: Recovered, send_run: Send, send_grade: Send) -> None:
+def _send_unsent(
+    db: Database, job_ids: list[str], out: Recovered, send_run: Send, send_grade: Send, *, sent_before: bool = False
+) -> None:
     with db.session() as s:
-        todo = unsent(s, job_ids)
-    for episode_id in todo.runs:
+        todo = unsent(s, job_ids, sent_before=sent_before)
+    handed_back = {*out.runs, *out.grades}  # sent a moment ago
+    for episode_id in (i for i in todo.runs if i not in handed_back):
         send_run(episode_id)
         out.sent_runs.append(episode_id)
-    for episode_id in todo.grades:
+    for episode_id in (i for i in todo.grades if i not in handed_back):
         send_grade(episode_id)
         out.sent_grades.append(episode_id)
 
@@ -113,12 +124,13 @@ def recover_at_start(
     db: Database, liveness: Liveness, *, send_run: Send, send_grade: Send, embedded: bool
 ) -> Recovered:
     """A worker's first sweep. On the embedded broker (one consumer, which may have been killed holding a
-    message it will never get back) also send every unsent row of every unfinished job."""
+    message it will never get back) also send again every queued row of an unfinished job that was sent once,
+    and every grade nobody started. Rows stored and never sent wait for ``resume``."""
     out = sweep(db, liveness, send_run=send_run, send_grade=send_grade)
     if embedded:
         with db.session() as s:
             jobs = unfinished_jobs(s)
-        _send_unsent(db, jobs, out, send_run, send_grade)
+        _send_unsent(db, jobs, out, send_run, send_grade, sent_before=True)
     return out
 
 

@@ -35,11 +35,11 @@ def _env(tmp_path, **extra: str) -> dict[str, str]:
     return env
 
 
-def _wait(condition, timeout: float, what: str) -> None:
+def _wait(condition, timeout: float, what: str, still=lambda: "") -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+            raise AssertionError(f"timed out after {timeout}s waiting for {what} {still()}")
         time.sleep(0.5)
 
 
@@ -60,7 +60,8 @@ def test_setup_starts_a_stopped_daemon(tmp_path):
     stays up after setup exits."""
     client = _client()
     require(os.geteuid() == 0, "stopping and starting dockerd needs root")
-    _wait(lambda: not client.containers.list(), 120, "other containers to finish before stopping the daemon")
+    left = lambda: [f"{c.short_id} {c.status} {c.labels}" for c in client.containers.list()]  # noqa: E731
+    _wait(lambda: not left(), 120, "other containers to finish before stopping the daemon", left)
     pid = dockerd_pid()
     require(pid is not None, "no dockerd pidfile (the daemon is not a local dockerd this test may stop)")
     try:
