@@ -18,7 +18,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Resp
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from dashboard import pages, probe_pages
+from dashboard import compare_pages, pages, probe_pages
 from dashboard.auth import COOKIE, Access
 from dashboard.context import Context, NotFound, job_id_of
 from dashboard.readonly import open_readonly
@@ -105,6 +105,7 @@ def create_app(db_url: str, *, token: str | None, public: bool, celery_app: Call
         return error_page(request, 500, "the dashboard hit an error; the server's log has the details")
 
     pages.register(app, ctx)
+    compare_pages.register(app, ctx)
     probe_pages.register(app, ctx)
     _register_actions(app, ctx)
     return app
@@ -119,6 +120,8 @@ def _register_actions(app: FastAPI, ctx: Context) -> None:
 
         full_id = job_id_of(ctx, job_id)
         revoked = cancel_job(ctx.database(), full_id, app=ctx.celery_factory())
+        if revoked is None:  # no queued/running episode: nothing changed (a finished job keeps its status)
+            return RedirectResponse(f"/jobs/{full_id}?notice=nothing-to-cancel", status_code=303)
         return RedirectResponse(f"/jobs/{full_id}?notice=cancelled&n={len(revoked)}", status_code=303)
 
     @app.post("/jobs/{job_id}/rerun-failed")

@@ -81,7 +81,7 @@ def compare_chart(table: CompareTable) -> str:
             low.append(100 * (cell.rate - (cell.ci_low if cell.ci_low is not None else cell.rate)))
             high.append(100 * ((cell.ci_high if cell.ci_high is not None else cell.rate) - cell.rate))
         ax.bar(xs, heights, width * 0.9, yerr=[low, high], capsize=3, color=colours[method], label=method)
-    ax.set_xticks(range(len(table.rows)), [f"{r.scope}\n{r.protocol}" for r in table.rows])
+    ax.set_xticks(range(len(table.rows)), [r.label.replace(" / ", "\n") for r in table.rows])
     ax.set_ylim(0, 105)
     ax.set_ylabel("% resolved (95% CI)")
     ax.grid(axis="y", alpha=0.3)
@@ -168,40 +168,67 @@ def _time_chart(x: list[int], turns: Sequence[Any]) -> str:
     return to_svg(fig, "prefill and decode time per turn")
 
 
-def retention_matrix(retention: dict[str, Any], max_columns: int = MAX_RETENTION_COLUMNS) -> np.ndarray:
-    """The run-length encoded retention map as a (layers x columns) array of count / kv_heads in [0, 1],
-    positions averaged into at most ``max_columns`` bins. ``ValueError`` when the data is malformed."""
+def retention_counts(retention: dict[str, Any]) -> np.ndarray:
+    """The run-length encoded retention map as a (layers x logical_length) array: how many of the layer's KV
+    heads still hold each position. ``ValueError`` when the data is malformed."""
     length, heads, layers = int(retention["logical_length"]), int(retention["kv_heads"]), retention["layers"]
     if length <= 0 or heads <= 0 or not layers:
         raise ValueError("empty retention map")
-    full = np.zeros((len(layers), length), dtype=np.float32)
+    full = np.zeros((len(layers), length), dtype=np.int32)
     for i, runs in enumerate(layers):
         pos = 0
         for count, run in runs:
-            full[i, pos : pos + int(run)] = int(count) / heads
+            full[i, pos : pos + int(run)] = int(count)
             pos += int(run)
         if pos != length:
             raise ValueError(f"layer {i}: runs cover {pos} positions, logical_length is {length}")
+    return full
+
+
+def retention_matrix(retention: dict[str, Any], max_columns: int = MAX_RETENTION_COLUMNS) -> np.ndarray:
+    """The run-length encoded retention map as a (layers x columns) array of count / kv_heads in [0, 1],
+    positions averaged into at most ``max_columns`` bins. ``ValueError`` when the data is malformed."""
+    full = retention_counts(retention).astype(np.float32) / int(retention["kv_heads"])
+    length = full.shape[1]
     columns = min(length, max_columns)
     edges = np.linspace(0, length, columns + 1).astype(int)
     return np.add.reduceat(full, edges[:-1], axis=1) / np.diff(edges)
 
 
-def retention_chart(retention: dict[str, Any]) -> str:
-    """Heatmap of layer x logical position: the share of the layer's KV heads still holding the position."""
+def retention_chart(retention: dict[str, Any], turn_starts: Sequence[tuple[int, int]] = ()) -> str:
+    """Heatmap of layer x logical position: the share of the layer's KV heads still holding the position, with
+    a vertical mark labelled t0, t1, ... where each turn's new tokens begin (``turn_starts``: (turn index,
+    position) pairs; a turn that starts past the final stream has none). Each mark's line and label carry
+    ``data-turn``."""
     matrix = retention_matrix(retention)
     length = int(retention["logical_length"])
-    fig = _figure(7.5, max(2.2, min(6.0, 0.08 * matrix.shape[0] + 1.2)))
+    fig = _figure(7.5, max(2.4, min(6.0, 0.08 * matrix.shape[0] + 1.4)))
     ax = fig.add_subplot()
     image = ax.imshow(
         matrix, aspect="auto", interpolation="nearest", cmap="viridis", vmin=0, vmax=1,
         extent=(0, length, matrix.shape[0] - 0.5, -0.5),
     )  # fmt: skip
+    _turn_marks(ax, turn_starts, length)
     ax.set_xlabel("logical position" + (f" (binned to {matrix.shape[1]} columns)" if matrix.shape[1] < length else ""))
     ax.set_ylabel("layer")
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     fig.colorbar(image, ax=ax, label="share of KV heads holding it")
-    return to_svg(fig, "retention map: layer by logical position")
+    text = to_svg(fig, "retention map: layer by logical position, turn starts marked")
+    return re.sub(r'id="turn(mark|label)-(\d+)"', r'class="turn-\1" data-turn="\2"', text)
+
+
+MAX_TURN_LABELS = 24  # more turns than this: every k-th mark is labelled (every mark is still drawn)
+
+
+def _turn_marks(ax: Axes, starts: Sequence[tuple[int, int]], length: int) -> None:
+    shown = [(i, s) for i, s in starts if 0 <= s < length]
+    step = max(1, math.ceil(len(shown) / MAX_TURN_LABELS))
+    for n, (i, start) in enumerate(shown):
+        ax.axvline(start, color="#ff4d4d", linewidth=0.9, alpha=0.9, gid=f"turnmark-{i}")
+        if n % step == 0:
+            label = ax.text(start, 1.01, f"t{i}", transform=ax.get_xaxis_transform(), fontsize="x-small",
+                            color="#b00", ha="left", va="bottom")  # fmt: skip
+            label.set_gid(f"turnlabel-{i}")
 
 
 def method_charts(

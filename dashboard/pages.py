@@ -6,16 +6,17 @@ the session, then renders; handlers are sync functions, so FastAPI runs them in 
 
 from __future__ import annotations
 
-from fastapi import FastAPI, Query
+from dataclasses import replace
+
+from fastapi import FastAPI, HTTPException, Query
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 
-from dashboard import charts, queries
+from dashboard import charts, list_queries, queries, streams
 from dashboard.context import Context, episode_id_of, job_id_of
 from dashboard.render import render, svg
-from workers.compare_render import render as render_table
-from workers.compare_render import to_csv
 
 NOT_STORED = "Retention map not stored for this episode."
+JOBS_LIMIT = 100  # jobs listed at most unless ?limit= says otherwise
 
 
 def notice_text(notice: str | None, n: int) -> str:
@@ -24,6 +25,8 @@ def notice_text(notice: str | None, n: int) -> str:
         return f"Job cancelled ({n} queued/running episode message(s) revoked); running ones stop at their next turn"
     if notice == "rerun":
         return f"{n} new attempt(s) enqueued." if n else "No failed episodes to rerun."
+    if notice == "nothing-to-cancel":
+        return "Nothing cancelled: no episode is queued, running or waiting for its grade: the job is unchanged."
     return ""
 
 
@@ -33,26 +36,29 @@ def _episode(ctx: Context, episode_id: str) -> queries.EpisodeView:
         return queries.episode(s, full_id)
 
 
-def _compare(ctx: Context, job_id: str, include_interactive: bool) -> tuple[str, queries.CompareView]:
-    full_id = job_id_of(ctx, job_id)
-    with ctx.read() as s:
-        return full_id, queries.compare_view(s, full_id, include_interactive=include_interactive)
-
-
-#: ``?include_interactive=1`` on the compare page and its downloads counts interactive attempts (marked)
-INCLUDE_INTERACTIVE = Query(False, description="count interactive attempts (steered or not) as results, marked *")
-
-
-def retention(view: queries.EpisodeView) -> tuple[str, str]:
-    """(chart svg, '') for an episode with a readable retention map, else ('', why there is none)."""
+def retention(view: queries.EpisodeView) -> tuple[str, str, list[streams.TurnKept]]:
+    """(chart svg with the turns' start marks, '', per turn what survived) for an episode with a readable
+    retention map, else ('', why there is none, [])."""
     if view.retention is None:
-        return "", NOT_STORED
+        return "", NOT_STORED, []
     if isinstance(view.retention, dict) and view.retention.get("logical_length") == 0:
-        return "", "The final cache was empty (logical length 0): nothing to draw."
+        return "", "The final cache was empty (logical length 0): nothing to draw.", []
     try:
-        return svg(charts.retention_chart(view.retention)), ""
+        starts = list(zip((t.index for t in view.turns), streams.turn_starts(view.turns), strict=True))
+        chart = svg(charts.retention_chart(view.retention, starts))
+        return chart, "", streams.turn_retention(view.retention, view.turns)
     except (KeyError, TypeError, ValueError, IndexError) as exc:
-        return "", f"The stored retention map cannot be read ({type(exc).__name__}: {exc})."
+        return "", f"The stored retention map cannot be read ({type(exc).__name__}: {exc}).", []
+
+
+def list_query(
+    spec: list_queries.ListSpec, sort: str | None, order: str | None, **filters: str | None
+) -> list_queries.ListQuery:
+    """The list's validated query, or the 400 page naming the bad parameter and what is allowed."""
+    try:
+        return spec.parse(sort, order, filters)
+    except list_queries.BadListParameter as exc:
+        raise HTTPException(status_code=400, detail=str(exc)) from None
 
 
 def worker_window_s() -> float:
@@ -73,21 +79,58 @@ def register(app: FastAPI, ctx: Context) -> None:
         return RedirectResponse("/jobs", status_code=302)
 
     @app.get("/jobs", response_class=HTMLResponse)
-    def jobs(limit: int = Query(100, ge=1, le=10_000)) -> str:
+    def jobs(
+        limit: int = Query(JOBS_LIMIT, ge=1, le=10_000),
+        sort: str | None = None,
+        order: str | None = None,
+        status: str | None = None,
+        q: str | None = None,
+    ) -> str:
+        query = list_query(list_queries.JOBS, sort, order, status=status, q=q)
+        if limit != JOBS_LIMIT:
+            query = replace(query, keep={"limit": str(limit)})
         window = worker_window_s()
         with ctx.read() as s:
-            rows = queries.list_jobs(s, limit=limit)
+            listing = queries.list_jobs(s, limit=limit, query=query)
             workers = queries.recent_workers(s, within_s=window)
-        return render("jobs.html", jobs=rows, workers=workers, worker_window=f"{window:g}")
+        return render(
+            "jobs.html", jobs=listing.rows, listing=listing, query=query, limit=limit, statuses=query.spec.choices,
+            workers=workers, worker_window=f"{window:g}",
+        )  # fmt: skip
 
     @app.get("/jobs/{job_id}", response_class=HTMLResponse)
-    def job(job_id: str, notice: str | None = None, n: int = Query(0, ge=0)) -> str:
+    def job(
+        job_id: str,
+        notice: str | None = None,
+        n: int = Query(0, ge=0),
+        sort: str | None = None,
+        order: str | None = None,
+        status: str | None = None,
+        method: str | None = None,
+        scope: str | None = None,
+        protocol: str | None = None,
+        task: str | None = None,
+    ) -> str:
+        query = list_query(
+            list_queries.EPISODES, sort, order, status=status, method=method, scope=scope, protocol=protocol, task=task
+        )
         full_id = job_id_of(ctx, job_id)
         with ctx.read() as s:
             row = queries.job(s, full_id)
             episodes = queries.job_episodes(s, full_id)
             interactive = queries.job_interactive(s, full_id)
-        return render("job.html", job=row, episodes=episodes, interactive=interactive, notice=notice_text(notice, n))
+        return render(
+            "job.html",
+            job=row,
+            episodes=query.apply(episodes),
+            n_episodes=len(episodes),
+            query=query,
+            options={k: sorted({getattr(e, k) for e in episodes}) for k in ("status", *query.spec.exact)},
+            actions=list_queries.job_actions(row.counts, episodes),
+            human_bytes=list_queries.human_bytes,
+            interactive=interactive,
+            notice=notice_text(notice, n),
+        )
 
     @app.get("/api/jobs/{job_id}/progress")
     def progress(job_id: str) -> JSONResponse:
@@ -95,32 +138,10 @@ def register(app: FastAPI, ctx: Context) -> None:
         with ctx.read() as s:
             return JSONResponse(queries.progress(s, full_id), headers={"Cache-Control": "no-store"})
 
-    @app.get("/jobs/{job_id}/compare", response_class=HTMLResponse)
-    def compare(job_id: str, include_interactive: bool = INCLUDE_INTERACTIVE) -> str:
-        full_id, view = _compare(ctx, job_id, include_interactive)
-        return render(
-            "compare.html",
-            job_id=full_id,
-            view=view,
-            chart=svg(charts.compare_chart(view.table)),
-            include_interactive=include_interactive,
-        )
-
-    @app.get("/jobs/{job_id}/compare.json")
-    def compare_json(job_id: str, include_interactive: bool = INCLUDE_INTERACTIVE) -> Response:
-        _, view = _compare(ctx, job_id, include_interactive)
-        return Response(render_table(view.table, "json"), media_type="application/json")
-
-    @app.get("/jobs/{job_id}/compare.csv")
-    def compare_csv(job_id: str, include_interactive: bool = INCLUDE_INTERACTIVE) -> Response:
-        full_id, view = _compare(ctx, job_id, include_interactive)
-        disposition = {"Content-Disposition": f'attachment; filename="compare-{full_id}.csv"'}
-        return Response(to_csv(view.table), media_type="text/csv; charset=utf-8", headers=disposition)
-
     @app.get("/episodes/{episode_id}", response_class=HTMLResponse)
     def episode(episode_id: str) -> str:
         view = _episode(ctx, episode_id)
-        chart, note = retention(view)
+        chart, note, kept = retention(view)
         return render(
             "episode.html",
             view=view,
@@ -128,6 +149,7 @@ def register(app: FastAPI, ctx: Context) -> None:
             has_cache=charts.has_cache_telemetry(view.turns),
             retention_chart=chart,
             retention_note=note,
+            retention_turns=kept,
         )
 
     @app.get("/episodes/{a}/vs/{b}", response_class=HTMLResponse)
@@ -139,11 +161,17 @@ def register(app: FastAPI, ctx: Context) -> None:
                 f"These episodes are not the same task and seed ({left.row.task_id} seed {left.row.seed} vs "
                 f"{right.row.task_id} seed {right.row.seed}): they are compared turn by turn all the same."
             )
+        with ctx.read() as s:
+            a_stream, b_stream = streams.turn_streams(s, left.row.id), streams.turn_streams(s, right.row.id)
+        stream = streams.stream_divergence(a_stream, b_stream)
         return render(
             "vs.html",
             a=left,
             b=right,
             mismatch=mismatch,
             diverge=queries.divergence(left.turns, right.turns),
+            stream=stream,
+            cache_metrics=streams.CACHE_METRICS,
+            cache_rows=streams.cache_rows(left.turns, right.turns),
             n_rows=max(len(left.turns), len(right.turns)),
         )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -16,9 +17,10 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session, defer
 
+from dashboard.list_queries import JOBS, Listing, ListQuery, filtered_jobs, job_summaries
 from db import liveness
 from db import store as db_store
-from db.job_status import summarize
+from db.job_status import JobSummary, summarize
 from db.models import Episode, Turn, is_interactive, utcnow
 from env.grading.hostlog import unpack
 from workers.compare import CompareTable, cell_outcomes, compare_jobs
@@ -58,6 +60,12 @@ class EpisodeRow:
     attempt: int
     status: str
     driver: str = "agent"  # db.models.AttemptDriver: who chose the attempt's actions
+    # what the attempt cost (the episodes columns; None until it ran, or from before a column existed)
+    n_turns: int | None = None
+    prompt_tokens: int | None = None
+    generated_tokens: int | None = None
+    wall_s: float | None = None
+    peak_cache_bytes: int | None = None
 
     @property
     def interactive(self) -> bool:
@@ -85,6 +93,8 @@ class TurnView:
     prefill_s: float
     decode_s: float
     tokens_per_s: float | None
+    prompt_tokens: int = 0  # the prompt this call conditioned on (logical)
+    keep: int | None = None  # Turn.tokens["keep"]: the previous stream's tokens this turn's context starts with
 
     @property
     def is_short(self) -> bool:
@@ -120,8 +130,8 @@ class EpisodeView:
 @dataclass
 class CompareView:
     table: CompareTable
-    # (scope, protocol, method, task) -> [(episode id, status, driver)] ordered by seed, as table.grid's statuses
-    links: dict[tuple[str, str, str, str], list[tuple[str, str, str]]]
+    # (scope, protocol, density, method, task) -> [(episode id, status, driver)] ordered by seed, as table.grid's
+    links: dict[tuple[str, str, float | None, str, str], list[tuple[str, str, str]]]
 
 
 @dataclass
@@ -140,17 +150,21 @@ class WorkerView:
         return self.state == "paused"
 
 
-def _job_row(session: Session, job: Any) -> JobRow:
-    summary = summarize(session, job)
+def _job_row(session: Session, job: Any, summary: JobSummary | None = None) -> JobRow:
+    summary = summary or summarize(session, job)
     return JobRow(
         job.id, job.name, job.status, job.created_at, summary.total, summary.finished, summary.counts,
         job.error, job.config or {}, job.git_revision,
     )  # fmt: skip
 
 
-def list_jobs(session: Session, *, limit: int = 100) -> list[JobRow]:
-    """The newest ``limit`` jobs, newest first, with their progress."""
-    return [_job_row(session, job) for job in db_store.list_jobs(session, limit=limit)]
+def list_jobs(session: Session, *, limit: int = 100, query: ListQuery | None = None) -> Listing:
+    """The first ``limit`` jobs of ``query`` (default: every job, newest first) with their progress."""
+    query = query or JOBS.parse(None, None, {})
+    jobs, total = filtered_jobs(session, query)
+    summaries = job_summaries(session, jobs)
+    matched = query.apply(_job_row(session, j, summaries[j.id]) for j in jobs)
+    return Listing(matched[:limit], len(matched), total)
 
 
 def recent_workers(session: Session, *, within_s: float, now: datetime | None = None) -> list[WorkerView]:
@@ -175,7 +189,10 @@ def progress(session: Session, job_id: str) -> dict[str, Any]:
 
 
 def _episode_row(e: Any) -> EpisodeRow:
-    return EpisodeRow(e.id, e.task_id, e.method, e.scope, e.protocol, e.seed, e.attempt, e.status, e.driver)
+    return EpisodeRow(
+        e.id, e.task_id, e.method, e.scope, e.protocol, e.seed, e.attempt, e.status, e.driver,
+        e.n_turns, e.prompt_tokens, e.generated_tokens, e.wall_s, e.peak_cache_bytes,
+    )  # fmt: skip
 
 
 def job_episodes(session: Session, job_id: str) -> list[EpisodeRow]:
@@ -188,17 +205,17 @@ def job_interactive(session: Session, job_id: str) -> list[EpisodeRow]:
     return [_episode_row(e) for e in db_store.interactive_attempts(session, [job_id])]
 
 
-def compare_view(session: Session, job_id: str, *, include_interactive: bool = False) -> CompareView:
-    """``compare_jobs`` for one job, plus the episode behind every status of its per-task grid."""
-    table = compare_jobs(session, [job_id], include_interactive=include_interactive)
-    links: dict[tuple[str, str, str, str], list[tuple[str, str, str]]] = {}
-    for scope, protocol, method in table.grid:
+def compare_view(session: Session, job_ids: Sequence[str], *, include_interactive: bool = False) -> CompareView:
+    """``compare_jobs`` for one job or a sweep of several, plus the episode behind every status of the grid."""
+    table = compare_jobs(session, job_ids, include_interactive=include_interactive)
+    links: dict[tuple[str, str, float | None, str, str], list[tuple[str, str, str]]] = {}
+    for key in table.grid:
         # the grid's dense column may reuse another cell's dense episodes: ask compare which ones it used
         per_task: dict[str, list[tuple[str, str, str]]] = defaultdict(list)
-        for o in sorted(cell_outcomes(table.outcomes, scope, protocol, method), key=lambda o: o.seed):
+        for o in sorted(cell_outcomes(table.outcomes, key), key=lambda o: o.seed):
             per_task[o.task_id].append((o.episode_id, o.status, o.driver))
         for task, items in per_task.items():
-            links[(scope, protocol, method, task)] = items
+            links[(*key, task)] = items
     return CompareView(table, links)
 
 
@@ -209,7 +226,7 @@ def _clip(text: str | None) -> str:
     return text[:MAX_SHOWN_CHARS] + f"\n… ({len(text) - MAX_SHOWN_CHARS} more characters: nexus-eval inspect --json)"
 
 
-def _turn_view(t: Turn) -> TurnView:
+def _turn_view(t: Turn, keep: int | None = None) -> TurnView:
     extra = t.extra or {}
     action = t.action
     return TurnView(
@@ -232,6 +249,8 @@ def _turn_view(t: Turn) -> TurnView:
         prefill_s=t.prefill_s or 0.0,
         decode_s=t.decode_s or 0.0,
         tokens_per_s=t.tokens_per_s,
+        prompt_tokens=t.prompt_tokens or 0,
+        keep=keep,
     )
 
 
@@ -257,6 +276,9 @@ def episode(session: Session, episode_id: str) -> EpisodeView:
     turns = session.execute(
         select(Turn).where(Turn.episode_id == e.id).order_by(Turn.index).options(defer(Turn.tokens))
     ).scalars()
+    # ... but where each turn's new tokens start in the stream (the retention map's turn marks): one number
+    keep = select(Turn.index, Turn.tokens["keep"].as_integer()).where(Turn.episode_id == e.id)
+    keeps: dict[int, int | None] = {index: start for index, start in session.execute(keep)}
     log = unpack(e.test_log)
     cut = max(0, len(log) - MAX_LOG_CHARS)
     return EpisodeView(
@@ -274,7 +296,7 @@ def episode(session: Session, episode_id: str) -> EpisodeView:
         grader=e.grader,
         grader_version=e.grader_version,
         retention=getattr(e, "retention", None),  # episodes.retention (migration 0003); None before it
-        turns=[_turn_view(t) for t in turns],
+        turns=[_turn_view(t, keeps.get(t.index)) for t in turns],
         siblings=siblings(session, e),
     )
 

@@ -16,7 +16,17 @@ from markupsafe import Markup
 
 from db.models import is_interactive
 from workers.compare import Cell, CompareTable
-from workers.compare_render import LEGEND, REPLAY_CAPTION, REPLAY_HEADER, SYMBOLS, cell_text, replay_text
+from workers.compare_render import (
+    LEGEND,
+    REPLAY_CAPTION,
+    REPLAY_HEADER,
+    SYMBOLS,
+    TRADEOFF_CAPTION,
+    cell_text,
+    replay_text,
+    tradeoff_columns,
+)
+from workers.cost import COST_FIELDS
 from workers.probe_render import layout as probe_layout
 from workers.probe_stats import BASELINES, CAPTION, ProbeCell
 
@@ -60,10 +70,13 @@ def diff_lines(patch: str | None) -> list[tuple[str, str]]:
 
 
 def cell_view(scope: str, protocol: str, cell: Cell) -> dict[str, Any]:
-    """One compare cell: the exact numbers of ``CompareTable.to_dict()`` as data attributes, and the CLI's text."""
+    """One compare cell: the exact numbers of ``CompareTable.to_dict()`` as data attributes (its cost under
+    ``cost``: field name -> number), and the CLI's text."""
     return {
         "scope": scope,
         "protocol": protocol,
+        "density": num(cell.density),
+        "cost": {name.replace("_", "-"): num(getattr(cell.cost, name)) for name in COST_FIELDS},
         "method": cell.method,
         "n": cell.n,
         "resolved": cell.resolved,
@@ -79,7 +92,7 @@ def compare_rows(table: CompareTable) -> list[dict[str, Any]]:
     rows = []
     for r in table.rows:
         cells = [cell_view(r.scope, r.protocol, r.cells[m]) for m in table.methods]
-        rows.append({"scope": r.scope, "protocol": r.protocol, "cells": cells})
+        rows.append({"scope": r.scope, "protocol": r.protocol, "density": r.density, "cells": cells})
     return rows
 
 
@@ -123,6 +136,8 @@ def _environment() -> Environment:
         diff_lines=diff_lines,
         compare_rows=compare_rows,
         replay_rows=replay_rows,
+        tradeoff_columns=tradeoff_columns,
+        TRADEOFF_CAPTION=TRADEOFF_CAPTION,
         LEGEND=LEGEND,
         REPLAY_CAPTION=REPLAY_CAPTION,
         REPLAY_HEADER=REPLAY_HEADER,

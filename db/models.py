@@ -82,6 +82,8 @@ FAILED_STATUSES = (GRADE_STATUSES - {"resolved"}) | RUN_FAILURE_STATUSES
 # (a grade may still be recorded on top of them).
 TERMINAL_STATUSES = GRADE_STATUSES | AGENT_EXIT_STATUSES | SERVICE_FAILURE_STATUSES
 ACTIVE_STATUSES = frozenset({"queued", "running"})
+# a job with an episode in one of these still has work to cancel (a run, or a grade to come)
+CANCELLABLE_STATUSES = ACTIVE_STATUSES | AGENT_EXIT_STATUSES
 
 
 class AttemptDriver(StrEnum):

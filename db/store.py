@@ -45,7 +45,17 @@ from db.claims import (
 )
 from db.connection import begin_write
 from db.job_status import JobSummary, job_grades, refresh_job_status, summarize
-from db.models import ACTIVE_STATUSES, AGENT_DRIVERS, AttemptDriver, Episode, EpisodeStatus, Job, JobStatus, utcnow
+from db.models import (
+    ACTIVE_STATUSES,
+    AGENT_DRIVERS,
+    CANCELLABLE_STATUSES,
+    AttemptDriver,
+    Episode,
+    EpisodeStatus,
+    Job,
+    JobStatus,
+    utcnow,
+)
 from db.provenance import git_revision as current_git_revision
 from db.provenance import package_versions as current_package_versions
 
@@ -329,14 +339,19 @@ def stale_episodes(session: Session, stale_after_s: float, *, job_id: str | None
     return [r for r in session.execute(query).scalars() if r.heartbeat_at is None or r.heartbeat_at < cutoff]
 
 
-def cancel_job(session: Session, job_id: str, reason: str = "cancelled by user") -> list[str]:
-    """Cancel the job and every queued/running episode of it. Returns the Celery task ids to revoke.
+def cancel_job(session: Session, job_id: str, reason: str = "cancelled by user") -> list[str] | None:
+    """Cancel the job and every queued/running episode of it (a grade still to come is then never taken). Returns
+    the Celery task ids to revoke, or ``None`` when the job has no episode queued, running or waiting for its
+    grade: then nothing changes (a finished job keeps its status).
 
     A worker still running one of them finds out at its next ``record_turn`` (``ClaimLost``); its
     ``finish_episode`` returns ``False``."""
     begin_write(session)
     job = lock_job(session, get_job(session, job_id).id)
-    active = [r for r in episodes_for_job(session, job.id) if r.status in ACTIVE_STATUSES]
+    episodes = episodes_for_job(session, job.id)
+    if not any(r.status in CANCELLABLE_STATUSES for r in episodes):
+        return None
+    active = [r for r in episodes if r.status in ACTIVE_STATUSES]
     task_ids = sorted({r.celery_task_id for r in active if r.celery_task_id})
     session.execute(
         update(Episode)

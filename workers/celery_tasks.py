@@ -283,9 +283,12 @@ def rerun(db: Database, job_id: str, statuses: list[str], *, app: Celery | None 
     return new_ids
 
 
-def cancel(db: Database, job_id: str, reason: str = "cancelled by user", *, app: Celery | None = None) -> list[str]:
+def cancel(
+    db: Database, job_id: str, reason: str = "cancelled by user", *, app: Celery | None = None
+) -> list[str] | None:
     """Cancel a job: its queued/running episodes become ``cancelled`` in the database (what every worker
-    checks), and their Celery messages are revoked. A running episode stops at its next turn."""
+    checks), and their Celery messages are revoked. A running episode stops at its next turn. ``None`` when the
+    job had nothing queued or running (nothing changed)."""
     with db.session() as s:
         task_ids = db_store.cancel_job(s, job_id, reason)
     if task_ids:

@@ -1,6 +1,12 @@
 """``compare``: the paper's Table 3 from the latest attempts of one or more jobs.
 
-Layout: one row per (scope, protocol) cell, one column per method. A cell reports
+Layout: one row per (scope, protocol, density) cell, one column per method. Density is the eviction's configured
+kept fraction (``episodes.config.eviction.density``); jobs run at several densities (a sweep: ``compare J1 J2
+J3``) get one row per density, and dense, which keeps every token, sits in each of them (its cell's density
+reads 1.0). A cell reports
+
+- its cost beside its quality (``Cell.cost``, :mod:`workers.cost`): kept fraction of the logical tokens,
+  mean and peak KV bytes per episode, turns, generated tokens and wall time, means over its counted episodes;
 
 - one seed: resolved / n, the rate, and a Wilson 95% interval;
 - several seeds: Pass@1 = the mean over tasks of (resolved seeds / finished seeds), a seeded bootstrap 95%
@@ -50,6 +56,7 @@ from db.models import (
     is_interactive,
 )
 from nexus.methods import DENSE, METHODS, SCOPES
+from workers.cost import CellCost, EpisodeCost, episode_costs, summarize_cost
 from workers.replay_stats import ReplayCell, replay_cells, replay_notes
 from workers.stats import bootstrap_mean_ci, mcnemar_paired, pass_at_k, wilson_interval
 
@@ -70,6 +77,8 @@ class Outcome:
     attempt: int = 1
     episode_id: str = ""  # the attempt's row (links from a rendered grid back to the episode)
     driver: str = AttemptDriver.agent.value  # who chose the attempt's actions (db.models.AttemptDriver)
+    density: float | None = None  # the eviction's kept fraction; None for dense, which keeps everything
+    cost: EpisodeCost | None = None  # what it stored of its cost (workers.cost)
 
     @property
     def interactive(self) -> bool:
@@ -108,6 +117,12 @@ class Cell:
     failures: int = 0  # timeout + infra_failure (inside n)
     reused_dense: bool = False
     interactive: int = 0  # counted outcomes from interactive attempts (only with include_interactive)
+    density: float | None = None  # the row's density; 1.0 for dense (keeps every token)
+    cost: CellCost = field(default_factory=CellCost)
+
+
+#: a cell of the per-task grid: (scope, protocol, density, method); density None for dense
+GridKey = tuple[str, str, float | None, str]
 
 
 @dataclass
@@ -115,26 +130,36 @@ class Row:
     scope: str
     protocol: str
     cells: dict[str, Cell]
+    density: float | None = None  # None: a row of dense alone (no evicting method ran in this cell)
+
+    @property
+    def label(self) -> str:
+        return f"{self.scope} / {self.protocol}" + ("" if self.density is None else f" / density {self.density:g}")
 
 
 @dataclass
 class CompareTable:
-    """The whole comparison. ``grid[(scope, protocol, method)][task_id]`` = statuses ordered by seed."""
+    """The whole comparison. ``grid[(scope, protocol, density, method)][task_id]`` = statuses ordered by seed."""
 
     job_ids: list[str]
     methods: list[str]
     rows: list[Row]
     tasks: list[str]
-    grid: dict[tuple[str, str, str], dict[str, list[str]]]
+    grid: dict[GridKey, dict[str, list[str]]]
     notes: list[str] = field(default_factory=list)
     # same shape as grid (build_table fills both): the driver of each status's attempt
-    drivers: dict[tuple[str, str, str], dict[str, list[str]]] = field(default_factory=dict)
+    drivers: dict[GridKey, dict[str, list[str]]] = field(default_factory=dict)
     replay: list[ReplayCell] = field(default_factory=list)  # counterfactual replays, when any were stored
     # the outcomes the table was built from (not serialized): which episode is behind each grid status
     outcomes: list[Outcome] = field(default_factory=list, repr=False)
 
-    def seeds(self, key: tuple[str, str, str], task: str) -> list[tuple[str, str]]:
-        """(status, driver) of each seed of ``task`` in the grid cell ``key`` (scope, protocol, method)."""
+    @property
+    def densities(self) -> list[float]:
+        """The densities the table's rows span (one for a single job; several for a sweep)."""
+        return sorted({r.density for r in self.rows if r.density is not None})
+
+    def seeds(self, key: GridKey, task: str) -> list[tuple[str, str]]:
+        """(status, driver) of each seed of ``task`` in the grid cell ``key`` (scope, protocol, density, method)."""
         return list(zip(self.grid[key].get(task, []), self.drivers[key].get(task, []), strict=True))
 
     def to_dict(self) -> dict[str, Any]:
@@ -145,6 +170,7 @@ class CompareTable:
                 {
                     "scope": r.scope,
                     "protocol": r.protocol,
+                    "density": r.density,
                     "cells": {m: asdict(c) for m, c in r.cells.items()},
                 }
                 for r in self.rows
@@ -156,11 +182,12 @@ class CompareTable:
                         {
                             "scope": s,
                             "protocol": p,
+                            "density": d,
                             "method": m,
                             "statuses": by_task.get(t, []),
-                            "drivers": self.drivers[(s, p, m)].get(t, []),
+                            "drivers": self.drivers[(s, p, d, m)].get(t, []),
                         }
-                        for (s, p, m), by_task in self.grid.items()
+                        for (s, p, d, m), by_task in self.grid.items()
                     ],
                 }
                 for t in self.tasks
@@ -183,13 +210,13 @@ def _order(values: Iterable[str], canonical: Sequence[str]) -> list[str]:
 
 
 def merge_jobs(outcomes_per_job: Sequence[Sequence[Outcome]]) -> tuple[list[Outcome], list[str]]:
-    """Union of several jobs' outcomes; when two jobs ran the same (task, method, scope, protocol, seed),
-    the later job in the list wins (and a note says how often)."""
-    merged: dict[tuple[str, str, str, str, int], Outcome] = {}
+    """Union of several jobs' outcomes; when two jobs ran the same (task, method, scope, protocol, density,
+    seed), the later job in the list wins (and a note says how often)."""
+    merged: dict[tuple[str, str, str, str, float | None, int], Outcome] = {}
     replaced = 0
     for outcomes in outcomes_per_job:
         for o in outcomes:
-            key = (o.task_id, o.method, o.scope, o.protocol, o.seed)
+            key = (o.task_id, o.method, o.scope, o.protocol, o.density, o.seed)
             replaced += key in merged
             merged[key] = o
     notes = [f"{replaced} episode(s) ran in more than one job; the later job's result is used"] if replaced else []
@@ -209,12 +236,14 @@ def _dense_for(outcomes: list[Outcome], scope: str, protocol: str) -> tuple[list
     return list(chosen.values()), True
 
 
-def cell_outcomes(outcomes: list[Outcome], scope: str, protocol: str, method: str) -> list[Outcome]:
-    """The outcomes one table cell summarizes: the method's own in (scope, protocol); for dense, the row's
-    dense outcomes, reused from another cell when the row has none of its own (see :func:`build_table`)."""
+def cell_outcomes(outcomes: list[Outcome], key: GridKey) -> list[Outcome]:
+    """The outcomes one table cell ``(scope, protocol, density, method)`` summarizes: the method's own at that
+    density; for dense, the row's dense outcomes (whatever the density), reused from another cell when the
+    row has none of its own (see :func:`build_table`)."""
+    scope, protocol, density, method = key
     if method == DENSE:
         return _dense_for(outcomes, scope, protocol)[0]
-    return [o for o in outcomes if (o.method, o.scope, o.protocol) == (method, scope, protocol)]
+    return [o for o in outcomes if (o.method, o.scope, o.protocol, o.density) == (method, scope, protocol, density)]
 
 
 def summarize_cell(
@@ -233,6 +262,7 @@ def summarize_cell(
     cell.failures = sum(o.status in RUN_FAILURE_STATUSES for o in counted)
     cell.interactive = sum(o.interactive for o in counted)
     cell.n, cell.resolved = len(counted), sum(o.resolved for o in counted)
+    cell.cost = summarize_cost([o.cost for o in counted])
     per_task: dict[str, list[bool]] = defaultdict(list)
     for o in counted:
         per_task[o.task_id].append(o.resolved)
@@ -275,31 +305,35 @@ def build_table(
     """The comparison of ``outcomes`` (one per episode key; use :func:`merge_jobs` for several jobs)."""
     rows_in = list(outcomes)
     methods = _order((o.method for o in rows_in), METHODS)
-    cells_with_evicting = {(o.scope, o.protocol) for o in rows_in if o.method != DENSE}
-    cells_present = cells_with_evicting or {(o.scope, o.protocol) for o in rows_in}
+    evicting = [o for o in rows_in if o.method != DENSE]
+    cells_present = {(o.scope, o.protocol) for o in evicting} or {(o.scope, o.protocol) for o in rows_in}
     rows: list[Row] = []
-    grid: dict[tuple[str, str, str], dict[str, list[str]]] = {}
-    drivers: dict[tuple[str, str, str], dict[str, list[str]]] = {}
+    grid: dict[GridKey, dict[str, list[str]]] = {}
+    drivers: dict[GridKey, dict[str, list[str]]] = {}
     for scope in _order((s for s, _ in cells_present), SCOPES):
         for protocol in _order((p for s, p in cells_present if s == scope), PROTOCOLS):
             dense, reused = _dense_for(rows_in, scope, protocol)
-            cells = {}
-            for method in methods:
-                mine = dense if method == DENSE else cell_outcomes(rows_in, scope, protocol, method)
-                cell = summarize_cell(method, mine, dense if dense else None, confidence=confidence, seed=seed)
-                cell.reused_dense = method == DENSE and reused
-                cells[method] = cell
-                by_task: dict[str, list[str]] = defaultdict(list)
-                driven: dict[str, list[str]] = defaultdict(list)
-                for o in sorted(mine, key=lambda o: o.seed):
-                    by_task[o.task_id].append(o.status)
-                    driven[o.task_id].append(o.driver)
-                grid[(scope, protocol, method)] = dict(by_task)
-                drivers[(scope, protocol, method)] = dict(driven)
-            rows.append(Row(scope, protocol, cells))
+            here = {o.density for o in evicting if (o.scope, o.protocol) == (scope, protocol)}
+            for density in sorted(here) or [None]:  # type: ignore[type-var]  # None only without evicting methods
+                cells = {}
+                for method in methods:
+                    key = (scope, protocol, None if method == DENSE else density, method)
+                    mine = dense if method == DENSE else cell_outcomes(rows_in, key)
+                    cell = summarize_cell(method, mine, dense if dense else None, confidence=confidence, seed=seed)
+                    cell.reused_dense = method == DENSE and reused
+                    cell.density = 1.0 if method == DENSE else density
+                    cells[method] = cell
+                    grid[key], drivers[key] = _by_task(mine)
+                rows.append(Row(scope, protocol, cells, density))
     notes = list(notes)
     if any(c.reused_dense for r in rows for c in r.cells.values()):
         notes.append("dense ran in one scope/protocol cell and is reused for the other rows (it evicts nothing)")
+    densities = sorted({r.density for r in rows if r.density is not None})
+    if len(densities) > 1:
+        notes.append(
+            f"cells are aligned by density ({', '.join(f'{d:g}' for d in densities)}): one row per density; "
+            "dense keeps every token and is the same in each"
+        )
     return CompareTable(
         job_ids=list(job_ids),
         methods=methods,
@@ -312,8 +346,28 @@ def build_table(
     )
 
 
-def outcomes_from_episodes(episodes: Iterable[Any]) -> list[Outcome]:
-    """``db.models.Episode`` rows (or anything with the same attributes) -> outcomes."""
+def _by_task(outcomes: Sequence[Outcome]) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+    """(statuses, drivers) per task, each ordered by seed: one grid cell."""
+    statuses: dict[str, list[str]] = defaultdict(list)
+    driven: dict[str, list[str]] = defaultdict(list)
+    for o in sorted(outcomes, key=lambda o: o.seed):
+        statuses[o.task_id].append(o.status)
+        driven[o.task_id].append(o.driver)
+    return dict(statuses), dict(driven)
+
+
+def outcome_density(method: str, config: dict[str, Any] | None) -> float | None:
+    """The density an episode ran at, from its stored config; ``None`` for dense (it keeps everything)."""
+    if method == DENSE:
+        return None
+    density = ((config or {}).get("eviction") or {}).get("density")
+    return None if density is None else float(density)
+
+
+def outcomes_from_episodes(episodes: Iterable[Any], costs: dict[str, EpisodeCost] | None = None) -> list[Outcome]:
+    """``db.models.Episode`` rows (or anything with the same attributes) -> outcomes; ``costs`` by episode id
+    (:func:`workers.cost.episode_costs`), when the table should carry them."""
+    costs = costs or {}
     return [
         Outcome(
             e.task_id,
@@ -326,6 +380,8 @@ def outcomes_from_episodes(episodes: Iterable[Any]) -> list[Outcome]:
             attempt=e.attempt,
             episode_id=e.id,
             driver=e.driver,
+            density=outcome_density(e.method, e.config),
+            cost=costs.get(e.id),
         )
         for e in episodes
     ]
@@ -347,8 +403,9 @@ def compare_jobs(
     jobs = [get_job(session, j) for j in job_ids]
     ids = [job.id for job in jobs]
     episodes = [result_attempts(session, [j], include_interactive=include_interactive) for j in ids]
-    outcomes, notes = merge_jobs([outcomes_from_episodes(e) for e in episodes])
     every = [e for per_job in episodes for e in per_job]
+    costs = episode_costs(session, every)
+    outcomes, notes = merge_jobs([outcomes_from_episodes(e, costs) for e in episodes])
     notes += interactive_notes(interactive_attempts(session, ids), counted=[o for o in outcomes if o.interactive])
     notes += setting_notes(jobs) + grading_notes(every) + seed_notes(every)
     table = build_table(outcomes, job_ids=ids, confidence=confidence, seed=seed, notes=notes)
@@ -414,13 +471,15 @@ def seed_notes(episodes: Sequence[Any]) -> list[str]:
     ]
 
 
-#: Job settings that change what a column means; merged jobs that differ in them get a warning note.
-COMPARED_SETTINGS = ("density", "model", "backend", "limits", "sampling", "eviction", "preset")
+#: Job settings that change what a column means; merged jobs that differ in them get a warning note. Density is
+#: not one of them: cells are aligned by it (a row per density), so a sweep's jobs differ in it by design.
+COMPARED_SETTINGS = ("model", "backend", "limits", "sampling", "eviction", "preset")
+ALIGNED_SETTINGS = frozenset({"density"})
 
 
 def setting_notes(jobs: Sequence[Any]) -> list[str]:
     """Warnings for merged jobs whose configs differ in a setting that changes results (the columns are
-    keyed by method alone, so a density difference would otherwise be invisible). A method's own settings
+    keyed by method alone, and rows by scope, protocol and density only). A method's own settings
     (``method_params``, resolved from the job's preset) are compared per method, value by value, among the
     jobs that ran that method."""
     notes = []
@@ -435,7 +494,7 @@ def setting_notes(jobs: Sequence[Any]) -> list[str]:
     for method, by_job in per_method.items():
         if len(by_job) < 2:
             continue
-        for name in sorted({name for settings in by_job.values() for name in settings}):
+        for name in sorted({name for settings in by_job.values() for name in settings} - ALIGNED_SETTINGS):
             values = {j: settings.get(name, shared[j].get(name)) for j, settings in by_job.items()}
             notes += _differences(f"method_params.{method}.{name}", values)
     return notes

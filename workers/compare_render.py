@@ -2,9 +2,10 @@
 
 - ``json``: ``CompareTable.to_dict()``: ``rows[].cells[method]`` with every Cell field (fractions in [0, 1]),
   ``grid[]`` per task with the statuses of each scope/protocol/method cell, ordered by seed.
-- ``csv``: long format, one line per (scope, protocol, method) with :data:`SUMMARY_COLUMNS`; ``to_csv(...,
-  grid=True)`` gives one line per task x cell x seed instead.
-- ``markdown``: the summary table, then the per-task grid (one symbol per seed, see :data:`LEGEND`).
+- ``csv``: long format, one line per (scope, protocol, density, method) with :data:`SUMMARY_COLUMNS` (the cost
+  columns among them); ``to_csv(..., grid=True)`` gives one line per task x cell x seed instead.
+- ``markdown``: the summary table, the trade-off table (:func:`tradeoff_rows`: quality beside cost, a line per
+  cell), then the per-task grid (one symbol per seed, see :data:`LEGEND`).
 - ``table``: the same as rich tables (``rich_tables`` for printing to a live console).
 
 A table with counterfactual replays (``CompareTable.replay``) gets more, and only then: ``json`` a top-level
@@ -21,7 +22,9 @@ from collections.abc import Callable
 from typing import Any
 
 from db.models import EpisodeStatus, is_interactive
-from workers.compare import Cell, CompareTable
+from nexus.methods import DENSE
+from workers.compare import Cell, CompareTable, GridKey, Row
+from workers.cost import COST_FIELDS, human_bytes
 from workers.replay_stats import REPLAY_CAPTION, ReplayCell
 
 FORMATS = ("table", "json", "csv", "markdown")
@@ -48,11 +51,7 @@ def cell_text(cell: Cell, *, multiline: bool = False) -> str:
     """Human text of a cell: ``7/10 70.0% [39.7–89.2]`` or ``Pass@1 63.3% [..] pass@3 90.0%``, then p."""
     if cell.n == 0:
         return "pending" if cell.pending else "-"
-    ci = f"[{100 * cell.ci_low:.1f}–{100 * cell.ci_high:.1f}]"
-    if cell.ci_method == "wilson":
-        parts = [f"{cell.resolved}/{cell.n} {_pct(cell.rate)}", ci]
-    else:
-        parts = [f"Pass@1 {_pct(cell.rate)}", ci] + [f"pass@{k} {_pct(v)}" for k, v in cell.pass_at_k.items()]
+    parts = quality_parts(cell)
     if cell.p_value is not None:
         parts.append(f"p={cell.p_value:.3g} ({cell.b}:{cell.c})")
     if cell.reused_dense:
@@ -64,7 +63,17 @@ def cell_text(cell: Cell, *, multiline: bool = False) -> str:
     return ("\n" if multiline else " ").join(parts)
 
 
-def _grid_cell(table: CompareTable, key: tuple[str, str, str], task: str) -> str:
+def quality_parts(cell: Cell) -> list[str]:
+    """The cell's rate and interval: ``["7/10 70.0%", "[39.7–89.2]"]`` or Pass@1, interval, pass@k."""
+    if cell.n == 0:
+        return ["pending" if cell.pending else "-"]
+    ci = f"[{100 * cell.ci_low:.1f}–{100 * cell.ci_high:.1f}]"
+    if cell.ci_method == "wilson":
+        return [f"{cell.resolved}/{cell.n} {_pct(cell.rate)}", ci]
+    return [f"Pass@1 {_pct(cell.rate)}", ci] + [f"pass@{k} {_pct(v)}" for k, v in cell.pass_at_k.items()]
+
+
+def _grid_cell(table: CompareTable, key: GridKey, task: str) -> str:
     """One symbol per seed; ``*`` after one whose attempt was run interactively (counted by request)."""
     seeds = table.seeds(key, task)
     return "".join(SYMBOLS.get(s, "…") + ("*" if is_interactive(d) else "") for s, d in seeds) or " "
@@ -73,7 +82,9 @@ def _grid_cell(table: CompareTable, key: tuple[str, str, str], task: str) -> str
 SUMMARY_COLUMNS = [
     "scope",
     "protocol",
+    "row_density",  # the row's density (the alignment key); the cell's own is ``density`` (1.0 for dense)
     "method",
+    "density",
     "n",
     "resolved",
     "rate",
@@ -93,6 +104,7 @@ SUMMARY_COLUMNS = [
     "failures",
     "reused_dense",
     "interactive",
+    *(f"cost_{name}" if name == "episodes" else name for name in COST_FIELDS),
 ]
 
 
@@ -108,7 +120,17 @@ REPLAY_COLUMNS = [
     "replay_skipped",
     "replay_failed",
 ]
-REPLAY_HEADER = ["scope", "protocol", "method", "episodes", "tasks", "NLL", "top-1", "ΔNLL vs dense [95% CI]"]
+REPLAY_HEADER = [
+    "scope",
+    "protocol",
+    "density",
+    "method",
+    "episodes",
+    "tasks",
+    "NLL",
+    "top-1",
+    "ΔNLL vs dense [95% CI]",
+]
 
 
 def _replay_values(r: ReplayCell | None) -> list[Any]:
@@ -133,7 +155,79 @@ def replay_text(r: ReplayCell) -> list[str]:
     delta = "-" if r.delta_nll is None else f"{r.delta_nll:+.3f} [{r.delta_ci_low:+.3f}, {r.delta_ci_high:+.3f}]"
     episodes = str(r.episodes) + "".join(f" +{n} {w}" for n, w in ((r.skipped, "skipped"), (r.failed, "failed")) if n)
     nll = "-" if r.nll_mean is None else f"{r.nll_mean:.3f}"
-    return [r.scope, r.protocol, r.method, episodes, str(r.tasks), nll, _pct(r.top1), delta]
+    return [r.scope, r.protocol, _density(r.density), r.method, episodes, str(r.tasks), nll, _pct(r.top1), delta]
+
+
+def _density(d: float | None) -> str:
+    return "-" if d is None else f"{d:g}"
+
+
+def grid_key(row: Row, method: str) -> GridKey:
+    """The grid cell behind ``row``'s ``method`` column (dense is keyed without a density)."""
+    return (row.scope, row.protocol, None if method == DENSE else row.density, method)
+
+
+#: the trade-off table: a cell's quality beside its cost, a line per (scope, protocol, density, method)
+TRADEOFF_HEADER = [
+    "scope",
+    "protocol",
+    "density",
+    "method",
+    "resolved [95% CI]",
+    "ΔNLL vs dense",
+    "kept",
+    "KV mean",
+    "KV peak",
+    "turns",
+    "gen tokens",
+    "wall s",
+]
+
+
+def tradeoff_rows(table: CompareTable) -> list[list[str]]:
+    """:data:`TRADEOFF_HEADER` cells, one line per cell of the table that has episodes (dense once per scope
+    x protocol: it is the same in every density row)."""
+    replays = {(r.scope, r.protocol, r.density, r.method): r for r in table.replay}
+    lines, seen = [], set()
+    for row in table.rows:
+        for method, c in row.cells.items():
+            key = grid_key(row, method)
+            if key in seen or (c.n == 0 and not c.pending):
+                continue
+            seen.add(key)
+            r = replays.get(key)
+            delta = "-" if r is None or r.delta_nll is None else f"{r.delta_nll:+.3f}"
+            cost = c.cost
+            lines.append(
+                [
+                    row.scope,
+                    row.protocol,
+                    _density(c.density),
+                    method,
+                    " ".join(quality_parts(c)),
+                    delta,
+                    _pct(cost.kept_fraction),
+                    human_bytes(cost.kv_mean_bytes),
+                    human_bytes(cost.kv_peak_bytes),
+                    _fixed(cost.turns, 1),
+                    _fixed(cost.generated_tokens, 0),
+                    _fixed(cost.wall_s, 1),
+                ]
+            )
+    return lines
+
+
+def tradeoff_columns(table: CompareTable) -> tuple[list[str], list[list[str]]]:
+    """(header, lines) of the trade-off table; the ΔNLL column only when the table carries replays."""
+    header, lines = TRADEOFF_HEADER, tradeoff_rows(table)
+    if table.replay:
+        return list(header), lines
+    drop = header.index("ΔNLL vs dense")
+    return [h for i, h in enumerate(header) if i != drop], [[v for i, v in enumerate(x) if i != drop] for x in lines]
+
+
+def _fixed(x: float | None, digits: int) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
 
 
 def to_csv(table: CompareTable, *, grid: bool = False) -> str:
@@ -141,67 +235,90 @@ def to_csv(table: CompareTable, *, grid: bool = False) -> str:
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     if grid:
-        writer.writerow(["task_id", "scope", "protocol", "method", "seed_index", "status", "driver"])
+        writer.writerow(["task_id", "scope", "protocol", "density", "method", "seed_index", "status", "driver"])
         for key in table.grid:
             for task in table.tasks:
                 for i, (status, driver) in enumerate(table.seeds(key, task)):
-                    writer.writerow([task, *key, i, status, driver])
+                    writer.writerow([task, key[0], key[1], _num(key[2]), key[3], i, status, driver])
         return out.getvalue()
-    replays = {(r.scope, r.protocol, r.method): r for r in table.replay}
-    with_replays = bool(replays)  # every line gets the columns (popping below empties the dict)
+    replays = {(r.scope, r.protocol, r.density, r.method): r for r in table.replay}
+    with_replays = bool(replays)
     writer.writerow(SUMMARY_COLUMNS + (REPLAY_COLUMNS if with_replays else []))
+    shown = set()
     for row in table.rows:
         for method, c in row.cells.items():
-            extra = _replay_values(replays.pop((row.scope, row.protocol, method), None)) if with_replays else []
-            writer.writerow(
-                [
-                    row.scope,
-                    row.protocol,
-                    method,
-                    c.n,
-                    c.resolved,
-                    _num(c.rate),
-                    _num(c.ci_low),
-                    _num(c.ci_high),
-                    c.ci_method or "",
-                    ";".join(f"{k}={v:.6g}" for k, v in c.pass_at_k.items()),
-                    _num(c.p_value),
-                    c.mcnemar_method or "",
-                    c.b,
-                    c.c,
-                    c.n_pairs,
-                    c.n_tasks,
-                    c.n_seeds,
-                    c.pending,
-                    c.cancelled,
-                    c.failures,
-                    str(c.reused_dense).lower(),
-                    c.interactive,
-                    *extra,
-                ]
-            )
-    for (scope, protocol, method), r in replays.items():  # replayed cells without episodes of their own
-        writer.writerow([scope, protocol, method] + [""] * (len(SUMMARY_COLUMNS) - 3) + _replay_values(r))
+            key = grid_key(row, method)
+            shown.add(key)
+            extra = _replay_values(replays.get(key)) if with_replays else []
+            writer.writerow([row.scope, row.protocol, _num(row.density), method, *_cell_values(c), *extra])
+    for (scope, protocol, density, method), r in replays.items():  # replayed cells without episodes of their own
+        if (scope, protocol, density, method) not in shown:
+            blanks = [""] * (len(SUMMARY_COLUMNS) - 5)
+            writer.writerow([scope, protocol, _num(density), method, _num(density), *blanks, *_replay_values(r)])
     return out.getvalue()
+
+
+def _cell_values(c: Cell) -> list[Any]:
+    """A cell's values for :data:`SUMMARY_COLUMNS` after scope, protocol, row_density and method."""
+    cost = c.cost
+    return [
+        _num(c.density),
+        c.n,
+        c.resolved,
+        _num(c.rate),
+        _num(c.ci_low),
+        _num(c.ci_high),
+        c.ci_method or "",
+        ";".join(f"{k}={v:.6g}" for k, v in c.pass_at_k.items()),
+        _num(c.p_value),
+        c.mcnemar_method or "",
+        c.b,
+        c.c,
+        c.n_pairs,
+        c.n_tasks,
+        c.n_seeds,
+        c.pending,
+        c.cancelled,
+        c.failures,
+        str(c.reused_dense).lower(),
+        c.interactive,
+        *(_cost_value(name, getattr(cost, name)) for name in COST_FIELDS),
+    ]
+
+
+def _cost_value(name: str, value: float | None) -> Any:
+    """Bytes as whole numbers (a mean of byte counts, rounded), counts as they are, fractions to 6 digits."""
+    if value is None:
+        return ""
+    return f"{value:.0f}" if name.endswith("_bytes") else value if name == "episodes" else f"{value:.6g}"
 
 
 def _num(x: float | None) -> str:
     return "" if x is None else f"{x:.6g}"
 
 
+def _key_text(key: GridKey, sep: str) -> str:
+    scope, protocol, density, method = key
+    return sep.join([scope, protocol] + ([] if density is None else [f"d={density:g}"]) + [method])
+
+
 def to_markdown(table: CompareTable) -> str:
-    lines = ["| scope | protocol | " + " | ".join(table.methods) + " |"]
-    lines.append("|---|---|" + "---|" * len(table.methods))
+    lines = ["| scope | protocol | density | " + " | ".join(table.methods) + " |"]
+    lines.append("|---|---|---|" + "---|" * len(table.methods))
     for row in table.rows:
         cells = [cell_text(row.cells[m]) for m in table.methods]
-        lines.append(f"| {row.scope} | {row.protocol} | " + " | ".join(cells) + " |")
+        lines.append(f"| {row.scope} | {row.protocol} | {_density(row.density)} | " + " | ".join(cells) + " |")
+    lines += ["", "Quality beside cost (means per episode of the cell's counted episodes):", ""]
+    header, values = tradeoff_columns(table)
+    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(v) + " |" for v in values]
     if table.replay:
         lines += ["", f"Counterfactual replay: {REPLAY_CAPTION}.", ""]
         lines += ["| " + " | ".join(REPLAY_HEADER) + " |", "|" + "---|" * len(REPLAY_HEADER)]
         lines += ["| " + " | ".join(replay_text(r)) + " |" for r in table.replay]
     lines += ["", "Per task (one symbol per seed): " + LEGEND, ""]
     keys = list(table.grid)
-    lines.append("| task | " + " | ".join(f"{s}/{p}/{m}" for s, p, m in keys) + " |")
+    lines.append("| task | " + " | ".join(_key_text(k, "/") for k in keys) + " |")
     lines.append("|---|" + "---|" * len(keys))
     for task in table.tasks:
         lines.append(f"| {task} | " + " | ".join(_grid_cell(table, k, task) for k in keys) + " |")
@@ -209,8 +326,15 @@ def to_markdown(table: CompareTable) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
+#: under the trade-off table: what its cost columns are
+TRADEOFF_CAPTION = (
+    "kept = cache slots after eviction / tokens seen, mean over turns; KV mean / peak = the cache's bytes, mean "
+    "over turns / largest; turns, generated tokens and wall time per episode; all means over the cell's episodes"
+)
+
+
 def rich_tables(table: CompareTable) -> list[Any]:
-    """rich renderables: the summary table, then one per-task grid per scope x protocol row."""
+    """rich renderables: the summary table, the trade-off table, then one per-task grid per row."""
     from rich.table import Table
     from rich.text import Text
 
@@ -221,27 +345,31 @@ def rich_tables(table: CompareTable) -> list[Any]:
         summary.add_column(method, justify="center")
     for row in table.rows:
         summary.add_row(
-            f"{row.scope}\n{row.protocol}", *(cell_text(row.cells[m], multiline=True) for m in table.methods)
+            row.label.replace(" / ", "\n"), *(cell_text(row.cells[m], multiline=True) for m in table.methods)
         )
     renderables: list[Any] = [summary]
+    tradeoff = Table(title="quality beside cost", caption=TRADEOFF_CAPTION)
+    header, values = tradeoff_columns(table)
+    for i, name in enumerate(header):
+        tradeoff.add_column(name, justify="left" if i < 4 else "right")
+    for v in values:
+        tradeoff.add_row(*v)
+    renderables.append(tradeoff)
     if table.replay:
         replay = Table(title="counterfactual replay", caption=REPLAY_CAPTION)
         for i, name in enumerate(REPLAY_HEADER):
-            replay.add_column(name, justify="left" if i < 3 else "right")
+            replay.add_column(name, justify="left" if i < 4 else "right")
         for r in table.replay:
             replay.add_row(*replay_text(r))
         renderables.append(replay)
     for row in table.rows:
-        title = f"per task: {row.scope} / {row.protocol}"
+        title = f"per task: {row.label}"
         grid = Table(title=title, min_width=len(title) + 4)
         grid.add_column("task")
         for method in table.methods:
             grid.add_column(method, justify="center")
         for task in table.tasks:
-            grid.add_row(
-                task,
-                *(_grid_cell(table, (row.scope, row.protocol, m), task) for m in table.methods),
-            )
+            grid.add_row(task, *(_grid_cell(table, grid_key(row, m), task) for m in table.methods))
         renderables.append(grid)
     renderables.append(Text(LEGEND, style="dim"))
     return renderables

@@ -6,7 +6,9 @@ The child process matters: the model then lives in the worker process exactly as
 parent never calls ``AsyncResult.get()`` from inside a worker (Celery forbids that); it polls the database,
 which is the source of truth anyway.
 
-:func:`watch_job` is the live rich progress table shared with ``nexus-eval status --watch``.
+:func:`wait_for_job` polls a job until it is finished, calling back on every poll: the CLI draws its progress
+there (nexus_eval/commands/_job_progress.py, shared by ``run`` and ``status --watch``); :func:`progress_table`
+is the job's status table.
 """
 
 from __future__ import annotations
@@ -17,13 +19,16 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 from db import Database
 from db import store as db_store
-from db.models import ACTIVE_STATUSES
+from db.models import ACTIVE_STATUSES, GRADE_STATUSES, SERVICE_FAILURE_STATUSES
 
 WORKER_QUEUES = "gpu,grade,default"
+#: an attempt nothing more will happen to: graded, or its run failed or was cancelled
+ENDED_STATUSES = GRADE_STATUSES | SERVICE_FAILURE_STATUSES
 
 
 def worker_command(
@@ -113,39 +118,32 @@ def progress_table(db: Database, job_id: str):
 
 def job_finished(db: Database, job_id: str) -> bool:
     """No episode is queued/running/awaiting its grade, or the job is cancelled/failed."""
-    from db.models import AGENT_EXIT_STATUSES
-
     with db.session() as s:
         job = db_store.get_job(s, job_id)
         if job.status in ("cancelled", "failed"):
             return True
-        waiting = ACTIVE_STATUSES | AGENT_EXIT_STATUSES
-        return not any(r.status in waiting for r in db_store.latest_attempts(s, [job.id]))
+        return all(r.status in ENDED_STATUSES for r in db_store.latest_attempts(s, [job.id]))
 
 
-def watch_job(
+def wait_for_job(
     db: Database,
     job_id: str,
     *,
+    on_poll: Callable[[], object] = lambda: None,
     worker: EmbeddedWorker | None = None,
     interval: float = 1.0,
     timeout: float | None = None,
-    console=None,
 ) -> bool:
-    """Redraw the progress table until the job is finished. Returns False on timeout or when the embedded
-    ``worker`` died first (its exit code is then in ``worker.process.returncode``)."""
-    from rich.console import Console
-    from rich.live import Live
-
-    console = console or Console(stderr=True)
+    """Poll every ``interval`` seconds until the job is finished, calling ``on_poll()`` first on every poll (the
+    last one included). Returns False on timeout or when the embedded ``worker`` died first (its exit code is
+    then in ``worker.process.returncode``)."""
     deadline = None if timeout is None else time.monotonic() + timeout
-    with Live(progress_table(db, job_id), console=console, refresh_per_second=2, transient=False) as live:
-        while True:
-            live.update(progress_table(db, job_id))
-            if job_finished(db, job_id):
-                return True
-            if worker is not None and not worker.alive():
-                return False
-            if deadline is not None and time.monotonic() > deadline:
-                return False
-            time.sleep(interval)
+    while True:
+        on_poll()
+        if job_finished(db, job_id):
+            return True
+        if worker is not None and not worker.alive():
+            return False
+        if deadline is not None and time.monotonic() > deadline:
+            return False
+        time.sleep(interval)

@@ -116,16 +116,22 @@ def plan_replays(
     methods: Sequence[str] | None = None,
     scopes: Sequence[str] | None = None,
     protocols: Sequence[str] | None = None,
+    densities: Sequence[float] | None = None,
     device: str | None = None,
 ) -> ReplayPlan:
-    """What :func:`replay_job` would run (on ``device``, default the job's own model device). ``LookupError``
-    for an unknown job, ``ValueError`` for a bad name or a job without dense episodes. Loads no model and
-    imports no torch."""
+    """What :func:`replay_job` would run (on ``device``, default the job's own model device). ``densities``: replay
+    each method at each of these densities instead of the job's own (a sweep over the budget on the same dense
+    trajectories; a method whose ``method_params`` fix its density keeps it). ``LookupError`` for an unknown job,
+    ``ValueError`` for a bad name or density or a job without dense episodes. Loads no model and imports no torch."""
     _check_names(methods, scopes, protocols)
+    for d in densities or ():
+        if not 0 < d <= 1:
+            raise ValueError(f"density must be in (0, 1], got {d!r}")
     with db.session() as s:
         job = db_store.get_job(s, job_id)
         methods = list(methods or (job.config or {}).get("methods") or [])
         spec = _job_spec(job, methods)
+        specs = [spec.model_copy(update={"density": d}) for d in densities] if densities else [spec]
         scopes, protocols = list(scopes or spec.scopes), list(protocols or spec.protocols)
         dense = [e for e in db_store.latest_attempts(s, [job.id]) if e.method == DENSE]
         if not dense:
@@ -148,8 +154,9 @@ def plan_replays(
             if DENSE not in methods:  # the delta-NLL baseline, where this episode has none yet
                 wanted += [(DENSE, scopes[0], p) for p in protocols if (episode.id, p) not in have_dense]
             for method, scope, protocol in wanted:
-                config = _EVICTION.dump_python(spec.eviction_config(method, scope, episode.seed), mode="json")
-                plan.items.append(ReplayItem(episode.id, episode.task_id, method, scope, protocol, config))
+                for at in [spec] if method == DENSE else specs:  # dense keeps every token: the job's own settings
+                    config = _EVICTION.dump_python(at.eviction_config(method, scope, episode.seed), mode="json")
+                    plan.items.append(ReplayItem(episode.id, episode.task_id, method, scope, protocol, config))
     return plan
 
 
@@ -194,12 +201,13 @@ def replay_job(
     methods: Sequence[str] | None = None,
     scopes: Sequence[str] | None = None,
     protocols: Sequence[str] | None = None,
+    densities: Sequence[float] | None = None,
     chunked: bool = True,
     host: Any = None,
     progress: Progress | None = None,
 ) -> ReplaySummary:
     """Plan (:func:`plan_replays`) and run (:func:`run_plan`) the replays of ``job_id``'s dense episodes."""
-    plan = plan_replays(db, job_id, methods=methods, scopes=scopes, protocols=protocols)
+    plan = plan_replays(db, job_id, methods=methods, scopes=scopes, protocols=protocols, densities=densities)
     return run_plan(db, plan, chunked=chunked, host=host, progress=progress)
 
 

@@ -37,15 +37,17 @@ class ReplayOutcome:
     nll_mean: float | None = None
     top1: float | None = None
     tokens: int | None = None
+    density: float | None = None  # the replay's eviction density; None for dense
 
 
 @dataclass
 class ReplayCell:
-    """One (method, scope, protocol): ``episodes`` ok replays over ``tasks`` tasks; means are over tasks."""
+    """One (method, scope, protocol, density): ``episodes`` ok replays over ``tasks`` tasks; means over tasks."""
 
     method: str
     scope: str
     protocol: str
+    density: float | None = None  # None for dense (it keeps every token)
     episodes: int = 0
     tasks: int = 0
     skipped: int = 0
@@ -59,14 +61,15 @@ class ReplayCell:
 
 
 def outcomes_from_rows(rows: Iterable[Any]) -> list[ReplayOutcome]:
-    """``db.models.Replay`` rows (oldest first) -> one outcome per (episode, method, scope, protocol).
+    """``db.models.Replay`` rows (oldest first) -> one outcome per (episode, method, scope, protocol, density).
 
-    Rows of the same key that differ only in their eviction settings (a preset changed between two runs)
+    Rows of the same key that differ only in their other eviction settings (a preset changed between two runs)
     are collapsed to the newest, so one episode is never counted twice in a cell."""
-    newest: dict[tuple[str, str, str, str], ReplayOutcome] = {}
+    newest: dict[tuple[str, str, str, str, float | None], ReplayOutcome] = {}
     for r in rows:
-        newest[(r.episode_id, r.method, r.scope, r.protocol)] = ReplayOutcome(
-            r.episode_id, r.task_id, r.method, r.scope, r.protocol, r.status, r.nll_mean, r.top1, r.tokens
+        density = None if r.method == DENSE else (r.config or {}).get("density")
+        newest[(r.episode_id, r.method, r.scope, r.protocol, density)] = ReplayOutcome(
+            r.episode_id, r.task_id, r.method, r.scope, r.protocol, r.status, r.nll_mean, r.top1, r.tokens, density
         )
     return list(newest.values())
 
@@ -99,16 +102,22 @@ def _dense_baseline(outcomes: Sequence[ReplayOutcome]) -> dict[tuple[str, str, s
 def summarize_replays(
     outcomes: Iterable[ReplayOutcome], *, confidence: float = 0.95, seed: int = 0
 ) -> list[ReplayCell]:
-    """One cell per (scope, protocol, method) present, ordered like ``compare``'s rows and columns."""
+    """One cell per (scope, protocol, density, method) present, ordered like ``compare``'s rows and columns
+    (dense, whose density is ``None``, first in its scope x protocol)."""
     rows = list(outcomes)
     baseline = _dense_baseline(rows)
     cells = []
     for scope in _order((o.scope for o in rows), SCOPES):
         for protocol in _order((o.protocol for o in rows if o.scope == scope), PROTOCOLS):
             here = [o for o in rows if (o.scope, o.protocol) == (scope, protocol)]
-            for method in _order((o.method for o in here), METHODS):
-                mine = [o for o in here if o.method == method]
-                cells.append(summarize_cell(method, scope, protocol, mine, baseline, confidence=confidence, seed=seed))
+            densities = sorted({o.density for o in here}, key=lambda d: -1.0 if d is None else d)
+            for density in densities:
+                at = [o for o in here if o.density == density]
+                for method in _order((o.method for o in at), METHODS):
+                    mine = [o for o in at if o.method == method]
+                    cell = summarize_cell(method, scope, protocol, mine, baseline, confidence=confidence, seed=seed)
+                    cell.density = density
+                    cells.append(cell)
     return cells
 
 

@@ -17,6 +17,11 @@ def replay(
     methods: str = typer.Option(None, "--methods", help="comma-separated methods (default: the job's own)"),
     scopes: str = typer.Option(None, "--scopes", help="comma-separated scopes (default: the job's own)"),
     protocols: str = typer.Option(None, "--protocols", help="comma-separated protocols (default: the job's own)"),
+    densities: str = typer.Option(
+        None,
+        "--densities",
+        help="comma-separated densities to replay each method at, e.g. 0.1,0.2,0.5 (default: the job's)",
+    ),
     token_by_token: bool = typer.Option(
         False, "--token-by-token", help="feed completions one token per forward (slow; chunks give the same logits)"
     ),
@@ -36,6 +41,7 @@ def replay(
             methods=csv_list(methods) if methods else None,
             scopes=csv_list(scopes) if scopes else None,
             protocols=csv_list(protocols) if protocols else None,
+            densities=_densities(densities) if densities else None,
             device=device,
         )
     except (LookupError, ValueError) as exc:
@@ -55,6 +61,13 @@ def replay(
         raise typer.Exit(1)
 
 
+def _densities(text: str) -> list[float]:
+    try:
+        return [float(d) for d in csv_list(text)]
+    except ValueError:
+        fail(f"--densities: {text!r} is not a comma-separated list of numbers")
+
+
 def _run(console, database, plan, *, chunked: bool):  # type: ignore[no-untyped-def]
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -66,7 +79,8 @@ def _run(console, database, plan, *, chunked: bool):  # type: ignore[no-untyped-
 
         def progress(result, done, total):  # type: ignore[no-untyped-def]
             i = result.item
-            bar.update(task, completed=done, description=f"replay {i.method}/{i.scope}/{i.protocol} {i.task_id}")
+            at = f"@{i.eviction['density']:g}" if i.method != "dense" else ""
+            bar.update(task, completed=done, description=f"replay {i.method}{at}/{i.scope}/{i.protocol} {i.task_id}")
 
         return run_plan(database, plan, chunked=chunked, progress=progress)
 
@@ -93,7 +107,7 @@ def _table(summary):  # type: ignore[no-untyped-def]
     counts = ", ".join(f"{n} {status}" for status, n in summary.counts.items() if n)
     table = Table(title=f"replay {summary.job_id}: {counts or 'nothing ran'}", caption=REPLAY_CAPTION)
     for i, name in enumerate(REPLAY_HEADER):
-        table.add_column(name, justify="left" if i < 3 else "right")
+        table.add_column(name, justify="left" if i < 4 else "right")
     for cell in summary.cells:
         table.add_row(*replay_text(cell))
     return table

@@ -114,11 +114,13 @@ def run(
         jf.show(spec)
     from rich.console import Console
 
+    from nexus_eval.commands._job_progress import watch_job
     from nexus_eval.commands._preflight import build_or_fail, print_failure_reasons, refuse_unless_ready
+    from nexus_eval.commands._progress import say
     from nexus_eval.readiness import preflight
     from workers.compare import compare_jobs
     from workers.compare_render import render
-    from workers.embedded import EmbeddedWorker, watch_job
+    from workers.embedded import EmbeddedWorker
     from workers.submit import submit as submit_job
 
     console = Console(stderr=True)
@@ -130,12 +132,12 @@ def run(
     build_or_fail(checks, console)
     database = open_db(url)
     job_id, n = submit_job(database, spec, the_tasks, app=celery_app(url, embedded=True))
-    console.print(f"job {job_id}: {n} episodes; embedded worker on {url}")
+    say(console, f"job {job_id} ({spec.name or 'unnamed'}): {n} episodes; embedded worker on {url}")
     log_file = None
     if url.startswith("sqlite:///"):
         log_file = Path(url.removeprefix("sqlite:///")).with_name(f"worker-{job_id}.log")
     with EmbeddedWorker(url, log_file=log_file) as worker:
-        finished = watch_job(database, job_id, worker=worker, timeout=timeout, console=console)
+        finished = watch_job(database, job_id, console, worker=worker, timeout=timeout)
     if not finished:
         print_failure_reasons(database, job_id, console)  # the episodes that did end, and why
         where = f" (worker log: {log_file})" if log_file else ""
@@ -143,7 +145,24 @@ def run(
     with database.session() as s:
         table = compare_jobs(s, [job_id])
     typer.echo(render(table, fmt))
+    note = random_weights_note(spec)
+    if note:  # after the table it qualifies; on stderr when stdout is data (json, csv, markdown)
+        typer.echo(note, err=fmt != "table")
     print_failure_reasons(database, job_id, console)
+
+
+def random_weights_note(spec: Any) -> str | None:
+    """What a job on the randomly initialised tiny model measures (nothing about quality), or None."""
+    from agent_runner.config import SMOLLM2, TINY
+
+    if spec.backend != "hf" or spec.model.name != TINY:
+        return None
+    return (
+        f"note: the {TINY} model has random weights, so the agent resolves nothing, by design. These numbers check "
+        "the plumbing (the pipeline, its telemetry, eviction running) and say nothing about a method's quality; "
+        f"for that, `nexus-eval probe run` measures what eviction does to a real model's memory ({SMOLLM2}, "
+        "SmolLM2-135M-Instruct; docs/probes.md)."
+    )
 
 
 def worker(
@@ -205,7 +224,8 @@ def status(
     from rich.table import Table
 
     from db import store as db_store
-    from workers.embedded import progress_table, watch_job
+    from nexus_eval.commands._job_progress import watch_job
+    from workers.embedded import progress_table
 
     database = open_db(db)
     console = Console()
@@ -222,7 +242,7 @@ def status(
         return
     job_id = job_id_of(database, job)
     if watch:
-        watch_job(database, job_id, console=console)
+        watch_job(database, job_id, console)
     else:
         console.print(progress_table(database, job_id))
 
@@ -234,6 +254,9 @@ def cancel(job: str = typer.Argument(..., help="job id (prefix)"), db: str = DB_
     database = open_db(db)
     job_id = job_id_of(database, job)
     revoked = cancel_job(database, job_id, app=celery_app(db))
+    if revoked is None:
+        typer.echo(f"job {job_id} has no queued or running episode: nothing cancelled, its status is unchanged")
+        return
     typer.echo(f"cancelled job {job_id} ({len(revoked)} queued/running episodes revoked)")
 
 

@@ -20,10 +20,13 @@ def compare(
     ),
     db: str = DB_OPTION,
 ) -> None:
-    """Table 3: scope x protocol rows, method columns, resolved rate with 95% CI, McNemar vs dense.
+    """Table 3: scope x protocol x density rows, method columns, resolved rate with 95% CI, McNemar vs dense, and
+    quality beside cost (kept fraction, KV mean / peak bytes, turns, generated tokens, wall time per episode).
 
-    Each key counts its newest attempt the agent drove alone; interactive reruns are kept apart (a note says
-    how many) unless --include-interactive. Given one probe run id instead, the probe run's table."""
+    Several jobs (a sweep over the budget) are aligned by method, scope, protocol and density; other setting
+    differences are named in the notes. Each key counts its newest attempt the agent drove alone; interactive
+    reruns are kept apart (a note says how many) unless --include-interactive. Given one probe run id instead,
+    the probe run's table."""
     from workers.compare import compare_jobs
     from workers.compare_render import FORMATS, render
 

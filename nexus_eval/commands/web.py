@@ -55,22 +55,22 @@ def serve(
 
 
 def report(
-    job: str = typer.Argument(..., help="job or probe run id (prefix)"),
+    jobs: list[str] = typer.Argument(..., help="one or more job ids (a sweep), or one probe run id (prefixes)"),
     output: Path = typer.Option(Path("report.html"), "--output", "-o", help="the HTML file to write"),
     include_interactive: bool = typer.Option(
         False, "--include-interactive", help="count interactive attempts (steered or not) as results, marked *"
     ),
     db: str = DB_OPTION,
 ) -> None:
-    """Write one job's compare table, charts and per-method cache plots (or one probe run's tables and charts) as a
-    single self-contained HTML file."""
+    """Write one job's (or a sweep of jobs') compare table, quality-against-cost charts, settings and versions (or
+    one probe run's tables and charts) as a single self-contained HTML file."""
     from dashboard.readonly import DatabaseUnavailable
     from dashboard.report import write_report
 
     if not output.parent.is_dir():  # before reading anything: a typo in -o is found at once
         fail(f"cannot write {output}: the folder {output.parent} does not exist")
     try:
-        written = write_report(db_url(db), job, output, include_interactive=include_interactive)
+        written = write_report(db_url(db), jobs, output, include_interactive=include_interactive)
     except (DatabaseUnavailable, LookupError) as exc:
         fail(str(exc))
     except OSError as exc:

@@ -269,7 +269,9 @@ def test_compare_page_matches_compare_jobs(filled):
     db.dispose()
     assert c.get(f"/jobs/{filled.job_id}/compare.json").json() == expected
     csv = c.get(f"/jobs/{filled.job_id}/compare.csv")
-    assert csv.headers["content-type"].startswith("text/csv") and csv.text.startswith("scope,protocol,method,n,")
+    assert csv.headers["content-type"].startswith("text/csv") and csv.text.startswith(
+        "scope,protocol,row_density,method,density,n,"
+    )
     page = c.get(f"/jobs/{filled.job_id}/compare").text
     cells = re.findall(r'<td class="cell"([^>]*)>', page)
     assert len(cells) == sum(len(r["cells"]) for r in expected["rows"])

@@ -212,3 +212,61 @@ def test_bad_ids_get_the_not_found_page(page, page_errors, server, path, shot):
     assert page.locator("h1").first.inner_text().strip() == "Not found"
     if path == "/episodes/nosuchepisode":
         shot(page, "not-found")
+
+
+def _wall(page) -> list[float | None]:
+    rows = page.locator("table#episodes tbody tr")
+    return [float(v) if (v := rows.nth(i).get_attribute("data-wall-s")) else None for i in range(rows.count())]
+
+
+def test_job_page_sorts_filters_and_offers_only_what_applies(page, server, job_run, shot):
+    job = job_run.job_id
+    _goto(page, f"{server.base}/jobs/{job}")
+    # a done job: nothing to cancel; its buttons say why instead of acting
+    assert page.locator("form#cancel-form button").is_disabled()
+    assert page.locator("#cancel-why").inner_text().startswith("nothing to cancel")
+    with page.expect_navigation():
+        page.locator('th[data-sort="wall_s"] a.sort').click()
+    assert "sort=wall_s" in page.url
+    assert page.locator('th[data-sort="wall_s"]').get_attribute("aria-sort") == "ascending"
+    walls = _wall(page)
+    assert len(walls) == len(job_run.episodes) and all(w is not None for w in walls) and walls == sorted(walls)
+    with page.expect_navigation():
+        page.locator('th[data-sort="wall_s"] a.sort').click()
+    assert _wall(page) == sorted(walls, reverse=True)
+    page.locator('form#episodes-filter select[name="method"]').select_option("nexus")
+    with page.expect_navigation():
+        page.locator("form#episodes-filter button[type=submit]").click()
+    assert "method=nexus" in page.url and "sort=wall_s" in page.url  # the form keeps the sort
+    nexus = [e for e in job_run.episodes if e["method"] == "nexus"]
+    rows = page.locator("table#episodes tbody tr")
+    assert {rows.nth(i).get_attribute("data-episode") for i in range(rows.count())} == {e["id"] for e in nexus}
+    assert page.locator("#episodes-count").inner_text().startswith(f"showing {len(nexus)} of {len(job_run.episodes)}")
+    shot(page, "job-sorted-filtered")
+
+
+def test_retention_turn_marks_and_token_divergence_of_a_real_run(page, server, job_run, shot):
+    episode = job_run.episode("nexus", "true_eviction")
+    dense = job_run.episode("dense", "true_eviction")
+    _goto(page, f"{server.base}/episodes/{episode['id']}")
+    marks = page.locator("div#retention svg g.turn-mark")
+    turns = [int(marks.nth(i).get_attribute("data-turn")) for i in range(marks.count())]
+    assert turns and turns == sorted(set(turns)) and turns[0] == 0 and turns[-1] < episode["n_turns"], turns
+    kept = page.locator("table#retention-turns tbody tr")
+    assert kept.count() == episode["n_turns"]
+    # the turns tile the final cache's stream: from 0 to its logical length, each starting where the last ended
+    spans = [(int(kept.nth(i).get_attribute("data-start")), int(kept.nth(i).get_attribute("data-end"))) for i in
+             range(kept.count())]  # fmt: skip
+    assert spans[0][0] == 0 and spans[-1][1] == episode["retention"]["logical_length"], spans
+    assert all(end == start for (_, end), (start, _) in zip(spans, spans[1:], strict=False)), spans
+    shot(page, "episode-retention-turns")
+    _goto(page, f"{server.base}/episodes/{episode['id']}/vs/{dense['id']}")
+    found = page.locator("p#stream-divergence")
+    assert found.get_attribute("data-basis") == "tokens"  # the hf backend stores the ids it sampled
+    turn, index = found.get_attribute("data-turn"), found.get_attribute("data-index")
+    assert (turn == index == "") or (turn.isdigit() and index.isdigit()), (turn, index)
+    rows = page.locator("table#vs-cache tbody tr")
+    assert rows.count() == max(episode["n_turns"], dense["n_turns"])
+    logical = page.locator('table#vs-cache td[data-metric="logical"][data-side="a"]').first.get_attribute("data-value")
+    assert logical and int(logical) > 0
+    shot(page, "vs-streams")

@@ -85,8 +85,8 @@ def test_layout_and_numbers(table):
     assert (fcn.n, fcn.resolved, fcn.failures, fcn.pending, fcn.b, fcn.c) == (10, 9, 1, 1, 2, 0)
     assert fcn.p_value == pytest.approx(0.5)  # 2 * (1/2)^2
     assert table.tasks[:3] == ["t1", "t2", "t3"] and table.tasks[-1] == "t11"
-    assert table.grid[("prefill_only", "full_context", "nexus")]["t10"] == ["infra_failure"]
-    assert table.grid[("prefill_only", "full_context", "dense")]["t9"] == ["unresolved"]  # reused in the grid too
+    assert table.grid[("prefill_only", "full_context", None, "nexus")]["t10"] == ["infra_failure"]
+    assert table.grid[("prefill_only", "full_context", None, "dense")]["t9"] == ["unresolved"]  # reused in the grid too
     assert any("reused" in n for n in table.notes)
 
 
@@ -138,6 +138,7 @@ def test_csv(table):
         "task_id": "t11",
         "scope": "prefill_only",
         "protocol": "full_context",
+        "density": "",
         "method": "nexus",
         "seed_index": "0",
         "status": "running",
@@ -147,10 +148,12 @@ def test_csv(table):
 
 def test_markdown(table):
     text = render(table, "markdown")
-    assert "| scope | protocol | dense | nexus |" in text
-    assert "| prefill_only | true_eviction | 7/10 70.0% [39.7–89.2] | 4/10 40.0% [16.8–68.7] p=0.508 (3:6) |" in text
+    assert "| scope | protocol | density | dense | nexus |" in text
     assert (
-        "| prefill_only | full_context | 7/10 70.0% [39.7–89.2] (reused) | "
+        "| prefill_only | true_eviction | - | 7/10 70.0% [39.7–89.2] | 4/10 40.0% [16.8–68.7] p=0.508 (3:6) |" in text
+    )
+    assert (
+        "| prefill_only | full_context | - | 7/10 70.0% [39.7–89.2] (reused) | "
         "9/10 90.0% [59.6–98.2] p=0.5 (2:0) +1 pending |" in text
     )
     assert "| t10 | ✗ | ✓ | ✗ | ! |" in text and "| t11 |   |   |   | … |" in text
@@ -218,7 +221,7 @@ def test_compare_jobs_from_database_uses_latest_attempts(sqlite_db):
     assert json.loads(render(after, "json"))["rows"][0]["cells"]["dense"]["resolved"] == 2
 
 
-def test_compare_jobs_warns_when_merged_jobs_differ_in_density(sqlite_db):
+def test_compare_jobs_aligns_merged_jobs_by_density_instead_of_mixing_them(sqlite_db):
     ids = []
     for density, method in ((0.2, "dense"), (0.1, "nexus")):
         spec = JobSpec.from_dict(
@@ -231,8 +234,11 @@ def test_compare_jobs_warns_when_merged_jobs_differ_in_density(sqlite_db):
     with sqlite_db.session() as s:
         table = compare_jobs(s, ids)
     assert table.methods == ["dense", "nexus"]
-    assert f"jobs differ in density: {ids[0]}=0.2, {ids[1]}=0.1" in table.notes
-    assert table.rows[0].cells["nexus"].pending == 1 and table.rows[0].cells["nexus"].n == 0
+    assert not [n for n in table.notes if "density" in n]  # aligned, not a difference to warn about
+    assert [r.density for r in table.rows] == [0.1]
+    nexus, dense = table.rows[0].cells["nexus"], table.rows[0].cells["dense"]
+    assert (nexus.density, dense.density) == (0.1, 1.0)
+    assert nexus.pending == 1 and nexus.n == 0
 
 
 def test_compare_notes_name_per_method_settings_and_presets(sqlite_db):

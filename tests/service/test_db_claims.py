@@ -289,4 +289,5 @@ def test_loaded_objects_see_the_new_state(sqlite_db):
         assert (row.status, row.patch, row.n_turns) == ("submitted", "p", 1)
         assert st.record_grade(s, ep, "resolved")
         assert st.get_episode(s, ep).status == "resolved" and row.status == "resolved"
-        assert st.cancel_job(s, row.job_id) == [] and row.status == "resolved"
+        assert st.cancel_job(s, row.job_id) is None and row.status == "resolved"  # nothing to cancel: unchanged
+        assert st.get_job(s, row.job_id).status != "cancelled"

@@ -97,7 +97,7 @@ def test_compare_counts_the_agents_own_attempts_and_names_the_others(steered_job
     assert any("2 interactive attempt(s) (1 steered" in note for note in table.notes), table.notes
     both = counted.rows[0].cells["nexus"]
     assert (both.resolved, both.n, both.interactive) == (2, 2, 2)
-    assert counted.drivers[("prefill_only", "true_eviction", "nexus")][TASKS[0]] == ["steered"]
+    assert counted.drivers[("prefill_only", "true_eviction", 0.2, "nexus")][TASKS[0]] == ["steered"]
     assert any("marked *" in note and "1 steered" in note for note in counted.notes), counted.notes
 
     shown = json.loads(read_cli("compare", job_id, "--format", "json", db=db))

@@ -11,6 +11,7 @@ import csv
 import io
 import json
 import random
+import re
 
 import pytest
 import torch
@@ -171,6 +172,33 @@ def test_rerun_replaces_rows_and_token_by_token_matches_chunks(sqlite_db, host):
         before = next(o for o in old.values() if (o.episode_id, o.method) == (row.episode_id, "nexus"))
         assert row.config_key == before.config_key == config_key(before.config)
         assert row.nll_mean == pytest.approx(before.nll_mean, abs=1e-4) and row.top1 == before.top1
+
+
+def test_replays_at_several_densities_are_a_sweep_on_the_same_trajectories(sqlite_db, host):
+    from dashboard.tradeoff_charts import delta_nll_vs_density_chart
+
+    job_id, _ = make_job(sqlite_db, host.model)
+    summary = replay_job(
+        sqlite_db, job_id, methods=["nexus"], protocols=["full_context"], densities=[0.1, 0.5], host=host
+    )
+    # 2 replayable episodes x (dense baseline once + nexus at 2 densities)
+    assert sorted((r.item.method, r.item.eviction["density"]) for r in summary.results) == sorted(
+        [("dense", 0.2)] * 2 + [("nexus", 0.1)] * 2 + [("nexus", 0.5)] * 2
+    )
+    with sqlite_db.session() as s:
+        table = compare_jobs(s, [job_id])
+    cells = {(c.method, c.density): c for c in table.replay}
+    assert set(cells) == {("dense", None), ("nexus", 0.1), ("nexus", 0.5)}
+    assert cells[("nexus", 0.1)].n_pairs == cells[("nexus", 0.5)].n_pairs == 2
+    assert cells[("nexus", 0.1)].delta_nll != cells[("nexus", 0.5)].delta_nll
+    line = next(r for r in csv.DictReader(io.StringIO(render(table, "csv"))) if r["row_density"] == "0.5")
+    assert line["method"] == "nexus" and float(line["delta_nll_vs_dense"]) == pytest.approx(
+        cells[("nexus", 0.5)].delta_nll, abs=1e-5
+    )
+    svg = delta_nll_vs_density_chart(table)
+    assert sorted(re.findall(r'class="point" data-method="nexus" data-density="([\d.]+)"', svg)) == ["0.1", "0.5"]
+    with pytest.raises(ValueError, match=r"density must be in \(0, 1\], got 1.5"):
+        plan_replays(sqlite_db, job_id, densities=[0.2, 1.5])
 
 
 def test_plan_refuses_bad_names_and_jobs_before_any_model(sqlite_db):

@@ -1,0 +1,154 @@
+"""The trade-off figures of a compare table: quality against cost, and quality against density.
+
+- :func:`quality_vs_cost_chart`: resolved rate (95% interval as whiskers) against the mean KV bytes per episode,
+  a point per cell, a line per method through its cells in order of cost; one panel per scope x protocol.
+- :func:`quality_vs_density_chart`: resolved rate against the configured density, a line per evicting method
+  with one point per density, dense (which keeps every token) as a dashed reference line at its rate; one
+  panel per scope x protocol. Drawn only when the table spans two densities or more (a sweep of jobs).
+- :func:`delta_nll_vs_density_chart`: the counterfactual replays' ΔNLL vs dense (bootstrap 95% whiskers) against
+  density, a line per method; drawn when the replays span two densities or more (``replay --densities``).
+
+Every series and point is findable in the SVG: a method's line is ``<g class="series" data-method="M">``, a
+cell's marker ``<g class="point" data-method="M" data-density="D">`` (what the page tests count).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from matplotlib.axes import Axes
+from matplotlib.lines import Line2D
+
+from dashboard.charts import _figure, method_colours, to_svg
+from workers.compare import DENSE, Cell, CompareTable, Row
+
+MIB = 2**20
+
+
+def _panels(table: CompareTable) -> list[tuple[str, str]]:
+    return list(dict.fromkeys((r.scope, r.protocol) for r in table.rows))
+
+
+def _cells(table: CompareTable, panel: tuple[str, str], method: str) -> list[tuple[Row, Cell]]:
+    """The method's cells with a rate in one panel, dense once (it is the same cell in every density row)."""
+    rows = [r for r in table.rows if (r.scope, r.protocol) == panel]
+    found = [(r, r.cells[method]) for r in rows if method in r.cells and r.cells[method].rate is not None]
+    return found[:1] if method == DENSE else found
+
+
+def _point(ax: Axes, x: float, cell: Cell, colour: str, method: str, density: float | None) -> None:
+    rate = 100 * (cell.rate or 0.0)
+    low = 100 * (cell.ci_low if cell.ci_low is not None else cell.rate or 0.0)
+    high = 100 * (cell.ci_high if cell.ci_high is not None else cell.rate or 0.0)
+    bars = ax.errorbar([x], [rate], yerr=[[rate - low], [high - rate]], fmt="o", color=colour, capsize=3)
+    bars[0].set_gid(f"point--{method}--{'' if density is None else f'{density:g}'}")
+
+
+def _finish(fig, axes: Sequence[Axes], panels: list[tuple[str, str]], methods: Sequence[str], xlabel: str) -> None:
+    colours = method_colours(methods)
+    for ax, (scope, protocol) in zip(axes, panels, strict=True):
+        ax.set_title(f"{scope} / {protocol}", fontsize="small")
+        ax.set_xlabel(xlabel)
+        ax.set_ylim(-5, 105)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("% resolved (95% CI)")
+    handles = [Line2D([], [], color=colours[m], marker="o", linestyle="--" if m == DENSE else "-") for m in methods]
+    fig.legend(handles, list(methods), loc="outside right upper", frameon=False)
+
+
+def quality_vs_cost_chart(table: CompareTable) -> str:
+    """Resolved rate against mean KV MiB per episode; '' when no cell stored its cache bytes."""
+    panels = _panels(table)
+    have = any(c.cost.kv_mean_bytes is not None and c.rate is not None for r in table.rows for c in r.cells.values())
+    if not panels or not have:
+        return ""
+    colours = method_colours(table.methods)
+    fig = _figure(3.4 * len(panels) + 1.6, 3.0)
+    axes = fig.subplots(1, len(panels), squeeze=False, sharey=True)[0]
+    for ax, panel in zip(axes, panels, strict=True):
+        for method in table.methods:
+            cells = [(r, c) for r, c in _cells(table, panel, method) if c.cost.kv_mean_bytes is not None]
+            cells.sort(key=lambda rc: rc[1].cost.kv_mean_bytes)
+            if not cells:
+                continue
+            xs = [c.cost.kv_mean_bytes / MIB for _, c in cells]
+            ax.plot(xs, [100 * c.rate for _, c in cells], color=colours[method], alpha=0.6, gid=f"series--{method}")
+            for x, (row, cell) in zip(xs, cells, strict=True):
+                _point(ax, x, cell, colours[method], method, None if method == DENSE else row.density)
+    _finish(fig, axes, panels, table.methods, "KV cache, mean MiB per episode")
+    return _tag(to_svg(fig, "resolved rate against mean KV cache per episode, per method"))
+
+
+def quality_vs_density_chart(table: CompareTable) -> str:
+    """Resolved rate against density, one point per density; '' unless the table spans two densities."""
+    if len(table.densities) < 2:
+        return ""
+    panels = _panels(table)
+    colours = method_colours(table.methods)
+    fig = _figure(3.4 * len(panels) + 1.6, 3.0)
+    axes = fig.subplots(1, len(panels), squeeze=False, sharey=True)[0]
+    lo, hi = min(table.densities), max(table.densities)
+    for ax, panel in zip(axes, panels, strict=True):
+        for method in table.methods:
+            cells = _cells(table, panel, method)
+            if not cells:
+                continue
+            if method == DENSE:  # keeps every token at any budget: a reference line, not a curve
+                rate = 100 * cells[0][1].rate
+                ax.plot([lo, hi], [rate, rate], color=colours[method], linestyle="--", gid=f"series--{method}")
+                continue
+            # dodge: methods at one density side by side, so their whiskers do not hide each other
+            shift = (table.methods.index(method) - (len(table.methods) - 1) / 2) * 0.012 * (hi - lo)
+            xs = [r.density + shift for r, _ in cells]
+            ax.plot(xs, [100 * c.rate for _, c in cells], color=colours[method], gid=f"series--{method}")
+            for x, (row, cell) in zip(xs, cells, strict=True):
+                _point(ax, x, cell, colours[method], method, row.density)
+        ax.set_xticks(table.densities, [f"{d:g}" for d in table.densities])
+    _finish(fig, axes, panels, table.methods, "density (kept fraction of the tokens)")
+    return _tag(to_svg(fig, "resolved rate against density, per method"))
+
+
+def _tag(svg: str) -> str:
+    """matplotlib writes a gid as an ``id``; make ours classes and data attributes (ids would repeat)."""
+    svg = re.sub(r'id="series--([\w.-]+)"', r'class="series" data-method="\1"', svg)
+    return re.sub(r'id="point--([\w]+)--([\d.]*)"', r'class="point" data-method="\1" data-density="\2"', svg)
+
+
+def delta_nll_vs_density_chart(table: CompareTable) -> str:
+    """Replay ΔNLL vs dense against density, a point per replayed (method, density); '' unless the replays of
+    some method span two densities."""
+    cells = [c for c in table.replay if c.method != DENSE and c.density is not None and c.delta_nll is not None]
+    densities = sorted({c.density for c in cells})
+    if len(densities) < 2:
+        return ""
+    panels = list(dict.fromkeys((c.scope, c.protocol) for c in cells))
+    methods = [m for m in table.methods if any(c.method == m for c in cells)]
+    methods += sorted({c.method for c in cells} - set(methods))
+    colours = method_colours([DENSE, *methods])
+    fig = _figure(3.4 * len(panels) + 1.6, 3.0)
+    axes = fig.subplots(1, len(panels), squeeze=False, sharey=True)[0]
+    for ax, panel in zip(axes, panels, strict=True):
+        ax.axhline(0.0, color=colours[DENSE], linestyle="--", linewidth=1)  # dense vs itself
+        for method in methods:
+            mine = sorted(
+                (c for c in cells if (c.scope, c.protocol, c.method) == (*panel, method)), key=lambda c: c.density
+            )
+            if not mine:
+                continue
+            ax.plot(
+                [c.density for c in mine], [c.delta_nll for c in mine], color=colours[method], gid=f"series--{method}"
+            )
+            for c in mine:
+                low, high = c.delta_ci_low, c.delta_ci_high
+                err = [[c.delta_nll - (low if low is not None else c.delta_nll)], [(high or c.delta_nll) - c.delta_nll]]
+                bars = ax.errorbar([c.density], [c.delta_nll], yerr=err, fmt="o", color=colours[method], capsize=3)
+                bars[0].set_gid(f"point--{method}--{c.density:g}")
+        ax.set_title(f"{panel[0]} / {panel[1]}", fontsize="small")
+        ax.set_xlabel("density (kept fraction of the tokens)")
+        ax.set_xticks(densities, [f"{d:g}" for d in densities])
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("ΔNLL vs dense, nats/token")
+    handles = [Line2D([], [], color=colours[m], marker="o") for m in methods]
+    fig.legend(handles, methods, loc="outside right upper", frameon=False)
+    return _tag(to_svg(fig, "replay delta-NLL vs dense against density, per method"))

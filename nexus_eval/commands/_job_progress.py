@@ -1,0 +1,102 @@
+"""A job's progress while ``run`` (and ``status --watch``) waits for it, by the rule of ``_progress.live``.
+
+On a terminal: the job's status table (``workers.embedded.progress_table``), redrawn live. Anywhere else (a
+pipe, a log file): one line per attempt as it ends, then the status table once, e.g.::
+
+    [3/10] unresolved nexus prefill_decode true_eviction humanfmt__humanfmt-1 seed 0 (1 resolved, 2 unresolved, 7 left)
+
+that is ``[ended/episodes] STATUS METHOD SCOPE PROTOCOL TASK seed SEED`` (`` attempt N`` after a retry), then
+the counts so far: resolved always, each other end status that occurred, and how many are left.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any
+
+from db import store as db_store
+from db.models import EpisodeStatus
+from nexus_eval.commands._progress import line, live, say
+from workers.embedded import ENDED_STATUSES, progress_table, wait_for_job
+
+if TYPE_CHECKING:
+    from db import Database
+    from workers.embedded import EmbeddedWorker
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """What a progress line says about one episode attempt (read out of its row)."""
+
+    id: str
+    status: str
+    method: str
+    scope: str
+    protocol: str
+    task_id: str
+    seed: int
+    attempt: int = 1
+
+    @classmethod
+    def of(cls, row: Any) -> Attempt:
+        return cls(**{f.name: getattr(row, f.name) for f in fields(cls)})
+
+
+def counts_text(counts: Counter, left: int) -> str:
+    """``1 resolved, 2 unresolved, 7 left``: resolved always, every other end status that occurred (in
+    ``EpisodeStatus`` order), and how many attempts have not ended."""
+    others = [f"{counts[s]} {s}" for s in EpisodeStatus if s != "resolved" and counts[s]]
+    return ", ".join([f"{counts['resolved']} resolved", *others, f"{left} left"])
+
+
+def attempt_line(attempt: Attempt, counts: Counter, total: int) -> str:
+    """The progress line of ``attempt``, which just ended; ``counts``: the end statuses so far, it included."""
+    retry = f" attempt {attempt.attempt}" if attempt.attempt > 1 else ""
+    what = f"{attempt.status} {attempt.method} {attempt.scope} {attempt.protocol} {attempt.task_id}"
+    done = sum(counts.values())
+    return line(done, total, f"{what} seed {attempt.seed}{retry} ({counts_text(counts, total - done)})")
+
+
+class EndedLines:
+    """Says each attempt once, when it ends: :meth:`report` takes the job's newest attempts, poll after poll."""
+
+    def __init__(self, console: Any) -> None:
+        self.console = console
+        self.said: set[str] = set()
+
+    def report(self, attempts: list[Attempt]) -> None:
+        ended = [a for a in attempts if a.status in ENDED_STATUSES]
+        counts = Counter(a.status for a in ended if a.id in self.said)  # a retried attempt is no longer newest
+        for a in ended:
+            if a.id not in self.said:
+                self.said.add(a.id)
+                counts[a.status] += 1
+                say(self.console, attempt_line(a, counts, len(attempts)))
+
+    def poll(self, database: Database, job_id: str) -> None:
+        with database.session() as s:
+            attempts = [Attempt.of(row) for row in db_store.latest_attempts(s, [job_id])]
+        self.report(attempts)
+
+
+def watch_job(
+    database: Database, job_id: str, console: Any, *, worker: EmbeddedWorker | None = None, timeout: float | None = None
+) -> bool:
+    """Show the job's progress on ``console`` until it is finished (``workers.embedded.wait_for_job``: False on
+    timeout or when ``worker`` died first). Ends with the status table and a newline either way."""
+    if live(console):
+        from rich.live import Live
+
+        with Live(progress_table(database, job_id), console=console, refresh_per_second=2) as display:
+
+            def redraw() -> None:
+                display.update(progress_table(database, job_id))
+
+            return wait_for_job(database, job_id, on_poll=redraw, worker=worker, timeout=timeout)
+    lines = EndedLines(console)
+    finished = wait_for_job(
+        database, job_id, on_poll=lambda: lines.poll(database, job_id), worker=worker, timeout=timeout
+    )
+    console.print(progress_table(database, job_id))
+    return finished
