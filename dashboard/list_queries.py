@@ -9,17 +9,15 @@ Missing values (an episode that never ran has no turns) sort last in either orde
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlencode
 
-from sqlalchemy import and_, func, or_, select
+from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
-from db.job_status import JobSummary, job_grades
-from db.models import CANCELLABLE_STATUSES, FAILED_STATUSES, Episode, EpisodeStatus, Job, JobStatus
+from db.models import CANCELLABLE_STATUSES, FAILED_STATUSES, EpisodeStatus, Job, JobStatus
 from workers.cost import human_bytes  # noqa: F401  (the pages' byte format, defined once)
 
 ORDERS = ("asc", "desc")
@@ -163,35 +161,6 @@ EPISODES = ListSpec(
     exact=("method", "scope", "protocol"),
     text={"task": lambda e: (e.task_id,)},
 )
-
-
-def job_summaries(session: Session, jobs: list[Job]) -> dict[str, JobSummary]:
-    """``db.job_status.summarize`` for many jobs in one query: counts over the newest attempt of every key."""
-    ids = [j.id for j in jobs]
-    newest = (
-        select(Episode.job_id, Episode.episode_key, func.max(Episode.attempt).label("attempt"))
-        .where(Episode.job_id.in_(ids))
-        .group_by(Episode.job_id, Episode.episode_key)
-        .subquery()
-    )
-    query = (
-        select(Episode.job_id, Episode.status, func.count())
-        .join(
-            newest,
-            and_(
-                Episode.job_id == newest.c.job_id,
-                Episode.episode_key == newest.c.episode_key,
-                Episode.attempt == newest.c.attempt,
-            ),
-        )
-        .group_by(Episode.job_id, Episode.status)
-    )
-    counts: dict[str, Counter[str]] = defaultdict(Counter)
-    for job_id, status, n in session.execute(query) if ids else ():
-        counts[job_id][status] += n
-    return {
-        j.id: JobSummary(j.id, j.status, sum(counts[j.id].values()), dict(counts[j.id]), job_grades(j)) for j in jobs
-    }
 
 
 def filtered_jobs(session: Session, query: ListQuery) -> tuple[list[Job], int]:

@@ -17,10 +17,10 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session, defer
 
-from dashboard.list_queries import JOBS, Listing, ListQuery, filtered_jobs, job_summaries
+from dashboard.list_queries import JOBS, Listing, ListQuery, filtered_jobs
 from db import liveness
 from db import store as db_store
-from db.job_status import JobSummary, summarize
+from db.job_status import JobSummary, summarize, summarize_jobs
 from db.models import Episode, Turn, is_interactive, utcnow
 from env.grading.hostlog import unpack
 from workers.compare import CompareTable, cell_outcomes, compare_jobs
@@ -162,7 +162,7 @@ def list_jobs(session: Session, *, limit: int = 100, query: ListQuery | None = N
     """The first ``limit`` jobs of ``query`` (default: every job, newest first) with their progress."""
     query = query or JOBS.parse(None, None, {})
     jobs, total = filtered_jobs(session, query)
-    summaries = job_summaries(session, jobs)
+    summaries = summarize_jobs(session, jobs)
     matched = query.apply(_job_row(session, j, summaries[j.id]) for j in jobs)
     return Listing(matched[:limit], len(matched), total)
 

@@ -6,8 +6,10 @@ Every writer that changes an episode's status (claims, finishes, grades, reruns)
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, defaultdict
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from sqlalchemy import and_, func, select
 from sqlalchemy.orm import Session
@@ -45,26 +47,39 @@ class JobSummary:
         return self.total - self.active
 
 
-def latest_statuses(session: Session, job_id: str) -> list[str]:
-    """The status of the newest attempt of each of the job's episode keys, read as plain columns."""
-    newest = (
-        select(Episode.episode_key, func.max(Episode.attempt).label("attempt"))
-        .where(Episode.job_id == job_id)
-        .group_by(Episode.episode_key)
-        .subquery()
+def newest_attempts(job_ids: Sequence[str], *, drivers: Collection[str] | None = None) -> tuple[Any, Any]:
+    """(subquery, join condition): each episode key's newest attempt number over ``job_ids`` (among the attempts
+    ``drivers`` drove, when given), and the condition that keeps an ``Episode`` row only when it is that attempt."""
+    newest = select(Episode.job_id, Episode.episode_key, func.max(Episode.attempt).label("attempt")).where(
+        Episode.job_id.in_(list(job_ids))
     )
-    query = (
-        select(Episode.status)
-        .join(newest, and_(Episode.episode_key == newest.c.episode_key, Episode.attempt == newest.c.attempt))
-        .where(Episode.job_id == job_id)
+    if drivers is not None:
+        newest = newest.where(Episode.driver.in_(sorted(drivers)))
+    newest = newest.group_by(Episode.job_id, Episode.episode_key).subquery()
+    is_newest = and_(
+        Episode.job_id == newest.c.job_id,
+        Episode.episode_key == newest.c.episode_key,
+        Episode.attempt == newest.c.attempt,
     )
-    return list(session.execute(query).scalars())
+    return newest, is_newest
 
 
 def summarize(session: Session, job: Job) -> JobSummary:
     """The counts per status over the newest attempt of each of ``job``'s episode keys."""
-    counts = Counter(latest_statuses(session, job.id))
-    return JobSummary(job.id, job.status, sum(counts.values()), dict(counts), job_grades(job))
+    return summarize_jobs(session, [job])[job.id]
+
+
+def summarize_jobs(session: Session, jobs: Sequence[Job]) -> dict[str, JobSummary]:
+    """:func:`summarize` for many jobs in one query (the jobs list), by job id."""
+    counts: dict[str, Counter[str]] = defaultdict(Counter)
+    if jobs:
+        newest, is_newest = newest_attempts([j.id for j in jobs])
+        query = select(Episode.job_id, Episode.status, func.count()).join(newest, is_newest)
+        for job_id, status, n in session.execute(query.group_by(Episode.job_id, Episode.status)):
+            counts[job_id][status] += n
+    return {
+        j.id: JobSummary(j.id, j.status, sum(counts[j.id].values()), dict(counts[j.id]), job_grades(j)) for j in jobs
+    }
 
 
 def refresh_job_status(session: Session, job_id: str) -> str:

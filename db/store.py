@@ -26,7 +26,7 @@ from collections.abc import Collection, Iterable, Sequence
 from datetime import timedelta
 from typing import Any, Protocol
 
-from sqlalchemy import and_, func, select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from db.claims import (
@@ -44,7 +44,7 @@ from db.claims import (
     worker_identity,
 )
 from db.connection import begin_write
-from db.job_status import JobSummary, job_grades, refresh_job_status, summarize
+from db.job_status import JobSummary, job_grades, newest_attempts, refresh_job_status, summarize
 from db.models import (
     ACTIVE_STATUSES,
     AGENT_DRIVERS,
@@ -231,26 +231,10 @@ def latest_attempts(
     """The newest attempt of every episode key of the given jobs, ordered by job then key; with ``drivers``,
     the newest among the attempts those drivers drove (``db.models.AttemptDriver``). What is running and
     what a job waits for: every driver. What a job measured: :func:`result_attempts`."""
-    newest = select(Episode.job_id, Episode.episode_key, func.max(Episode.attempt).label("attempt")).where(
-        Episode.job_id.in_(list(job_ids))
-    )
-    if drivers is not None:
-        newest = newest.where(Episode.driver.in_(sorted(drivers)))
-    newest = newest.group_by(Episode.job_id, Episode.episode_key).subquery()
+    newest, is_newest = newest_attempts(job_ids, drivers=drivers)
     # populate_existing: the claim/grade functions change rows with Core UPDATEs, which do not refresh
     # objects already loaded in this session; re-read them so callers never see a stale status.
-    query = (
-        select(Episode)
-        .execution_options(populate_existing=True)
-        .join(
-            newest,
-            and_(
-                Episode.job_id == newest.c.job_id,
-                Episode.episode_key == newest.c.episode_key,
-                Episode.attempt == newest.c.attempt,
-            ),
-        )
-    )
+    query = select(Episode).execution_options(populate_existing=True).join(newest, is_newest)
     return sorted(session.execute(query).scalars(), key=lambda r: (r.job_id, r.episode_key))
 
 
