@@ -26,6 +26,7 @@ from dashboard.app import create_app
 from db import connect, sqlite_url
 from db import store as db_store
 from db.models import Episode
+from tests.dashboard.test_app_unit import FakeCelery
 from tests.service.db_fixtures import pg_db_fixture  # noqa: F401  (fixture)
 
 TOKEN = "lists-test-token"
@@ -145,20 +146,6 @@ def filled(tmp_path_factory) -> Filled:
     db.dispose()
     names = {sweep: "alpha sweep", clean: "beta", waiting: None}
     return Filled(sqlite_url(path), sweep, clean, waiting, episodes, names)
-
-
-class FakeCelery:
-    def __init__(self) -> None:
-        self.sent: list[tuple] = []
-        self.revoked: list[str] = []
-        self.control = self
-
-    def send_task(self, name, args, **_kw):
-        self.sent.append((name, args))
-        return type("Sent", (), {"id": f"task-{len(self.sent)}"})()
-
-    def revoke(self, ids):
-        self.revoked += ids
 
 
 def client(url: str, celery: FakeCelery | None = None) -> TestClient:
