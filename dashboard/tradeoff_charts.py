@@ -37,12 +37,19 @@ def _cells(table: CompareTable, panel: tuple[str, str], method: str) -> list[tup
     return found[:1] if method == DENSE else found
 
 
-def _point(ax: Axes, x: float, cell: Cell, colour: str, method: str, density: float | None) -> None:
-    rate = 100 * (cell.rate or 0.0)
-    low = 100 * (cell.ci_low if cell.ci_low is not None else cell.rate or 0.0)
-    high = 100 * (cell.ci_high if cell.ci_high is not None else cell.rate or 0.0)
-    bars = ax.errorbar([x], [rate], yerr=[[rate - low], [high - rate]], fmt="o", color=colour, capsize=3)
+def _point(
+    ax: Axes, x: float, y: float, ci: tuple[float | None, float | None], colour: str, method: str, density: float | None
+) -> None:
+    """One cell's marker at (x, y) with its interval ``ci`` as whiskers (none where a bound is unknown)."""
+    low, high = (y if bound is None else bound for bound in ci)
+    bars = ax.errorbar([x], [y], yerr=[[y - low], [high - y]], fmt="o", color=colour, capsize=3)
     bars[0].set_gid(f"point--{method}--{'' if density is None else f'{density:g}'}")
+
+
+def _rate_point(ax: Axes, x: float, cell: Cell, colour: str, method: str, density: float | None) -> None:
+    """A resolved-rate marker in percent, its Wilson or bootstrap interval as whiskers."""
+    low, high = (None if v is None else 100 * v for v in (cell.ci_low, cell.ci_high))
+    _point(ax, x, 100 * (cell.rate or 0.0), (low, high), colour, method, density)
 
 
 def _finish(fig, axes: Sequence[Axes], panels: list[tuple[str, str]], methods: Sequence[str], xlabel: str) -> None:
@@ -75,7 +82,7 @@ def quality_vs_cost_chart(table: CompareTable) -> str:
             xs = [c.cost.kv_mean_bytes / MIB for _, c in cells]
             ax.plot(xs, [100 * c.rate for _, c in cells], color=colours[method], alpha=0.6, gid=f"series--{method}")
             for x, (row, cell) in zip(xs, cells, strict=True):
-                _point(ax, x, cell, colours[method], method, None if method == DENSE else row.density)
+                _rate_point(ax, x, cell, colours[method], method, None if method == DENSE else row.density)
     _finish(fig, axes, panels, table.methods, "KV cache, mean MiB per episode")
     return _tag(to_svg(fig, "resolved rate against mean KV cache per episode, per method"))
 
@@ -103,7 +110,7 @@ def quality_vs_density_chart(table: CompareTable) -> str:
             xs = [r.density + shift for r, _ in cells]
             ax.plot(xs, [100 * c.rate for _, c in cells], color=colours[method], gid=f"series--{method}")
             for x, (row, cell) in zip(xs, cells, strict=True):
-                _point(ax, x, cell, colours[method], method, row.density)
+                _rate_point(ax, x, cell, colours[method], method, row.density)
         ax.set_xticks(table.densities, [f"{d:g}" for d in table.densities])
     _finish(fig, axes, panels, table.methods, "density (kept fraction of the tokens)")
     return _tag(to_svg(fig, "resolved rate against density, per method"))
@@ -140,10 +147,9 @@ def delta_nll_vs_density_chart(table: CompareTable) -> str:
                 [c.density for c in mine], [c.delta_nll for c in mine], color=colours[method], gid=f"series--{method}"
             )
             for c in mine:
-                low, high = c.delta_ci_low, c.delta_ci_high
-                err = [[c.delta_nll - (low if low is not None else c.delta_nll)], [(high or c.delta_nll) - c.delta_nll]]
-                bars = ax.errorbar([c.density], [c.delta_nll], yerr=err, fmt="o", color=colours[method], capsize=3)
-                bars[0].set_gid(f"point--{method}--{c.density:g}")
+                _point(
+                    ax, c.density, c.delta_nll, (c.delta_ci_low, c.delta_ci_high), colours[method], method, c.density
+                )
         ax.set_title(f"{panel[0]} / {panel[1]}", fontsize="small")
         ax.set_xlabel("density (kept fraction of the tokens)")
         ax.set_xticks(densities, [f"{d:g}" for d in densities])
