@@ -17,6 +17,7 @@ from fastapi.responses import HTMLResponse, Response
 from dashboard import charts, queries, tradeoff_charts
 from dashboard.context import Context, job_id_of
 from dashboard.render import render, svg
+from workers.compare import CompareTable, compare_jobs
 from workers.compare_render import render as render_table
 from workers.compare_render import to_csv
 
@@ -42,9 +43,14 @@ def _view(ctx: Context, job_ids: list[str], include_interactive: bool) -> querie
         return queries.compare_view(s, job_ids, include_interactive=include_interactive)
 
 
-def page_charts(view: queries.CompareView) -> dict[str, object]:
+def _table(ctx: Context, job_ids: list[str], include_interactive: bool) -> CompareTable:
+    """The table alone (the downloads need no per-episode links)."""
+    with ctx.read() as s:
+        return compare_jobs(s, job_ids, include_interactive=include_interactive)
+
+
+def page_charts(table: CompareTable) -> dict[str, object]:
     """The compare page's and the report's charts, as inline SVG ('' for one that does not apply)."""
-    table = view.table
     return {
         "chart": svg(charts.compare_chart(table)),
         "cost_chart": svg(tradeoff_charts.quality_vs_cost_chart(table)),
@@ -61,7 +67,7 @@ def _page(job_ids: list[str], view: queries.CompareView, include_interactive: bo
         include_interactive=include_interactive,
         base=base,
         query=query,
-        **page_charts(view),
+        **page_charts(view.table),
     )
 
 
@@ -73,13 +79,13 @@ def register(app: FastAPI, ctx: Context) -> None:
 
     @app.get("/jobs/{job_id}/compare.json")
     def compare_json(job_id: str, include_interactive: bool = INCLUDE_INTERACTIVE) -> Response:
-        view = _view(ctx, [job_id_of(ctx, job_id)], include_interactive)
-        return Response(render_table(view.table, "json"), media_type="application/json")
+        table = _table(ctx, [job_id_of(ctx, job_id)], include_interactive)
+        return Response(render_table(table, "json"), media_type="application/json")
 
     @app.get("/jobs/{job_id}/compare.csv")
     def compare_csv(job_id: str, include_interactive: bool = INCLUDE_INTERACTIVE) -> Response:
         ids = [job_id_of(ctx, job_id)]
-        return _csv(_view(ctx, ids, include_interactive), ids)
+        return _csv(_table(ctx, ids, include_interactive), ids)
 
     @app.get("/compare", response_class=HTMLResponse)
     def compare_many(jobs: list[str] = JOBS, include_interactive: bool = INCLUDE_INTERACTIVE) -> str:
@@ -89,15 +95,15 @@ def register(app: FastAPI, ctx: Context) -> None:
 
     @app.get("/compare.json")
     def compare_many_json(jobs: list[str] = JOBS, include_interactive: bool = INCLUDE_INTERACTIVE) -> Response:
-        view = _view(ctx, job_ids_of(ctx, jobs), include_interactive)
-        return Response(render_table(view.table, "json"), media_type="application/json")
+        table = _table(ctx, job_ids_of(ctx, jobs), include_interactive)
+        return Response(render_table(table, "json"), media_type="application/json")
 
     @app.get("/compare.csv")
     def compare_many_csv(jobs: list[str] = JOBS, include_interactive: bool = INCLUDE_INTERACTIVE) -> Response:
         ids = job_ids_of(ctx, jobs)
-        return _csv(_view(ctx, ids, include_interactive), ids)
+        return _csv(_table(ctx, ids, include_interactive), ids)
 
 
-def _csv(view: queries.CompareView, job_ids: list[str]) -> Response:
+def _csv(table: CompareTable, job_ids: list[str]) -> Response:
     disposition = {"Content-Disposition": f'attachment; filename="compare-{"-".join(job_ids)}.csv"'}
-    return Response(to_csv(view.table), media_type="text/csv; charset=utf-8", headers=disposition)
+    return Response(to_csv(table), media_type="text/csv; charset=utf-8", headers=disposition)

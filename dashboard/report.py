@@ -26,6 +26,7 @@ from dashboard.render import render, svg
 from db.models import utcnow
 from db.probes import job_or_probe_run
 from db.store import get_job
+from workers.compare import compare_jobs
 from workers.probe_stats import load_probe_table
 
 
@@ -35,8 +36,7 @@ def report_html(session: Session, job_ids: str | Sequence[str], *, include_inter
     job_ids = [job_ids] if isinstance(job_ids, str) else job_ids
     stored = list({j.id: j for j in (get_job(session, ident) for ident in job_ids)}.values())
     ids = [j.id for j in stored]
-    view = queries.compare_view(session, ids, include_interactive=include_interactive)
-    table = view.table
+    table = compare_jobs(session, ids, include_interactive=include_interactive)
     method_charts = []
     if len(ids) == 1:  # per-turn curves of one job (a sweep's would mix densities in one line)
         curves = queries.method_curves(session, ids[0], include_interactive=include_interactive)
@@ -49,7 +49,7 @@ def report_html(session: Session, job_ids: str | Sequence[str], *, include_inter
         table=table,
         method_charts=method_charts,
         written=utcnow(),
-        **page_charts(view),
+        **page_charts(table),
     )
 
 
