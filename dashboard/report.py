@@ -40,8 +40,8 @@ def report_html(session: Session, job_ids: str | Sequence[str], *, include_inter
     method_charts = []
     if len(ids) == 1:  # per-turn curves of one job (a sweep's would mix densities in one line)
         curves = queries.method_curves(session, ids[0], include_interactive=include_interactive)
-        rows = list(dict.fromkeys((r.scope, r.protocol) for r in table.rows))
-        method_charts = [(title, svg(chart)) for title, chart in charts.method_charts(curves, rows, table.methods)]
+        charted = charts.method_charts(curves, table.panels, table.methods)
+        method_charts = [(title, svg(chart)) for title, chart in charted]
     return render(
         "report.html",
         standalone=True,

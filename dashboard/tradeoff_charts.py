@@ -26,10 +26,6 @@ from workers.compare import DENSE, Cell, CompareTable, Row
 MIB = 2**20
 
 
-def _panels(table: CompareTable) -> list[tuple[str, str]]:
-    return list(dict.fromkeys((r.scope, r.protocol) for r in table.rows))
-
-
 def _cells(table: CompareTable, panel: tuple[str, str], method: str) -> list[tuple[Row, Cell]]:
     """The method's cells with a rate in one panel, dense once (it is the same cell in every density row)."""
     rows = [r for r in table.rows if (r.scope, r.protocol) == panel]
@@ -66,7 +62,7 @@ def _finish(fig, axes: Sequence[Axes], panels: list[tuple[str, str]], methods: S
 
 def quality_vs_cost_chart(table: CompareTable) -> str:
     """Resolved rate against mean KV MiB per episode; '' when no cell stored its cache bytes."""
-    panels = _panels(table)
+    panels = table.panels
     have = any(c.cost.kv_mean_bytes is not None and c.rate is not None for r in table.rows for c in r.cells.values())
     if not panels or not have:
         return ""
@@ -91,7 +87,7 @@ def quality_vs_density_chart(table: CompareTable) -> str:
     """Resolved rate against density, one point per density; '' unless the table spans two densities."""
     if len(table.densities) < 2:
         return ""
-    panels = _panels(table)
+    panels = table.panels
     colours = method_colours(table.methods)
     fig = _figure(3.4 * len(panels) + 1.6, 3.0)
     axes = fig.subplots(1, len(panels), squeeze=False, sharey=True)[0]

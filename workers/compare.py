@@ -154,6 +154,11 @@ class CompareTable:
     outcomes: list[Outcome] = field(default_factory=list, repr=False)
 
     @property
+    def panels(self) -> list[tuple[str, str]]:
+        """The (scope, protocol) pairs of the rows, in row order, each once (a sweep has a row per density)."""
+        return list(dict.fromkeys((r.scope, r.protocol) for r in self.rows))
+
+    @property
     def densities(self) -> list[float]:
         """The densities the table's rows span (one for a single job; several for a sweep)."""
         return sorted({r.density for r in self.rows if r.density is not None})
@@ -325,25 +330,24 @@ def build_table(
                     cells[method] = cell
                     grid[key], drivers[key] = _by_task(mine)
                 rows.append(Row(scope, protocol, cells, density))
-    notes = list(notes)
-    if any(c.reused_dense for r in rows for c in r.cells.values()):
-        notes.append("dense ran in one scope/protocol cell and is reused for the other rows (it evicts nothing)")
-    densities = sorted({r.density for r in rows if r.density is not None})
-    if len(densities) > 1:
-        notes.append(
-            f"cells are aligned by density ({', '.join(f'{d:g}' for d in densities)}): one row per density; "
-            "dense keeps every token and is the same in each"
-        )
-    return CompareTable(
+    table = CompareTable(
         job_ids=list(job_ids),
         methods=methods,
         rows=rows,
         tasks=sorted({o.task_id for o in rows_in}, key=natural_key),
         grid=grid,
-        notes=notes,
+        notes=list(notes),
         drivers=drivers,
         outcomes=rows_in,
     )
+    if any(c.reused_dense for r in rows for c in r.cells.values()):
+        table.notes.append("dense ran in one scope/protocol cell and is reused for the other rows (it evicts nothing)")
+    if len(table.densities) > 1:
+        table.notes.append(
+            f"cells are aligned by density ({', '.join(f'{d:g}' for d in table.densities)}): one row per density; "
+            "dense keeps every token and is the same in each"
+        )
+    return table
 
 
 def _by_task(outcomes: Sequence[Outcome]) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
