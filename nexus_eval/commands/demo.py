@@ -44,10 +44,14 @@ def demo(
             ref = final if method == "dense" else ref
             rows.append(
                 (
-                    *(method, cache.logical_length),
+                    method,
+                    cache.logical_length,
                     sum(cache.occupancy(i) for i in range(cache.num_layers)) / cache.num_layers,
-                    *(len(cache.events), sum(e.seconds for e in cache.events), cache.nbytes()),
-                    *(float((final - ref).abs().max()), seconds),
+                    len(cache.events),
+                    sum(e.seconds for e in cache.events),
+                    cache.nbytes(),
+                    float((final - ref).abs().max()),
+                    seconds,
                 )
             )
             advance(rows[-1])
