@@ -255,7 +255,8 @@ def cancel(job: str = typer.Argument(..., help="job id (prefix)"), db: str = DB_
     job_id = job_id_of(database, job)
     revoked = cancel_job(database, job_id, app=celery_app(db))
     if revoked is None:
-        typer.echo(f"job {job_id} has no queued or running episode: nothing cancelled, its status is unchanged")
+        why = "has no episode queued, running or waiting for its grade"
+        typer.echo(f"job {job_id} {why}: nothing cancelled, its status is unchanged")
         return
     typer.echo(f"cancelled job {job_id} ({len(revoked)} queued/running episodes revoked)")
 
