@@ -23,6 +23,7 @@ eviction sees the same cache as token-by-token teacher forcing and the logits ar
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Iterator
 
@@ -42,13 +43,20 @@ class ReplayError(ValueError):
 
 
 class TurnScore(BaseModel):
+    """One replayed turn. The KV memory figures (`nexus.memory`): held and allocated bytes after the turn, and
+    the largest of each during it (from before its prefill to its end, the prefill's pre-eviction state
+    included)."""
+
     index: int
     tokens: int  # completion tokens scored
     nll_mean: float | None = None  # mean -log p(stored token)
     top1: float | None = None  # share of stored tokens that were the model's argmax
     eviction_events: int = 0
     physical_after: LayerStats | None = None
-    cache_bytes: int = 0
+    kv_held_bytes: int = 0
+    kv_allocated_bytes: int = 0
+    kv_peak_held_bytes: int = 0
+    kv_peak_allocated_bytes: int = 0
     chunks: int = 0  # forwards spent on the completion
     seconds: float = 0.0
 
@@ -122,6 +130,7 @@ def teacher_force(
                     "continuation, so it cannot be replayed under true_eviction; replay it under full_context"
                 )
             feed = list(turn.append)
+        cache.reset_peaks()  # the turn's peaks, from before its prefill
         logits = [forward(cache, feed, False)]  # the prompt's last position predicts the first token
         forwards = 1
         rest = list(turn.generated[:-1])  # fed back as decoded tokens; the last one opens the next feed
@@ -169,7 +178,7 @@ def replay_episode(
                 top1=float(top1.mean()),
                 eviction_events=len(cache.events) - events,
                 physical_after=LayerStats.of([cache.occupancy(i) for i in range(cache.num_layers)]),
-                cache_bytes=cache.nbytes(),
+                **dataclasses.asdict(cache.memory()),
                 chunks=forwards - 1,
                 seconds=time.perf_counter() - start,
             )

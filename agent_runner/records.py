@@ -62,7 +62,12 @@ class Completion(BaseModel):
     Token counts are in the backend's tokenizer. ``logical_length`` is the length of the whole token
     stream the model has seen after this call (prompt + generated); ``physical_before/after`` are cache
     slots held per layer just before and after this turn's eviction (``None`` for backends without a
-    visible cache, e.g. an HTTP endpoint). Fields a backend cannot measure stay at their defaults.
+    visible cache, e.g. an HTTP endpoint). The KV memory figures (``nexus.memory``; ``None`` without a
+    visible cache): ``kv_held_bytes`` (valid (layer, row, KV head, position) entries x (D_k + D_v) x element
+    size) and ``kv_allocated_bytes`` (the K/V buffers, spare capacity and ragged padding included) after the
+    turn; ``kv_peak_held_bytes`` and ``kv_peak_allocated_bytes`` the largest of each during the turn, from
+    before its prefill to its end (the prefill's pre-eviction state included). Fields a backend cannot
+    measure stay at their defaults.
     Every field is stored with the turn (``workers.execution.turn_row``); ``extra`` holds what only one
     backend reports (an endpoint's request id, the hf backend's budget).
     """
@@ -75,7 +80,10 @@ class Completion(BaseModel):
     physical_before: LayerStats | None = None
     physical_after: LayerStats | None = None
     eviction_events: int = 0
-    cache_bytes: int | None = None
+    kv_held_bytes: int | None = None
+    kv_allocated_bytes: int | None = None
+    kv_peak_held_bytes: int | None = None
+    kv_peak_allocated_bytes: int | None = None
     prefill_s: float = 0.0
     decode_s: float = 0.0
     tokens_per_s: float | None = None

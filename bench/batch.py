@@ -11,16 +11,19 @@ Rows are ragged: prompt j has `--prompt-tokens - j * --row-offset` tokens, and r
 r % K (K = `--distinct-prompts`, 0 = one prompt per row; the CPU default K = 2 keeps N = 16 at 2 prefills per
 method instead of 16). Only the decode steps are timed: after the prefills, after building the stack and
 after `--warmup` untimed steps. The pre-decode puts the timed steps where decode-time eviction happens:
-under prefill_decode a row evicts when it holds budget + one block, and Nexus keeps whole blocks, so the
-first event comes 32-63 steps after the prefill at b = 32. Every N of every method is measured in the same
-run (N outer, methods inner, so slow drift of a shared machine hits the methods alike), plus `solo`: row 0
-decoded through its own `EvictableCache` without a stack (the plain batch-1 path). Reported per (method, N):
+under prefill_decode a row evicts when it holds budget + one block, so the first event comes 32 steps after the
+prefill at b = 32 (up to 63 with Nexus's `leftover="unused"`, which keeps whole blocks only). Every N of every
+method is measured in the same run (N outer, methods inner, so slow drift of a shared machine hits the methods
+alike), plus `solo`: row 0 decoded through its own `EvictableCache` without a stack (the plain batch-1 path).
+Reported per (method, N):
   tokens_per_s        N * steps / wall seconds of the timed steps (synchronised), median over --repeats
   step_ms median/p95  per-step latency = what each row waits per token (CUDA events on GPU, host clock on CPU)
   ratio_vs_n1         tokens_per_s / the same method's stacked N = 1 (same run); N means perfect scaling
   ratio_vs_solo       tokens_per_s / the same method's solo batch-1 decode (same run)
-  stack_bytes_per_row stack.nbytes() / N after the timed steps (the stacked K/V buffers, padding included)
-  own_bytes_per_row   sum(cache.nbytes()) / N after stack.release() (each row's own right-sized buffers)
+  stack_bytes_per_row stack.allocated_bytes() / N after the timed steps (the stacked K/V buffers, padding to
+                      the longest row included: the engine's cost)
+  own_bytes_per_row   sum(cache.allocated_bytes()) / N after stack.release() (each row's own buffers: what it
+                      would hold alone, kv_allocated_bytes of nexus.memory)
   decode_events_per_row  eviction events per row during the timed steps
   row_hooks_ms_per_step  host time in the per-row observe/evict calls (CacheStack.after_attention) per step
 
@@ -240,13 +243,13 @@ def decode_run(model, snapshot: list[Any], n: int, stacked: bool, args, device) 
     peak = torch.cuda.max_memory_allocated(device) - before if device.type == "cuda" else None
     events = [_decode_events(c) - e0 for c, e0 in zip(caches, events0, strict=True)]
     if stacked:
-        stack_bytes = stack.nbytes()
+        stack_bytes = stack.allocated_bytes()
         capacity, longest = stack.layers[0].k.shape[2], stack.layers[0].longest
         stack.release()
         del stack, feed
     else:
         stack_bytes, capacity, longest = None, caches[0].layers[0]._k.shape[2], caches[0].physical_length(0)
-    own_bytes = sum(c.nbytes() for c in caches)
+    own_bytes = sum(c.allocated_bytes() for c in caches)
     result = dict(
         wall_s=wall,
         tokens_per_s=n * args.steps / wall,

@@ -7,7 +7,9 @@ each decode length in `--report-at`:
   tokens_per_s       batch * steps / wall seconds of the decode loop so far (synchronised)
   step_ms median/p95 per-step latency (CUDA events on GPU, so the host is never forced to wait per step)
   eviction_s         time inside eviction events while decoding (each event synchronised on CUDA)
-  cache_bytes_per_seq cache.nbytes() / batch at that point (the bytes actually held, spare capacity included)
+  kv_held_bytes_per_seq       cache.held_bytes() / batch at that point (K/V entries held x bytes per entry)
+  kv_allocated_bytes_per_seq  cache.allocated_bytes() / batch (the K/V buffers, spare capacity included)
+                     (nexus.memory; for transformers' DynamicCache both are its K/V tensors' bytes)
   floor_step_ms      (weight bytes + KV bytes read per step) / measured device copy bandwidth, and the run's
                      fraction of it (floor / measured mean step; 1.0 = at the memory-bandwidth floor)
 Dense is the same EvictableCache with method "dense" (same attention path, no eviction), so ratios isolate
@@ -37,7 +39,7 @@ import common  # noqa: E402
 
 import nexus  # noqa: E402
 
-SCHEMA = "nexus-bench-decode/1"
+SCHEMA = "nexus-bench-decode/2"  # /2: cache_bytes_per_seq became kv_allocated_bytes_per_seq, + kv_held_bytes_per_seq
 DEFAULT_METHODS = ["dense", "snapkv", "morphkv", "nexus"]
 
 
@@ -225,7 +227,8 @@ def _checkpoint(cache, method, steps, wall, clock, kv_read, spent, batch, device
         eviction_s=spent["decode"] if spent else 0.0,
         eviction_s_host=sum(e.seconds for e in decode_events),
         decode_events=len(decode_events),
-        cache_bytes_per_seq=(cache.nbytes() if evicts else _dynamic_nbytes(cache)) / batch,
+        kv_held_bytes_per_seq=(cache.held_bytes() if evicts else _dynamic_nbytes(cache)) / batch,
+        kv_allocated_bytes_per_seq=(cache.allocated_bytes() if evicts else _dynamic_nbytes(cache)) / batch,
         kv_slots_layer0=cache.physical_length(0) if evicts else cache.get_seq_length(),
         logical_length=cache.logical_length if evicts else cache.get_seq_length(),
         kv_read_bytes_mean=kv_mean,
@@ -257,7 +260,8 @@ def _table(records: list[dict[str, Any]], title: str):
         "p95",
         "evict s",
         "events",
-        "cache MiB/seq",
+        "KV held MiB/seq",
+        "KV alloc MiB/seq",
         "vs dense",
         "slots L0",
         "floor ms",
@@ -270,7 +274,7 @@ def _table(records: list[dict[str, Any]], title: str):
         for cp in r["checkpoints"]:
             d = dense.get(cp["decode_len"])
             speed = f"{cp['tokens_per_s'] / d['tokens_per_s']:.2f}" if d else ""
-            mem = f"{cp['cache_bytes_per_seq'] / d['cache_bytes_per_seq']:.2f}" if d else ""
+            mem = f"{cp['kv_allocated_bytes_per_seq'] / d['kv_allocated_bytes_per_seq']:.2f}" if d else ""
             table.add_row(
                 r["label"],
                 str(cp["decode_len"]),
@@ -280,7 +284,8 @@ def _table(records: list[dict[str, Any]], title: str):
                 f"{cp['step_ms_p95']:.2f}",
                 f"{cp['eviction_s']:.3f}",
                 str(cp["decode_events"]),
-                f"{cp['cache_bytes_per_seq'] / 2**20:.1f}",
+                f"{cp['kv_held_bytes_per_seq'] / 2**20:.1f}",
+                f"{cp['kv_allocated_bytes_per_seq'] / 2**20:.1f}",
                 mem,
                 str(cp["kv_slots_layer0"]),
                 f"{cp['floor_step_ms']:.2f}",

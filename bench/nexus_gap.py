@@ -46,6 +46,7 @@ VARIANTS = (
     "snapkv",
     "ada_nexus",
     "nexus",
+    "nexus(leftover=unused)",
     "nexus(lam=0)",
     "nexus(block_size=8)",
     "nexus(weight_scale=mean,reservoir_n=200)",

@@ -126,12 +126,12 @@ def _register_actions(app: FastAPI, ctx: Context) -> None:
 
     @app.post("/jobs/{job_id}/rerun-failed")
     def rerun_failed(request: Request, job_id: str) -> Response:
-        from db.models import FAILED_STATUSES
+        from db.models import RUN_FAILURE_STATUSES
         from workers.celery_tasks import NotEnqueued, rerun
 
         full_id = job_id_of(ctx, job_id)
         try:
-            new_ids = rerun(ctx.database(), full_id, sorted(FAILED_STATUSES), app=ctx.celery_factory())
+            new_ids = rerun(ctx.database(), full_id, sorted(RUN_FAILURE_STATUSES), app=ctx.celery_factory())
         except NotEnqueued as exc:  # the attempts are stored (queued); `nexus-eval resume JOB` sends them
             log.exception("enqueueing reruns of job %s", full_id)
             return error_page(request, 503, str(exc))

@@ -110,9 +110,8 @@ def cache_charts(turns: Sequence[Any]) -> list[tuple[str, str]]:
         charts.append(("logical length vs physical slots per layer", _slots_chart(x, turns)))
         events = [t.eviction_events for t in turns]
         charts.append(("eviction events per turn", _bar_chart(x, events, "eviction events")))
-    if any(t.cache_bytes for t in turns):
-        mib = [(t.cache_bytes or math.nan) / 2**20 for t in turns]
-        charts.append(("cache bytes", _line_chart(x, mib, "cache MiB")))
+    if any(getattr(t, name) for t in turns for name, _, _ in KV_LINES):
+        charts.append(("KV held and allocated, after each turn and their peaks", _kv_chart(x, turns)))
     charts.append(("prefill / decode seconds and tokens/s", _time_chart(x, turns)))
     return charts
 
@@ -142,13 +141,29 @@ def _bar_chart(x: list[int], values: list[float], ylabel: str) -> str:
     return to_svg(fig, f"{ylabel} per turn")
 
 
-def _line_chart(x: list[int], values: list[float], ylabel: str) -> str:
-    fig = _figure(7.0, 2.0)
+#: the KV memory figures of a turn (nexus.memory) drawn per turn: (TurnView field, label, line style)
+KV_LINES = (
+    ("kv_held_bytes", "KV held", "-"),
+    ("kv_allocated_bytes", "KV alloc", "--"),
+    ("kv_peak_held_bytes", "KV held peak", ":"),
+    ("kv_peak_allocated_bytes", "KV alloc peak", "-."),
+)
+
+
+def _kv_chart(x: list[int], turns: Sequence[Any]) -> str:
+    """KV held / allocated after each turn and the largest of each during it (MiB); a turn that did not store a
+    figure (a row from before it existed) leaves a gap, never a 0."""
+    fig = _figure(7.0, 2.4)
     ax = fig.add_subplot()
-    ax.plot(x, values, marker=".", color="#9467bd")
+    for (name, label, style), colour in zip(KV_LINES, ("#9467bd", "#8c564b", "#9467bd", "#8c564b"), strict=True):
+        values = [getattr(t, name) for t in turns]
+        if any(v is not None for v in values):
+            mib = [math.nan if v is None else v / 2**20 for v in values]
+            ax.plot(x, mib, marker=".", linestyle=style, color=colour, label=label)
     _turn_axis(ax)
-    ax.set_ylabel(ylabel)
-    return to_svg(fig, f"{ylabel} per turn")
+    ax.set_ylabel("MiB")
+    ax.legend(fontsize="small", frameon=False)
+    return to_svg(fig, "KV held and allocated per turn, and their peaks")
 
 
 def _time_chart(x: list[int], turns: Sequence[Any]) -> str:
@@ -274,6 +289,14 @@ def _probe_metric(cells: Sequence[Any]) -> tuple[str, tuple[str, str, str], floa
     return "NLL (nats per token)", ("nll", "nll", "nll"), 1.0
 
 
+def _scaled(cell: Any, fields: tuple[str, str, str], scale: float) -> tuple[float, float, float, float]:
+    """(density, value, low, high) of one probe cell, scaled; a bound the cell has none of (too few samples for an
+    interval) is the value itself, so that side gets no whisker."""
+    value = getattr(cell, fields[0])
+    low, high = (value if getattr(cell, f) is None else getattr(cell, f) for f in fields[1:])
+    return cell.density, scale * value, scale * low, scale * high
+
+
 def probe_chart(probe: str, cells: Sequence[Any], variants: Sequence[str]) -> str:
     """One probe's ``workers.probe_stats.ProbeCell``s against density, one line per variant with its interval
     as whiskers, one panel per scope x protocol (see :func:`_probe_metric` for the y axis)."""
@@ -289,9 +312,7 @@ def probe_chart(probe: str, cells: Sequence[Any], variants: Sequence[str]) -> st
     for ax, (scope, protocol) in zip(axes, panels, strict=True):
         for j, variant in enumerate(variants):
             mine = [c for c in cells if (c.scope, c.protocol, c.variant) == (scope, protocol, variant)]
-            rows = sorted(
-                (c.density, *(scale * getattr(c, f) for f in fields)) for c in mine if getattr(c, fields[0]) is not None
-            )
+            rows = sorted(_scaled(c, fields, scale) for c in mine if getattr(c, fields[0]) is not None)
             if not rows:
                 continue
             xs = [d + (j - (len(variants) - 1) / 2) * dodge for d, *_ in rows]

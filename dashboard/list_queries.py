@@ -17,7 +17,7 @@ from urllib.parse import urlencode
 from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
-from db.models import CANCELLABLE_STATUSES, FAILED_STATUSES, EpisodeStatus, Job, JobStatus
+from db.models import CANCELLABLE_STATUSES, RUN_FAILURE_STATUSES, EpisodeStatus, Job, JobStatus
 from workers.cost import human_bytes  # noqa: F401  (the pages' byte format, defined once)
 
 ORDERS = ("asc", "desc")
@@ -153,7 +153,8 @@ EPISODES = ListSpec(
         "prompt_tokens": lambda e: e.prompt_tokens,
         "generated_tokens": lambda e: e.generated_tokens,
         "wall_s": lambda e: e.wall_s,
-        "peak_kv": lambda e: e.peak_cache_bytes,
+        "kv_peak_held_bytes": lambda e: e.kv_peak_held_bytes,
+        "kv_peak_allocated_bytes": lambda e: e.kv_peak_allocated_bytes,
     },
     default_sort="task",  # the store's order is by key (task first): the default keeps it
     default_order="asc",
@@ -176,7 +177,7 @@ def filtered_jobs(session: Session, query: ListQuery) -> tuple[list[Job], int]:
 
 
 NOTHING_TO_CANCEL = "nothing to cancel: no episode is queued, running or waiting for its grade"
-NOTHING_TO_RERUN = "nothing to rerun: no result is unresolved, a failed patch, a timeout or an infra failure"
+NOTHING_TO_RERUN = "nothing to rerun: no result is a timeout or an infra failure (a verdict is never rerun: best-of-n)"
 
 
 @dataclass
@@ -193,5 +194,5 @@ def job_actions(counts: Mapping[str, int], results: Iterable[Any]) -> Actions:
     """``counts``: the job's status counts (newest attempts); ``results``: its result attempts (rows with a
     ``status``), the ones ``db.store.rerun_job`` picks from."""
     active = sum(counts.get(s, 0) for s in CANCELLABLE_STATUSES)
-    failed = sum(1 for r in results if r.status in FAILED_STATUSES)
+    failed = sum(1 for r in results if r.status in RUN_FAILURE_STATUSES)
     return Actions(active > 0, "" if active else NOTHING_TO_CANCEL, failed, "" if failed else NOTHING_TO_RERUN)

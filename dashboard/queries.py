@@ -65,7 +65,8 @@ class EpisodeRow:
     prompt_tokens: int | None = None
     generated_tokens: int | None = None
     wall_s: float | None = None
-    peak_cache_bytes: int | None = None
+    kv_peak_held_bytes: int | None = None  # the episode's KV peaks (nexus.memory)
+    kv_peak_allocated_bytes: int | None = None
 
     @property
     def interactive(self) -> bool:
@@ -89,7 +90,10 @@ class TurnView:
     physical_before: dict[str, float] | None
     physical_after: dict[str, float] | None
     eviction_events: int
-    cache_bytes: int | None
+    kv_held_bytes: int | None  # KV memory (nexus.memory): after the turn, and the largest during it
+    kv_allocated_bytes: int | None
+    kv_peak_held_bytes: int | None
+    kv_peak_allocated_bytes: int | None
     prefill_s: float
     decode_s: float
     tokens_per_s: float | None
@@ -115,7 +119,8 @@ class EpisodeView:
     error: str | None
     n_turns: int | None
     generated_tokens: int | None
-    peak_cache_bytes: int | None
+    kv_peak_held_bytes: int | None
+    kv_peak_allocated_bytes: int | None
     agent_s: float | None
     patch: str | None
     test_log: str
@@ -191,12 +196,13 @@ def progress(session: Session, job_id: str) -> dict[str, Any]:
 def _episode_row(e: Any) -> EpisodeRow:
     return EpisodeRow(
         e.id, e.task_id, e.method, e.scope, e.protocol, e.seed, e.attempt, e.status, e.driver,
-        e.n_turns, e.prompt_tokens, e.generated_tokens, e.wall_s, e.peak_cache_bytes,
+        e.n_turns, e.prompt_tokens, e.generated_tokens, e.wall_s, e.kv_peak_held_bytes, e.kv_peak_allocated_bytes,
     )  # fmt: skip
 
 
 def job_episodes(session: Session, job_id: str) -> list[EpisodeRow]:
-    """The result attempt of each of the job's episode keys (the newest the agent drove alone), by key."""
+    """The result attempt of each of the job's episode keys (the first the agent drove alone that did not break), by
+    key."""
     return [_episode_row(e) for e in db_store.result_attempts(session, [job_id])]
 
 
@@ -245,7 +251,10 @@ def _turn_view(t: Turn, keep: int | None = None) -> TurnView:
         physical_before=t.physical_before,
         physical_after=t.physical_after,
         eviction_events=t.eviction_events or 0,
-        cache_bytes=t.cache_bytes,
+        kv_held_bytes=t.kv_held_bytes,
+        kv_allocated_bytes=t.kv_allocated_bytes,
+        kv_peak_held_bytes=t.kv_peak_held_bytes,
+        kv_peak_allocated_bytes=t.kv_peak_allocated_bytes,
         prefill_s=t.prefill_s or 0.0,
         decode_s=t.decode_s or 0.0,
         tokens_per_s=t.tokens_per_s,
@@ -255,8 +264,8 @@ def _turn_view(t: Turn, keep: int | None = None) -> TurnView:
 
 
 def siblings(session: Session, e: Episode) -> list[EpisodeRow]:
-    """The result attempts (the newest the agent drove alone) of the same job, task and seed under the other
-    methods / scopes / protocols."""
+    """The result attempts (the first the agent drove alone that did not break) of the same job, task and seed under
+    the other methods / scopes / protocols."""
     rows = session.execute(
         select(Episode).where(Episode.job_id == e.job_id, Episode.task_id == e.task_id, Episode.seed == e.seed)
     ).scalars()
@@ -288,7 +297,8 @@ def episode(session: Session, episode_id: str) -> EpisodeView:
         error=e.error,
         n_turns=e.n_turns,
         generated_tokens=e.generated_tokens,
-        peak_cache_bytes=e.peak_cache_bytes,
+        kv_peak_held_bytes=e.kv_peak_held_bytes,
+        kv_peak_allocated_bytes=e.kv_peak_allocated_bytes,
         agent_s=e.agent_s,
         patch=e.patch,
         test_log=log[cut:],

@@ -28,7 +28,7 @@ from workers.compare_render import (
 )
 from workers.cost import COST_FIELDS
 from workers.probe_render import layout as probe_layout
-from workers.probe_stats import BASELINES, CAPTION, ProbeCell
+from workers.probe_stats import BASELINES, CAPTION, KV_FIELDS, ProbeCell
 
 TEMPLATES = Path(__file__).with_name("templates")
 STATIC = Path(__file__).with_name("static")
@@ -105,7 +105,7 @@ def probe_cell_data(c: ProbeCell) -> dict[str, Any]:
     to ``p-vs-dense``, ``b-vs-dense`` ...), floats as ``repr`` (exact), '' for None."""
     data: dict[str, Any] = {"probe": c.probe, "variant": c.variant, "scope": c.scope, "protocol": c.protocol}
     for name in ("density", "accuracy", "ci_low", "ci_high", "nll", "delta_nll", "delta_ci_low", "delta_ci_high",
-                 "kept_fraction", "kv_bytes", "seconds"):  # fmt: skip
+                 "kept_fraction", *KV_FIELDS, "seconds"):  # fmt: skip
         data[name.replace("_", "-")] = num(getattr(c, name))
     data["n"], data["n-correct"] = c.n, "" if c.n_correct is None else c.n_correct
     for b in BASELINES:

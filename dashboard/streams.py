@@ -185,7 +185,11 @@ CACHE_METRICS: tuple[tuple[str, str, Callable[[Any], Any], Callable[[Any], str]]
     ("logical", "logical length", lambda t: t.logical_length, _count),
     ("kept", "kept slots after eviction (mean per layer)", lambda t: (t.physical_after or {}).get("mean"), _count),
     ("events", "eviction events", lambda t: t.eviction_events, _count),
-    ("bytes", "cache bytes", lambda t: t.cache_bytes, human_bytes),
+    # KV memory (nexus.memory): held and allocated after the turn, and the largest of each during it
+    ("kv_held_bytes", "KV held", lambda t: t.kv_held_bytes, human_bytes),
+    ("kv_allocated_bytes", "KV alloc", lambda t: t.kv_allocated_bytes, human_bytes),
+    ("kv_peak_held_bytes", "KV held peak", lambda t: t.kv_peak_held_bytes, human_bytes),
+    ("kv_peak_allocated_bytes", "KV alloc peak", lambda t: t.kv_peak_allocated_bytes, human_bytes),
     ("prefill", "prefill s", lambda t: t.prefill_s, _seconds),
     ("decode", "decode s", lambda t: t.decode_s, _seconds),
 )

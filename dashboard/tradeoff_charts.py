@@ -1,7 +1,8 @@
 """The trade-off figures of a compare table: quality against cost, and quality against density.
 
-- :func:`quality_vs_cost_chart`: resolved rate (95% interval as whiskers) against the mean KV bytes per episode,
-  a point per cell, a line per method through its cells in order of cost; one panel per scope x protocol.
+- :func:`quality_vs_cost_chart`: resolved rate (95% interval as whiskers) against KV held (``nexus.memory``: K/V
+  entries held x bytes per entry after a turn, mean over turns, then over the cell's episodes), a point per
+  cell, a line per method through its cells in order of cost; one panel per scope x protocol.
 - :func:`quality_vs_density_chart`: resolved rate against the configured density, a line per evicting method
   with one point per density, dense (which keeps every token) as a dashed reference line at its rate; one
   panel per scope x protocol. Drawn only when the table spans two densities or more (a sweep of jobs).
@@ -61,9 +62,11 @@ def _finish(fig, axes: Sequence[Axes], panels: list[tuple[str, str]], methods: S
 
 
 def quality_vs_cost_chart(table: CompareTable) -> str:
-    """Resolved rate against mean KV MiB per episode; '' when no cell stored its cache bytes."""
+    """Resolved rate against mean KV held (MiB); '' when no cell stored its KV held bytes."""
     panels = table.panels
-    have = any(c.cost.kv_mean_bytes is not None and c.rate is not None for r in table.rows for c in r.cells.values())
+    have = any(
+        c.cost.mean_kv_held_bytes is not None and c.rate is not None for r in table.rows for c in r.cells.values()
+    )
     if not panels or not have:
         return ""
     colours = method_colours(table.methods)
@@ -71,16 +74,16 @@ def quality_vs_cost_chart(table: CompareTable) -> str:
     axes = fig.subplots(1, len(panels), squeeze=False, sharey=True)[0]
     for ax, panel in zip(axes, panels, strict=True):
         for method in table.methods:
-            cells = [(r, c) for r, c in _cells(table, panel, method) if c.cost.kv_mean_bytes is not None]
-            cells.sort(key=lambda rc: rc[1].cost.kv_mean_bytes)
+            cells = [(r, c) for r, c in _cells(table, panel, method) if c.cost.mean_kv_held_bytes is not None]
+            cells.sort(key=lambda rc: rc[1].cost.mean_kv_held_bytes)
             if not cells:
                 continue
-            xs = [c.cost.kv_mean_bytes / MIB for _, c in cells]
+            xs = [c.cost.mean_kv_held_bytes / MIB for _, c in cells]
             ax.plot(xs, [100 * c.rate for _, c in cells], color=colours[method], alpha=0.6, gid=f"series--{method}")
             for x, (row, cell) in zip(xs, cells, strict=True):
                 _rate_point(ax, x, cell, colours[method], method, None if method == DENSE else row.density)
-    _finish(fig, axes, panels, table.methods, "KV cache, mean MiB per episode")
-    return _tag(to_svg(fig, "resolved rate against mean KV cache per episode, per method"))
+    _finish(fig, axes, panels, table.methods, "KV held after a turn, mean MiB")
+    return _tag(to_svg(fig, "resolved rate against mean KV held after a turn, per method"))
 
 
 def quality_vs_density_chart(table: CompareTable) -> str:

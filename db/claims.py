@@ -235,13 +235,16 @@ def record_turn(session: Session, claim: Claim, index: int, **fields: Any) -> Tu
 
 
 def turn_totals(session: Session, episode_id: str) -> dict[str, Any]:
-    n, prompt, appended, generated, peak = session.execute(
+    """Sums over the episode's stored turns, and its KV peaks: the largest of its turns' peaks (``None`` when no
+    turn reported one)."""
+    n, prompt, appended, generated, peak_held, peak_allocated = session.execute(
         select(
             func.count(Turn.id),
             func.sum(Turn.prompt_tokens),
             func.sum(Turn.tokens_appended),
             func.sum(Turn.tokens_generated),
-            func.max(Turn.cache_bytes),
+            func.max(Turn.kv_peak_held_bytes),
+            func.max(Turn.kv_peak_allocated_bytes),
         ).where(Turn.episode_id == episode_id)
     ).one()
     return {
@@ -249,7 +252,8 @@ def turn_totals(session: Session, episode_id: str) -> dict[str, Any]:
         "prompt_tokens": prompt or 0,
         "appended_tokens": appended or 0,
         "generated_tokens": generated or 0,
-        "peak_cache_bytes": peak,
+        "kv_peak_held_bytes": peak_held,
+        "kv_peak_allocated_bytes": peak_allocated,
     }
 
 
@@ -268,7 +272,8 @@ FINISH_FIELDS = frozenset(
         "appended_tokens",
         "generated_tokens",
         "n_turns",
-        "peak_cache_bytes",
+        "kv_peak_held_bytes",
+        "kv_peak_allocated_bytes",
         "retention",
         "result",
         "config",
@@ -282,8 +287,8 @@ def finish_episode(session: Session, claim: Claim, status: str, **fields: Any) -
 
     ``status``: an agent exit (``submitted`` ... ``format_error_limit``: a grade may follow), a grade status
     when graded in-line, ``timeout`` or ``infra_failure`` (then give ``error``). ``fields``: see
-    ``FINISH_FIELDS``; token totals, ``n_turns`` and ``peak_cache_bytes`` default to sums/maxima over the
-    stored turns.
+    ``FINISH_FIELDS``; token totals, ``n_turns``, ``kv_peak_held_bytes`` and ``kv_peak_allocated_bytes`` default
+    to sums/maxima over the stored turns (the episode's KV peaks are the largest of its turns' peaks).
     """
     if status not in FINISH_STATUSES:
         raise ValueError(f"finish_episode: status {status!r} is not one of {sorted(FINISH_STATUSES)}")

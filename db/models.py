@@ -67,8 +67,14 @@ class EpisodeStatus(StrEnum):
 # The sets every reader and writer uses; the words themselves are EpisodeStatus's.
 GRADE_STATUSES = frozenset({"resolved", "unresolved", "empty_patch", "patch_failed"})
 AGENT_EXIT_STATUSES = frozenset({"submitted", "step_limit", "context_limit", "time_limit", "format_error_limit"})
-# the run itself broke: final, and counted as "not resolved" (as SWE-bench counts an error)
+# the agent exits at a limit: the patch graded is whatever the agent had left when the limit cut it off
+LIMIT_EXIT_STATUSES = AGENT_EXIT_STATUSES - {"submitted"}
+# the run itself broke: final, and counted as "not resolved" (as SWE-bench counts an error) unless rerun; what
+# `rerun --failed` reruns. A rerun of a verdict or an agent exit is a new sample of the same key, a *resample*:
+# kept apart, never counted in Pass@1 (docs/numbers.md)
 RUN_FAILURE_STATUSES = frozenset({"timeout", "infra_failure"})
+# an attempt that ended in one of these produced no sample: the key's next attempt takes its place as the key's
+# result (db.store.result_attempts)
 SERVICE_FAILURE_STATUSES = RUN_FAILURE_STATUSES | {"cancelled"}
 # what a finished run may report: an agent exit (a grade follows), a verdict graded in-line, or a failure
 FINISH_STATUSES = AGENT_EXIT_STATUSES | GRADE_STATUSES | RUN_FAILURE_STATUSES
@@ -76,8 +82,6 @@ FINISH_STATUSES = AGENT_EXIT_STATUSES | GRADE_STATUSES | RUN_FAILURE_STATUSES
 VERDICT_STATUSES = GRADE_STATUSES | {"infra_failure"}
 # counted in compare's n: verdicts and run failures
 COUNTED_STATUSES = GRADE_STATUSES | RUN_FAILURE_STATUSES
-# what `rerun --failed` reruns: every final outcome but resolved (cancelled is a choice, not a failure)
-FAILED_STATUSES = (GRADE_STATUSES - {"resolved"}) | RUN_FAILURE_STATUSES
 # Terminal = nothing more will happen to the row by itself. Agent exits are terminal for the agent stage
 # (a grade may still be recorded on top of them).
 TERMINAL_STATUSES = GRADE_STATUSES | AGENT_EXIT_STATUSES | SERVICE_FAILURE_STATUSES
@@ -218,7 +222,10 @@ class Episode(Base):
     appended_tokens: Mapped[int | None] = mapped_column(BigInteger)
     generated_tokens: Mapped[int | None] = mapped_column(BigInteger)
     n_turns: Mapped[int | None] = mapped_column(Integer)
-    peak_cache_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    # the largest KV bytes held / allocated at any moment of the episode: the max over its turns' peaks
+    # (nexus.memory; None for backends without a cache and for rows stored before revision 0007)
+    kv_peak_held_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    kv_peak_allocated_bytes: Mapped[int | None] = mapped_column(BigInteger)
 
     worker: Mapped[str | None] = mapped_column(String(200))  # "hostname/pid" of the current claim
     claim_token: Mapped[str | None] = mapped_column(String(32))
@@ -247,6 +254,12 @@ class Turn(Base):
 
     ``physical_before/after`` are ``{"min", "mean", "max"}`` of the cache slots held per layer just before
     and after this turn's eviction (``None`` when the backend has no visible cache).
+
+    KV memory (``nexus.memory``; ``None`` without a visible cache): ``kv_held_bytes`` (valid (layer, row, KV
+    head, position) entries x (D_k + D_v) x element size) and ``kv_allocated_bytes`` (the K/V buffers, spare
+    capacity and ragged padding included) after the turn; ``kv_peak_held_bytes`` / ``kv_peak_allocated_bytes``
+    the largest of each during the turn (from before its prefill). Rows stored before revision 0007 have
+    ``kv_allocated_bytes`` (then ``cache_bytes``) and NULL in the other three.
     """
 
     __tablename__ = "turns"
@@ -262,7 +275,10 @@ class Turn(Base):
     physical_before: Mapped[dict[str, float] | None] = mapped_column(JSONType)
     physical_after: Mapped[dict[str, float] | None] = mapped_column(JSONType)
     eviction_events: Mapped[int] = mapped_column(Integer, default=0)
-    cache_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    kv_held_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    kv_allocated_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    kv_peak_held_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    kv_peak_allocated_bytes: Mapped[int | None] = mapped_column(BigInteger)
     prefill_s: Mapped[float] = mapped_column(Float, default=0.0)
     decode_s: Mapped[float] = mapped_column(Float, default=0.0)
     tokens_per_s: Mapped[float | None] = mapped_column(Float)
@@ -382,7 +398,11 @@ class ProbeResultRow(Base):
     answer: Mapped[str] = mapped_column(Text)
     expected: Mapped[str] = mapped_column(Text)
     kept_fraction: Mapped[float] = mapped_column(Float)
-    kv_bytes: Mapped[int] = mapped_column(BigInteger)
+    # KV memory (nexus.memory) at answer start, and the peaks over the sample (None before revision 0007)
+    kv_held_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    kv_allocated_bytes: Mapped[int] = mapped_column(BigInteger)
+    kv_peak_held_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    kv_peak_allocated_bytes: Mapped[int | None] = mapped_column(BigInteger)
     seconds: Mapped[float] = mapped_column(Float)
 
     run: Mapped[ProbeRun] = relationship(back_populates="results")

@@ -19,12 +19,13 @@ keys of :data:`RESULT_FIELDS` (the columns of ``probe_results``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
+from db.claims import local_worker_is_dead
 from db.connection import begin_write
 from db.models import ProbeResultRow, ProbeRun, ProbeRunStatus, utcnow
 from db.store import by_id_or_prefix
@@ -32,7 +33,8 @@ from db.store import by_id_or_prefix
 #: the fields of ``agent_runner.probes.ProbeResult``, one column each (a test holds the two equal)
 RESULT_FIELDS = (
     "probe", "variant", "scope", "protocol", "density", "sample", "source", "length", "depth", "correct", "nll",
-    "scored_tokens", "answer", "expected", "kept_fraction", "kv_bytes", "seconds",
+    "scored_tokens", "answer", "expected", "kept_fraction",
+    "kv_held_bytes", "kv_allocated_bytes", "kv_peak_held_bytes", "kv_peak_allocated_bytes", "seconds",
 )  # fmt: skip
 FINAL_STATUSES = frozenset({ProbeRunStatus.done.value, ProbeRunStatus.failed.value})
 
@@ -98,6 +100,27 @@ def finish_probe_run(session: Session, run_id: str, status: str, *, error: str |
     run.finished_at = run.finished_at or utcnow()
     if error and not run.error:
         run.error = error
+
+
+def fail_orphaned_probe_runs(session: Session, *, is_dead: Callable[[str], bool] = local_worker_is_dead) -> list[str]:
+    """Mark ``failed`` every pending or running run whose process (``provenance["process"]``, "hostname/pid") ran
+    on this host and is gone: killed, or the machine restarted, before it could record why. The error says so and
+    how far it got. Returns their ids. Runs of other hosts, and runs stored before the process was recorded, are
+    left as they are (nothing here can tell whether they still run)."""
+    begin_write(session)
+    open_runs = session.execute(
+        select(ProbeRun).where(ProbeRun.status.in_([ProbeRunStatus.pending.value, ProbeRunStatus.running.value]))
+    ).scalars()
+    orphans = [r for r in open_runs if (r.provenance or {}).get("process") and is_dead(r.provenance["process"])]
+    for run in orphans:
+        finish_probe_run(
+            session,
+            run.id,
+            ProbeRunStatus.failed.value,
+            error=f"the process {run.provenance['process']} that ran it is gone (killed, or its machine restarted) "
+            f"after {run.n_results} of {run.n_planned} results; found at a later start",
+        )
+    return [r.id for r in orphans]
 
 
 def get_probe_run(session: Session, ident: str) -> ProbeRun:

@@ -25,7 +25,7 @@ from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from db.connection import begin_write
-from db.models import Episode, Replay, ReplayStatus, Turn, utcnow
+from db.models import AGENT_EXIT_STATUSES, GRADE_STATUSES, Episode, Replay, ReplayStatus, Turn, utcnow
 
 #: the ReplayScore fields copied into a row's columns (``turns`` holds the per-turn dumps)
 SCORE_FIELDS = ("tokens", "nll_mean", "top1", "turns", "seconds")
@@ -105,3 +105,19 @@ def replays_for_jobs(session: Session, job_ids: Sequence[str]) -> list[Replay]:
     """Every replay row of the given jobs, oldest first (so a later row of the same key wins in a dict)."""
     query = select(Replay).where(Replay.job_id.in_(list(job_ids))).order_by(Replay.created_at, Replay.id)
     return list(session.execute(query).scalars())
+
+
+#: the statuses of an attempt whose trajectory is a whole sample of the agent: a verdict, or an agent exit (its grade
+#: may still come, or its job does not grade). A run that broke (timeout, infra_failure), was cancelled or is still
+#: running is not one.
+SOURCE_STATUSES = GRADE_STATUSES | AGENT_EXIT_STATUSES
+
+
+def replay_sources(session: Session, job_ids: Sequence[str], *, method: str) -> list[Episode]:
+    """The episodes a replay may score (``method``: the one whose trajectories are replayed, dense): each key's
+    result attempt (``db.store.result_attempts``: the first the agent drove alone that did not break; never an
+    interactive or steered one, never a resample) whose status is in :data:`SOURCE_STATUSES`. Replay rows of any
+    other episode (an attempt since superseded) are left out of every table."""
+    from db.store import result_attempts
+
+    return [e for e in result_attempts(session, job_ids) if e.method == method and e.status in SOURCE_STATUSES]

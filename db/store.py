@@ -15,9 +15,15 @@ Running one episode (see :mod:`db.claims` for the idempotency contract, re-expor
     with db.session() as s: record_grade(s, episode_id, "resolved", test_log=log, grader="swebench", ...)
 
 Reading: :func:`episodes_for_job`, :func:`result_attempts` (what a job measured: ``compare``, ``export``),
-:func:`latest_attempts` (what is running), :func:`interactive_attempts`, :func:`job_summary`.
+:func:`resample_attempts` (the agent attempts after a key's result: kept apart), :func:`latest_attempts` (what is
+running), :func:`interactive_attempts`, :func:`job_summary`.
 Reruns: :func:`new_attempt` / :func:`rerun_job` add rows with ``attempt + 1``; old rows are never changed.
 An attempt's ``driver`` (``db.models.AttemptDriver``) says whether the agent alone chose its actions.
+
+Which attempt is a key's result (one sample per key, so Pass@1 is never a best-of-n): the *first* agent attempt
+that did not end as a broken run (``SERVICE_FAILURE_STATUSES``: timeout, infra_failure, cancelled). A rerun of a
+broken run replaces it; a rerun of a verdict or an agent exit is a *resample*, counted nowhere in Pass@1
+(``docs/numbers.md``). A key whose every attempt broke has its newest one as its result.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from collections.abc import Collection, Iterable, Sequence
 from datetime import timedelta
 from typing import Any, Protocol
 
-from sqlalchemy import func, select, update
+from sqlalchemy import and_, case, func, select, update
 from sqlalchemy.orm import Session
 
 from db.claims import (
@@ -49,6 +55,7 @@ from db.models import (
     ACTIVE_STATUSES,
     AGENT_DRIVERS,
     CANCELLABLE_STATUSES,
+    SERVICE_FAILURE_STATUSES,
     AttemptDriver,
     Episode,
     EpisodeStatus,
@@ -85,6 +92,7 @@ __all__ = [
     "local_worker_is_dead",
     "lock_job",
     "new_attempt",
+    "resample_attempts",
     "result_attempts",
     "record_grade",
     "record_turn",
@@ -238,11 +246,74 @@ def latest_attempts(
     return sorted(session.execute(query).scalars(), key=lambda r: (r.job_id, r.episode_key))
 
 
+def result_attempt_numbers(job_ids: Sequence[str], *, drivers: Collection[str] = AGENT_DRIVERS) -> Any:
+    """A subquery (job_id, episode_key, attempt) with each key's result attempt among those ``drivers`` drove: the
+    first that did not end as a broken run (``SERVICE_FAILURE_STATUSES``), else the newest (module docstring)."""
+    first_sample = func.min(case((Episode.status.not_in(sorted(SERVICE_FAILURE_STATUSES)), Episode.attempt)))
+    return (
+        select(
+            Episode.job_id,
+            Episode.episode_key,
+            func.coalesce(first_sample, func.max(Episode.attempt)).label("attempt"),
+        )
+        .where(Episode.job_id.in_(list(job_ids)), Episode.driver.in_(sorted(drivers)))
+        .group_by(Episode.job_id, Episode.episode_key)
+        .subquery()
+    )
+
+
 def result_attempts(session: Session, job_ids: Sequence[str], *, include_interactive: bool = False) -> list[Episode]:
-    """The attempt that is each episode key's result: the newest one the agent drove alone. A key whose only
-    attempts were run interactively has none. ``include_interactive``: the newest attempt of any driver, so an
-    interactive or steered attempt stands in for the agent's (every reader marks it)."""
-    return latest_attempts(session, job_ids, drivers=None if include_interactive else AGENT_DRIVERS)
+    """The attempt that is each episode key's result: the first one the agent drove alone that did not end as a
+    broken run (module docstring). A key whose only attempts were run interactively has none.
+    ``include_interactive``: a key's newest interactive attempt that did not break stands in for the agent's
+    result (every reader marks it: a person chose to run it, so it is not the method's sample)."""
+    results = _rows_at(session, result_attempt_numbers(job_ids))
+    if include_interactive:
+        interactive_drivers = [d.value for d in AttemptDriver if d.value not in AGENT_DRIVERS]
+        ran = select(Episode.job_id, Episode.episode_key, func.max(Episode.attempt).label("attempt")).where(
+            Episode.job_id.in_(list(job_ids)),
+            Episode.driver.in_(interactive_drivers),
+            Episode.status.not_in(sorted(SERVICE_FAILURE_STATUSES)),
+        )
+        by_key = {(r.job_id, r.episode_key): r for r in results}
+        for row in _rows_at(session, ran.group_by(Episode.job_id, Episode.episode_key).subquery()):
+            by_key[(row.job_id, row.episode_key)] = row
+        results = list(by_key.values())
+    return sorted(results, key=lambda r: (r.job_id, r.episode_key))
+
+
+def resample_attempts(session: Session, job_ids: Sequence[str]) -> list[Episode]:
+    """The agent attempts of each key that came after its result attempt and did not end as a broken run: new
+    samples of a key that already had one (``rerun --status unresolved``, say), kept apart from Pass@1. Ordered by
+    job, key, attempt."""
+    result = result_attempt_numbers(job_ids)
+    query = (
+        select(Episode)
+        .execution_options(populate_existing=True)
+        .join(
+            result,
+            and_(
+                Episode.job_id == result.c.job_id,
+                Episode.episode_key == result.c.episode_key,
+                Episode.attempt > result.c.attempt,
+            ),
+        )
+        .where(Episode.driver.in_(sorted(AGENT_DRIVERS)), Episode.status.not_in(sorted(SERVICE_FAILURE_STATUSES)))
+    )
+    return sorted(session.execute(query).scalars(), key=lambda r: (r.job_id, r.episode_key, r.attempt))
+
+
+def _rows_at(session: Session, numbers: Any) -> list[Episode]:
+    """The Episode rows named by a (job_id, episode_key, attempt) subquery."""
+    matches = and_(
+        Episode.job_id == numbers.c.job_id,
+        Episode.episode_key == numbers.c.episode_key,
+        Episode.attempt == numbers.c.attempt,
+    )
+    # populate_existing: see latest_attempts
+    return list(
+        session.execute(select(Episode).execution_options(populate_existing=True).join(numbers, matches)).scalars()
+    )
 
 
 def interactive_attempts(session: Session, job_ids: Sequence[str]) -> list[Episode]:
@@ -298,7 +369,9 @@ def new_attempt(
 
 
 def rerun_job(session: Session, job_id: str, statuses: Collection[str]) -> list[Episode]:
-    """New attempts for every latest attempt of ``job_id`` whose status is in ``statuses``."""
+    """New attempts for every result attempt of ``job_id`` whose status is in ``statuses``. A new attempt of a
+    broken run (timeout, infra_failure, cancelled) becomes the key's result; one of a verdict or an agent exit is a
+    resample, kept apart (:func:`resample_attempts`)."""
     unknown = sorted(set(statuses) - {s.value for s in EpisodeStatus})
     if unknown:
         raise ValueError(f"unknown episode status(es) {unknown}; known: {[s.value for s in EpisodeStatus]}")

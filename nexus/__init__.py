@@ -4,11 +4,12 @@
     nexus.prepare(model)                                   # once: installs the capture attention
     cache = nexus.EvictableCache(model.config, nexus.EvictionConfig(method="nexus", density=0.2))
     model.generate(ids, cache=cache, max_new_tokens=64)    # eviction happens inside the forward
-    cache.logical_length, cache.physical_length(0), cache.retained_positions(0), cache.nbytes(), cache.events
+    cache.logical_length, cache.physical_length(0), cache.retained_positions(0), cache.events
+    cache.memory()                                         # KVMemory: bytes held, allocated, and their peaks
     nexus.retention_runs(cache)                            # per layer: how many KV heads hold each position
 
-``import nexus`` needs no torch: the vocabulary (``METHODS``, ``SCOPES``) and ``EvictionConfig`` are plain
-Python, and the tensor parts below are imported on first attribute access.
+``import nexus`` needs no torch: the vocabulary (``METHODS``, ``SCOPES``), ``EvictionConfig`` and ``KVMemory`` are
+plain Python, and the tensor parts below are imported on first attribute access.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from nexus.config import EvictionConfig
+from nexus.memory import KVMemory
 from nexus.methods import METHODS, SCOPES
 
 if TYPE_CHECKING:
@@ -56,6 +58,7 @@ __all__ = [
     "EvictableCache",
     "EvictionConfig",
     "EvictionEvent",
+    "KVMemory",
     "cache_kwarg",
     "make_policy",
     "prefill_budget",

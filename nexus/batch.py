@@ -18,9 +18,15 @@ row's cache, which touches only its own row). A row that evicts keeps its place:
 marked -1. A row's own forward (a new turn's prefill) can run on its cache while it is stacked: it writes into
 its row and grows the whole stack if it needs more room.
 
+Memory: each row's `EvictableLayer` keeps the memory figures it would have alone (`nexus.memory`: held
+entries, and the capacity its own buffers would have by the same growth and sizing rules), and `release` gives
+it buffers of exactly that capacity, so an episode reports the same held, allocated and peak bytes whether it
+decoded alone or in a stack. What stacking costs on top (every row padded to the stack's capacity) is
+`CacheStack.allocated_bytes()`.
+
 Rows join and leave by building a new stack (`CacheStack(caches)`, one copy of the live slots) and detaching
-the rows that left (`release`), which gives each its own right-sized buffers again. Turns are long (hundreds
-of decode steps), so the copy is paid rarely.
+the rows that left (`release`), which gives each its own buffers again (of the capacity it would have alone).
+Turns are long (hundreds of decode steps), so the copy is paid rarely.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from nexus.cache import ACTIVE_CACHE, EvictableCache, EvictableLayer
+from nexus.cache import ACTIVE_CACHE, EvictableCache, EvictableLayer, grown_capacity
 
 
 class StackedLayer(CacheLayerMixin):
@@ -49,8 +55,8 @@ class StackedLayer(CacheLayerMixin):
             if row._k.shape[0] != 1 or row._k.shape[1] != first._k.shape[1] or row._k.shape[3] != first._k.shape[3]:
                 raise ValueError(f"layer {layer_idx}: stacked caches must hold batch 1 and the same KV heads")
         self.dtype, self.device, self.is_initialized = first.dtype, first.device, True
-        # room for what each row will append before its next event (its own buffer was sized for that)
-        capacity = max(max(row._k.shape[2], row.length + 1) for row in rows)
+        # room for what each row will append before its next event (its own capacity was sized for that)
+        capacity = max(max(row.capacity, row.length + 1) for row in rows)
         n, h, d, dv = len(rows), first._k.shape[1], first._k.shape[3], first._v.shape[3]
         # zeros, not empty: a masked slot gets weight 0, and 0 * (NaN left in uninitialised memory) is NaN
         self.k = first._k.new_zeros(n, h, capacity, d)
@@ -134,7 +140,7 @@ class StackedLayer(CacheLayerMixin):
                 self._q_slots = torch.tensor(slots, device=self.device)
         need = max(k[0] for k in known) + 1
         if need > self.k.shape[2]:
-            self.ensure_capacity(need + max(256, need // 8))  # chunked growth, as a row alone grows
+            self.ensure_capacity(grown_capacity(need))  # chunked growth, as a row alone grows
         # one indexed write for all rows: row r's token goes to slot lengths[r] at logical position n_seen[r]
         self.k[self._index, :, self._lengths_t] = key_states[:, :, 0]
         self.v[self._index, :, self._lengths_t] = value_states[:, :, 0]
@@ -144,6 +150,7 @@ class StackedLayer(CacheLayerMixin):
         for row in self.rows:
             row.length, row.n_seen, row.occupancy = row.length + 1, row.n_seen + 1, row.occupancy + 1
             row._refresh_views()
+            row._appended(1)  # the row's own memory figures, as if it had appended alone
         ring = set(self.ring_rows)
         self._known = [(k[0] + 1, k[1] + 1, k[2] + (r in ring)) for r, k in enumerate(known)]
         return self.k[:, :, :need], self.v[:, :, :need]  # `need` is now the longest row
@@ -228,8 +235,10 @@ class CacheStack(Cache):
                 if layer._owner is self.layers[layer.layer_idx]:  # rows already in a newer stack stay there
                     layer.detach()
 
-    def nbytes(self) -> int:
-        """Bytes of the stacked K/V buffers (every row, spare capacity included)."""
+    def allocated_bytes(self) -> int:
+        """Bytes of the stacked K/V buffers [N, Hkv, C, D] (every row padded to the stack's capacity C, spare
+        capacity included): the engine's cost. Each row's own `EvictableCache.allocated_bytes()` is what it would
+        hold alone; the difference is the padding to the longest row."""
         return sum(t.numel() * t.element_size() for layer in self.layers for t in (layer.k, layer.v))
 
     # -- the transformers Cache API and what `nexus.attention` asks -------------------------------------------

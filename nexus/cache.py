@@ -6,6 +6,10 @@ Each layer holds, at KV-head granularity (never expanded to query heads):
 and the logical length of the stream (`get_seq_length()`), so RoPE positions and masks stay true after
 any eviction and the same cache can be carried through many `model(...)` / `generate()` calls.
 
+Memory (`nexus.memory`): every layer reports its held entries and the capacity of its buffers to the cache's
+`KVMeter` after each append and each eviction, so `EvictableCache.memory()` gives the bytes held, the bytes
+allocated and both peaks without touching a tensor.
+
 Slot order is time order: new tokens are appended last and compaction keeps ascending slot order.
 Eviction itself is triggered from the attention function (`nexus.attention`), after the layer attended,
 so what the cache reports after a forward is exactly what the next forward sees.
@@ -24,6 +28,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 
 from nexus.budget import appends_before_decode_event, prefill_budget, should_evict
 from nexus.config import EvictionConfig
+from nexus.memory import KVMemory, KVMeter
 from nexus.policies.base import LayerView
 from nexus.policies.reservoir import event_generator
 
@@ -45,22 +50,43 @@ class EvictionEvent:
     per_layer: dict[int, tuple[int, int]] = field(default_factory=dict)  # layer -> (before, after)
 
 
+def grown_capacity(need: int) -> int:
+    """The slots a buffer grows to when an append needs `need` (chunked growth: amortised O(1) appends)."""
+    return need + max(256, need // 8)
+
+
 class EvictableLayer(CacheLayerMixin):
     """One layer's evictable storage. Buffers grow in chunks while prefilling and are sized at each eviction
-    for the decode that follows (see `keep`)."""
+    for the decode that follows (see `keep`).
+
+    Memory accounting (`nexus.memory`), reported to `meter` after every append and every eviction:
+      entries     valid (batch row, KV head, position) slots held (position >= 0)
+      capacity    slots per (row, head) of the buffers this layer holds alone: `update`'s growth rule and
+                  `keep`'s sizing rule, applied the same way when the layer is a row of a `nexus.batch` stack
+                  (whose shared buffers may be longer); `detach` gives the row buffers of exactly this size
+      held_bytes()       entries x (D_k + D_v) x element size
+      allocated_bytes()  B x Hkv x capacity x (D_k + D_v) x element size (spare capacity, ragged padding included)
+    """
 
     is_compileable = False
     is_croppable = False
     is_sliding = False
 
-    def __init__(self, layer_idx: int, window: int):
+    def __init__(self, layer_idx: int, window: int, meter: KVMeter | None = None):
         super().__init__()
         self.layer_idx = layer_idx
         self.window = window
+        self.meter = meter if meter is not None else KVMeter()
+        self.entries = self.capacity = self.entry_bytes = self._slot_entries = 0
         self.reset()
 
     # -- storage -----------------------------------------------------------------------------------------
     def reset(self) -> None:
+        self.meter.change(-self.held_bytes(), -self.allocated_bytes())
+        self.entries = 0  # valid (row, KV head, position) entries held
+        self.capacity = 0  # slots per (row, KV head) of the buffers this layer holds alone
+        self.entry_bytes = 0  # (D_k + D_v) x element size, set by the first append
+        self._slot_entries = 0  # B x Hkv: the entries one slot index spans
         self._k: torch.Tensor | None = None
         self._v: torch.Tensor | None = None
         self._pos: torch.Tensor | None = None
@@ -81,6 +107,29 @@ class EvictableLayer(CacheLayerMixin):
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.dtype, self.device = key_states.dtype, key_states.device
         self.is_initialized = True
+        self.entry_bytes = (
+            key_states.shape[-1] * key_states.element_size() + value_states.shape[-1] * value_states.element_size()
+        )
+        self._slot_entries = key_states.shape[0] * key_states.shape[1]
+
+    # -- memory (nexus.memory) ----------------------------------------------------------------------------
+    def held_bytes(self) -> int:
+        """Valid entries held x (D_k + D_v) x element size."""
+        return self.entries * self.entry_bytes
+
+    def allocated_bytes(self) -> int:
+        """Bytes of the K/V buffers this layer holds alone: B x Hkv x capacity x (D_k + D_v) x element size."""
+        return self._slot_entries * self.capacity * self.entry_bytes
+
+    def _appended(self, q: int) -> None:
+        """Account for q tokens per row and head just appended (`length` already advanced): the capacity the
+        buffers would have alone grows by `update`'s rule, and the meter samples the new totals."""
+        grown = 0
+        if self.length > self.capacity:
+            capacity = grown_capacity(self.length)
+            grown, self.capacity = capacity - self.capacity, capacity
+        self.entries += self._slot_entries * q
+        self.meter.change(self._slot_entries * q * self.entry_bytes, self._slot_entries * grown * self.entry_bytes)
 
     def _reallocate(self, capacity: int) -> None:
         """Move the live slots into fresh buffers of `capacity` slots (frees the old ones)."""
@@ -101,11 +150,12 @@ class EvictableLayer(CacheLayerMixin):
             self._reallocate(capacity)
 
     def detach(self) -> None:
-        """Leave a stack: move the live slots into buffers of this layer's own (sized for the next append)."""
+        """Leave a stack: move the live slots into buffers of this layer's own, of the capacity it would have had
+        alone (`capacity`), so a row reports the same bytes and grows at the same steps as if never stacked."""
         if self._owner is None:
             return
         self._owner = None
-        self._reallocate(self.length + 1)
+        self._reallocate(self.capacity)
         self._refresh_views()
         if self._q is not None:  # the query ring may be a view of the stack's ring too
             self._q, self._q_pos = self._q.clone(), self._q_pos.clone()
@@ -129,12 +179,13 @@ class EvictableLayer(CacheLayerMixin):
             )
         need = self.length + q
         if need > self._k.shape[2]:
-            self._grow(need + max(256, need // 8))  # chunked growth: amortised O(1) appends
+            self._grow(grown_capacity(need))
         self._k[:, :, self.length : need] = key_states
         self._v[:, :, self.length : need] = value_states
         self._pos[:, :, self.length : need] = torch.arange(self.n_seen, self.n_seen + q, device=self._pos.device)
         self.length, self.n_seen, self.occupancy = need, self.n_seen + q, self.occupancy + q
         self._refresh_views()
+        self._appended(q)
         return self.keys, self.values
 
     def keep(self, idx: torch.Tensor, slack: int | None = None) -> None:
@@ -146,6 +197,9 @@ class EvictableLayer(CacheLayerMixin):
         per head, 1), which is budget + slack whenever every head keeps the same count. A buffer that already
         has that capacity (or at most `slack` more) is reused in place, so a decoding layer keeps one
         storage from event to event; a larger one (after a prefill) is replaced by a right-sized one.
+        A row of a stack applies the same rule to `capacity` (the buffers it would hold alone) and keeps its
+        place in the stack's buffers. The meter then samples the held entries (the valid ones of `idx`) and the
+        allocated capacity; the gathered copies made here are temporary and not counted.
         """
         safe = idx.clamp(min=0)
         empty = idx < 0
@@ -155,21 +209,24 @@ class EvictableLayer(CacheLayerMixin):
         for name, t in self.state.get("slots", {}).items():
             self.state["slots"][name] = t.gather(-1, safe).masked_fill(empty, 0)
         kept = idx.shape[-1]
-        ragged = bool(empty.any())  # one host sync per event, never per decode step
-        occupancy = float((~empty).sum()) / (idx.shape[0] * idx.shape[1]) if ragged else float(kept)
+        entries = int((~empty).sum())  # one host sync per event, never per decode step
+        ragged = entries < idx.shape[0] * idx.shape[1] * kept
+        occupancy = entries / (idx.shape[0] * idx.shape[1]) if ragged else float(kept)
         if slack is None:
             needed = kept
         else:
             needed = kept + appends_before_decode_event(budget=self.budget, slack=slack, occupancy=occupancy)
-        capacity = self._k.shape[2]
+        reuse = needed <= self.capacity <= needed + (slack or 0)
+        capacity = self.capacity if reuse else needed
         if self._owner is not None:
             # a stacked row keeps its place in the stack; the slots it gave up become empty (-1) so the
-            # stack's masks ignore them
-            if needed > capacity:  # a ragged (Ada) row: leave a slack's headroom, not one reallocation per event
+            # stack's masks ignore them. A ragged (Ada) row that needs more room than the stack has leaves a
+            # slack's headroom, not one reallocation per event
+            if needed > self._k.shape[2]:
                 self._owner.ensure_capacity(needed + (slack or 0))
             self._k[:, :, :kept], self._v[:, :, :kept], self._pos[:, :, :kept] = k, v, pos
             self._pos[:, :, kept : self.length] = -1
-        elif needed <= capacity <= needed + (slack or 0):
+        elif reuse:
             self._k[:, :, :kept], self._v[:, :, :kept], self._pos[:, :, :kept] = k, v, pos
         else:
             self._k, self._v, self._pos = k, v, pos
@@ -177,6 +234,9 @@ class EvictableLayer(CacheLayerMixin):
             self._reallocate(needed)
         self.length, self.occupancy, self.ragged = kept, occupancy, ragged
         self._refresh_views()
+        held, allocated = self.held_bytes(), self.allocated_bytes()
+        self.entries, self.capacity = entries, capacity
+        self.meter.change(self.held_bytes() - held, self.allocated_bytes() - allocated)
 
     @property
     def positions(self) -> torch.Tensor:
@@ -220,12 +280,6 @@ class EvictableLayer(CacheLayerMixin):
     def get_max_length(self) -> int:
         return -1
 
-    def nbytes(self) -> int:
-        """Bytes of the K/V buffers this layer holds (spare capacity included: it is allocated)."""
-        if self._k is None:
-            return 0
-        return self._k.numel() * self._k.element_size() + self._v.numel() * self._v.element_size()
-
 
 class EvictableCache(Cache):
     """A persistent KV cache that applies an `EvictionConfig` during ordinary forwards and `generate()`.
@@ -238,7 +292,9 @@ class EvictableCache(Cache):
         self.config = config or EvictionConfig()
         text_config = model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config
         self.num_layers = text_config.num_hidden_layers
-        layers = [EvictableLayer(i, self.config.window) for i in range(self.num_layers)]
+        #: the running held / allocated totals of every layer and their peaks (nexus.memory)
+        self.meter = KVMeter()
+        layers = [EvictableLayer(i, self.config.window, self.meter) for i in range(self.num_layers)]
         super().__init__(layers=layers)
         self.events: list[EvictionEvent] = []
         self._returned: dict[int, torch.Tensor] = {}
@@ -259,6 +315,7 @@ class EvictableCache(Cache):
         super().reset()
         self.events.clear()
         self._returned.clear()
+        self.meter.reset_peaks()  # empty: a new window at zero
 
     # -- what users read ------------------------------------------------------------------------------------
     @property
@@ -280,9 +337,23 @@ class EvictableCache(Cache):
             return torch.empty(0, 0, 0, dtype=torch.long)
         return lay.positions.clone()
 
-    def nbytes(self) -> int:
-        """Bytes of every layer's K/V buffers."""
-        return sum(layer.nbytes() for layer in self.layers)
+    # -- memory (nexus.memory: the definitions) ---------------------------------------------------------------
+    def memory(self) -> KVMemory:
+        """Held and allocated bytes now, and their peaks since the cache was made or `reset_peaks` last ran."""
+        return self.meter.memory()
+
+    def reset_peaks(self) -> None:
+        """Start a new peak window at the current totals (say, before a turn's prefill)."""
+        self.meter.reset_peaks()
+
+    def held_bytes(self) -> int:
+        """kv_held_bytes: valid (layer, row, KV head, position) entries held x (D_k + D_v) x element size."""
+        return self.meter.held
+
+    def allocated_bytes(self) -> int:
+        """kv_allocated_bytes: bytes of every layer's K/V buffers, spare capacity and ragged padding included
+        (for a row of a `nexus.CacheStack`: the buffers it would hold alone, which `release` gives it back)."""
+        return self.meter.allocated
 
     def budget(self, layer: int = 0) -> int | None:
         """The per-head budget `layer` is held to (set at the end of the last prefill)."""

@@ -51,6 +51,7 @@ _NEXUS = {
     "walk_rows": "recent",
     "weight_scale": "raw",
     "head_scores": "averaged",
+    "leftover": "partial_block",
 }
 
 #: every hyperparameter of every method, with the library's default (a test checks them against the policies)
@@ -95,6 +96,21 @@ _CHANGES: dict[str, dict[str, dict[str, Any]]] = {
         "h2o": {"window": 8, "recent_rule": "window"},
     },
 }
+
+
+#: Settings a method gained after jobs were stored with its resolved settings: a stored setting set without the key
+#: ran with the value here, not with today's default (every stored job and episode holds its methods' whole resolved
+#: settings, so a missing key means "stored before it existed"). Nexus filled its budget's leftover (< one block)
+#: with nothing until ``leftover`` was added (issue 31).
+ADDED_SINCE_STORED: MappingProxyType[str, dict[str, Any]] = MappingProxyType(
+    {"nexus": {"leftover": "unused"}, "ada_nexus": {"leftover": "unused"}}
+)
+
+
+def stored_settings(method: str, settings: dict[str, Any]) -> dict[str, Any]:
+    """A method's settings as a stored job or episode holds them, with the values it ran with for the settings it
+    predates (:data:`ADDED_SINCE_STORED`)."""
+    return {**ADDED_SINCE_STORED.get(method, {}), **settings}
 
 
 def check_preset(name: object) -> str:

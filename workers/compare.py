@@ -1,28 +1,36 @@
-"""``compare``: the paper's Table 3 from the latest attempts of one or more jobs.
+"""``compare``: the paper's Table 3 from the result attempts of one or more jobs.
 
 Layout: one row per (scope, protocol, density) cell, one column per method. Density is the eviction's configured
 kept fraction (``episodes.config.eviction.density``); jobs run at several densities (a sweep: ``compare J1 J2
 J3``) get one row per density, and dense, which keeps every token, sits in each of them (its cell's density
-reads 1.0). A cell reports
+reads 1.0). What every number means, with the rules below: ``docs/numbers.md``. A cell reports
 
 - its cost beside its quality (``Cell.cost``, :mod:`workers.cost`): kept fraction of the logical tokens,
-  mean and peak KV bytes per episode, turns, generated tokens and wall time, means over its counted episodes;
+  KV bytes held and allocated, turns, generated tokens and wall time, means over its counted episodes;
+- resolved / n and Pass@1 = the mean over tasks of (resolved seeds / counted seeds) (with one seed per task,
+  resolved / n); with several seeds also pass@k (Chen et al.) with k = the fewest counted seeds of any task;
+- one 95% interval, chosen for the whole table by its design (:func:`interval_rule`): one seed per task, a Wilson
+  interval over episodes; several seeds, a percentile bootstrap over tasks (a task's seeds resampled together,
+  since they are not independent), shown only from ``MIN_BOOTSTRAP_UNITS`` tasks: below that the cell says "too
+  few for an interval" instead of printing [min, max];
+- a paired test against dense: one seed per task, McNemar over the (task, seed) pairs (exact below 25 discordant
+  pairs, chi-square with continuity correction above; ``b`` = pairs only the method resolved, ``c`` = only dense);
+  several seeds, a sign-flip test over tasks on each task's mean difference (clusters respected); ``n_pairs``,
+  ``pair_tasks`` and ``unpaired`` (counted episodes with no dense counterpart) beside every p.
 
-- one seed: resolved / n, the rate, and a Wilson 95% interval;
-- several seeds: Pass@1 = the mean over tasks of (resolved seeds / finished seeds), a seeded bootstrap 95%
-  interval over tasks, and pass@k (Chen et al.) with k = the fewest finished seeds of any task;
-- the two-sided McNemar test against dense on the same (task, seed) pairs (exact below 25 discordant
-  pairs, chi-square with continuity correction above); ``b`` = pairs only the method resolved, ``c`` =
-  pairs only dense resolved.
+Which attempt counts (``db.store.result_attempts``): each key's *first* agent attempt that did not break (a
+timeout, infra_failure or cancelled attempt is replaced by the key's next one). A later agent attempt of a key
+that already has its sample is a *resample*: never in Pass@1, the rate, pass@k or the test; a cell with resamples
+shows them apart as "best of n" (``Cell.best_of_n``: keys resolved by any of their attempts). Interactive reruns,
+steered or not, are kept apart and named in a note unless ``include_interactive``, which lets a key's newest
+interactive attempt stand in for its result and marks it (``Cell.interactive``, ``CompareTable.drivers``).
 
-Which attempt counts: the newest attempt of each key that the agent drove alone (``db.models.AttemptDriver``);
-interactive reruns, steered or not, are kept apart and named in a note unless ``include_interactive``, which
-counts the newest attempt of any driver and marks it (``Cell.interactive``, ``CompareTable.drivers``).
-
-What counts: verdicts (resolved, unresolved, empty_patch, patch_failed) and the service failures timeout and
+What counts: verdicts (resolved, unresolved, empty_patch, patch_failed) and the run failures timeout and
 infra_failure are in ``n`` (a failure is "not resolved", as in SWE-bench, and is also counted in
-``failures``); queued/running episodes and agent exits still waiting for their grade are ``pending`` and
-cancelled ones ``cancelled``, both outside ``n``.
+``failures``); ``at_limit`` counts the verdicts graded on the patch an agent left at its step, context, time or
+format-error limit. Queued/running episodes and agent exits still waiting for their grade are ``pending``; agent
+exits of a job that does not grade are ``ungraded`` (they never will be); cancelled ones are ``cancelled``; none
+of these is in ``n``.
 
 Dense evicts nothing, so a job runs it in one cell only (see ``workers.spec``): a row without its own
 dense episodes reuses the dense episodes of another cell, and the cell says ``reused_dense``.
@@ -50,22 +58,33 @@ from db.models import (
     ACTIVE_STATUSES,
     AGENT_EXIT_STATUSES,
     COUNTED_STATUSES,
+    LIMIT_EXIT_STATUSES,
     RUN_FAILURE_STATUSES,
     AttemptDriver,
     EpisodeStatus,
     is_interactive,
 )
 from nexus.methods import DENSE, METHODS, SCOPES
+from nexus.presets import stored_settings
 from workers.cost import CellCost, EpisodeCost, episode_costs, summarize_cost
-from workers.replay_stats import ReplayCell, replay_cells, replay_notes
-from workers.stats import bootstrap_mean_ci, mcnemar_paired, pass_at_k, wilson_interval
+from workers.replay_stats import ReplayCell, current_replays, outcomes_from_rows, replay_notes, summarize_replays
+from workers.stats import (
+    MIN_BOOTSTRAP_UNITS,
+    bootstrap_mean_ci,
+    mcnemar_paired,
+    pass_at_k,
+    sign_flip_test,
+    wilson_interval,
+)
 
-PENDING = ACTIVE_STATUSES | AGENT_EXIT_STATUSES
+#: the interval a table's cells get (:func:`interval_rule`), and what its caption says of it
+WILSON = "wilson"
+TASK_BOOTSTRAP = "bootstrap_tasks"
 
 
 @dataclass(frozen=True)
 class Outcome:
-    """The newest attempt of one episode key, as far as compare is concerned."""
+    """One attempt of one episode key, as far as compare is concerned: its result attempt, or a resample."""
 
     task_id: str
     method: str
@@ -79,6 +98,8 @@ class Outcome:
     driver: str = AttemptDriver.agent.value  # who chose the attempt's actions (db.models.AttemptDriver)
     density: float | None = None  # the eviction's kept fraction; None for dense, which keeps everything
     cost: EpisodeCost | None = None  # what it stored of its cost (workers.cost)
+    exit_status: str | None = None  # how the agent loop ended (a limit: the verdict judged a partial patch)
+    grades: bool = True  # whether its job grades agent exits (JobSpec.grade); False: an exit is final, ungraded
 
     @property
     def interactive(self) -> bool:
@@ -92,33 +113,61 @@ class Outcome:
     def resolved(self) -> bool:
         return self.status == EpisodeStatus.resolved
 
+    @property
+    def pending(self) -> bool:
+        """Still running, or an agent exit whose grade is to come."""
+        return self.status in ACTIVE_STATUSES or (self.status in AGENT_EXIT_STATUSES and self.grades)
+
+    @property
+    def ungraded(self) -> bool:
+        """An agent exit of a job that does not grade: final, with no verdict."""
+        return self.status in AGENT_EXIT_STATUSES and not self.grades
+
+    @property
+    def at_limit(self) -> bool:
+        """A counted verdict on the patch the agent left when a limit stopped it."""
+        return self.counted and self.exit_status in LIMIT_EXIT_STATUSES
+
 
 @dataclass
 class Cell:
-    """One method in one scope x protocol row. ``rate``/``ci_*`` are fractions in [0, 1] (``None`` if n=0)."""
+    """One method in one scope x protocol row. ``rate``/``ci_*`` are fractions in [0, 1] (``None`` if n=0, and
+    the interval ``None`` too when the cell has too few units for its ``ci_method``)."""
 
     method: str
     n: int = 0
     resolved: int = 0
     n_tasks: int = 0
-    n_seeds: int = 0  # the most finished seeds of any task
-    rate: float | None = None  # resolved / n (one seed) or Pass@1 (several)
+    n_seeds: int = 0  # the most counted seeds of any task
+    rate: float | None = None  # resolved / n (one seed) or Pass@1 (several): the mean over tasks either way
     ci_low: float | None = None
     ci_high: float | None = None
-    ci_method: str | None = None  # "wilson" | "bootstrap"
+    ci_method: str | None = None  # "wilson" | "bootstrap_tasks": the table's rule (interval_rule)
     pass_at_k: dict[int, float] = field(default_factory=dict)
-    p_value: float | None = None  # McNemar vs dense; None for dense itself or without pairs
-    mcnemar_method: str | None = None
+    p_value: float | None = None  # paired test vs dense; None for dense itself or without pairs
+    test: str | None = None  # "mcnemar_exact" | "mcnemar_chi2_cc" | "sign_flip_exact" | "sign_flip_mc"
     b: int = 0  # pairs only this method resolved
     c: int = 0  # pairs only dense resolved
-    n_pairs: int = 0
+    n_pairs: int = 0  # (task, seed) pairs with a counted outcome on both sides
+    pair_tasks: int = 0  # tasks with at least one pair: the units of the sign-flip test
+    unpaired: int = 0  # counted outcomes with no dense counterpart (left out of the test)
     pending: int = 0
+    ungraded: int = 0  # agent exits of a job that does not grade (never pending: no grade will come)
     cancelled: int = 0
     failures: int = 0  # timeout + infra_failure (inside n)
+    at_limit: int = 0  # counted verdicts graded on the patch left at a step/context/time/format-error limit
+    resamples: int = 0  # agent attempts after a key's result (new samples of it): never in n
+    best_of_n: float | None = None  # with resamples: share of counted keys resolved by any of their attempts
+    best_of_attempts: int = 0  # the n of best_of_n: the most counted attempts of any key
     reused_dense: bool = False
     interactive: int = 0  # counted outcomes from interactive attempts (only with include_interactive)
     density: float | None = None  # the row's density; 1.0 for dense (keeps every token)
     cost: CellCost = field(default_factory=CellCost)
+
+    @property
+    def too_few_for_interval(self) -> bool:
+        """Counted outcomes, but fewer units than the cell's interval needs: no interval is printed."""
+        return self.n > 0 and self.ci_low is None
 
 
 #: a cell of the per-task grid: (scope, protocol, density, method); density None for dense
@@ -150,8 +199,14 @@ class CompareTable:
     # same shape as grid (build_table fills both): the driver of each status's attempt
     drivers: dict[GridKey, dict[str, list[str]]] = field(default_factory=dict)
     replay: list[ReplayCell] = field(default_factory=list)  # counterfactual replays, when any were stored
+    interval: str = WILSON  # the interval every cell uses (interval_rule)
     # the outcomes the table was built from (not serialized): which episode is behind each grid status
     outcomes: list[Outcome] = field(default_factory=list, repr=False)
+
+    @property
+    def caption(self) -> str:
+        """What the summary's numbers are, with the rules this table used (printed under it)."""
+        return table_caption(self.interval)
 
     @property
     def panels(self) -> list[tuple[str, str]]:
@@ -198,6 +253,8 @@ class CompareTable:
                 for t in self.tasks
             ],
             "notes": self.notes,
+            "interval": self.interval,
+            "caption": self.caption,
         }
         if self.replay:  # absent without replays: the table of a job never replayed stays as it was
             out["replay"] = [asdict(c) for c in self.replay]
@@ -251,6 +308,31 @@ def cell_outcomes(outcomes: list[Outcome], key: GridKey) -> list[Outcome]:
     return [o for o in outcomes if (o.method, o.scope, o.protocol, o.density) == (method, scope, protocol, density)]
 
 
+def interval_rule(outcomes: Iterable[Outcome]) -> str:
+    """The interval a table uses, from its design, never from which seeds happen to have finished: a Wilson interval
+    over episodes when every key group (task x configuration) was run with one seed, else a bootstrap over tasks."""
+    seeds: dict[tuple[str, str, str, str, float | None], set[int]] = defaultdict(set)
+    for o in outcomes:
+        seeds[(o.task_id, o.method, o.scope, o.protocol, o.density)].add(o.seed)
+    return TASK_BOOTSTRAP if any(len(v) > 1 for v in seeds.values()) else WILSON
+
+
+def table_caption(interval: str) -> str:
+    """The caption of a compare table whose cells use ``interval``."""
+    if interval == WILSON:
+        rule = "one seed per task: resolved / n with a Wilson 95% interval over episodes; p: McNemar vs dense"
+    else:
+        rule = (
+            f"several seeds per task: Pass@1 = mean over tasks of resolved / counted seeds, 95% bootstrap over tasks "
+            f"(seeds resampled with their task; from {MIN_BOOTSTRAP_UNITS} tasks, else 'too few for an interval'); "
+            "p: sign-flip test over tasks vs dense"
+        )
+    return (
+        f"{rule}, with its pairs (and tasks) beside it. Each key counts its first attempt that did not break; "
+        "later attempts are resamples, shown apart as best of n. What each number means: docs/numbers.md"
+    )
+
+
 def summarize_cell(
     method: str,
     outcomes: list[Outcome],
@@ -258,13 +340,18 @@ def summarize_cell(
     *,
     confidence: float = 0.95,
     seed: int = 0,
+    interval: str = WILSON,
+    resamples: Sequence[Outcome] = (),
 ) -> Cell:
-    """Statistics for one method's outcomes in one row; ``dense`` (the row's dense outcomes) for McNemar."""
+    """Statistics for one method's outcomes in one row; ``dense`` (the row's dense outcomes) for the paired test;
+    ``interval`` the table's rule (:func:`interval_rule`); ``resamples`` the cell's later attempts (best of n)."""
     cell = Cell(method=method)
     counted = [o for o in outcomes if o.counted]
-    cell.pending = sum(o.status in PENDING for o in outcomes)
+    cell.pending = sum(o.pending for o in outcomes)
+    cell.ungraded = sum(o.ungraded for o in outcomes)
     cell.cancelled = sum(o.status == EpisodeStatus.cancelled for o in outcomes)
     cell.failures = sum(o.status in RUN_FAILURE_STATUSES for o in counted)
+    cell.at_limit = sum(o.at_limit for o in counted)
     cell.interactive = sum(o.interactive for o in counted)
     cell.n, cell.resolved = len(counted), sum(o.resolved for o in counted)
     cell.cost = summarize_cost([o.cost for o in counted])
@@ -273,30 +360,62 @@ def summarize_cell(
         per_task[o.task_id].append(o.resolved)
     cell.n_tasks = len(per_task)
     cell.n_seeds = max((len(v) for v in per_task.values()), default=0)
+    _best_of_n(cell, counted, resamples)
+    cell.ci_method = interval
     if cell.n == 0:
         return cell
-    if cell.n_seeds <= 1:
-        cell.rate = cell.resolved / cell.n
+    task_rates = [sum(v) / len(v) for v in per_task.values()]
+    cell.rate = sum(task_rates) / len(task_rates)
+    if interval == WILSON:
         cell.ci_low, cell.ci_high = wilson_interval(cell.resolved, cell.n, confidence)
-        cell.ci_method = "wilson"
     else:
-        task_rates = [sum(v) / len(v) for v in per_task.values()]
-        cell.rate = sum(task_rates) / len(task_rates)
-        cell.ci_low, cell.ci_high = bootstrap_mean_ci(task_rates, confidence=confidence, seed=seed)
-        cell.ci_method = "bootstrap"
+        ci = bootstrap_mean_ci(task_rates, confidence=confidence, seed=seed)
+        cell.ci_low, cell.ci_high = ci if ci is not None else (None, None)
         k = min(len(v) for v in per_task.values())
         if k >= 2:
             cell.pass_at_k[k] = sum(pass_at_k(len(v), sum(v), k) for v in per_task.values()) / len(per_task)
     if dense is not None and method != DENSE:
-        dense_by_pair = {(o.task_id, o.seed): o.resolved for o in dense if o.counted}
-        pairs = [
-            (o.resolved, dense_by_pair[(o.task_id, o.seed)]) for o in counted if (o.task_id, o.seed) in dense_by_pair
-        ]
-        cell.n_pairs = len(pairs)
-        if pairs:
-            test = mcnemar_paired(pairs)
-            cell.p_value, cell.mcnemar_method, cell.b, cell.c = test.p_value, test.method, test.b, test.c
+        _paired_test(cell, counted, dense, clustered=interval != WILSON, seed=seed)
     return cell
+
+
+def _paired_test(cell: Cell, counted: list[Outcome], dense: list[Outcome], *, clustered: bool, seed: int) -> None:
+    """The paired test against dense over the (task, seed) pairs both counted: McNemar with one seed per task,
+    a sign-flip test over tasks (each task's mean difference over its pairs) with several."""
+    dense_by_pair = {(o.task_id, o.seed): o.resolved for o in dense if o.counted}
+    pairs = [
+        (o.task_id, o.resolved, dense_by_pair[(o.task_id, o.seed)])
+        for o in counted
+        if (o.task_id, o.seed) in dense_by_pair
+    ]
+    cell.n_pairs, cell.unpaired = len(pairs), len(counted) - len(pairs)
+    if not pairs:
+        return
+    test = mcnemar_paired((mine, theirs) for _, mine, theirs in pairs)
+    cell.b, cell.c = test.b, test.c
+    by_task: dict[str, list[float]] = defaultdict(list)
+    for task, mine, theirs in pairs:
+        by_task[task].append(float(mine) - float(theirs))
+    cell.pair_tasks = len(by_task)
+    if not clustered:
+        cell.p_value, cell.test = test.p_value, f"mcnemar_{test.method}"
+        return
+    flip = sign_flip_test([sum(d) / len(d) for d in by_task.values()], seed=seed)
+    cell.p_value, cell.test = flip.p_value, flip.method
+
+
+def _best_of_n(cell: Cell, counted: list[Outcome], resamples: Sequence[Outcome]) -> None:
+    """The cell's resamples, and (when there are any) the share of its counted keys that any attempt resolved."""
+    later = [o for o in resamples if o.counted]
+    cell.resamples = len(resamples)
+    if not later or not counted:
+        return
+    attempts: dict[tuple[str, int], list[bool]] = {(o.task_id, o.seed): [o.resolved] for o in counted}
+    for o in later:
+        if (o.task_id, o.seed) in attempts:
+            attempts[(o.task_id, o.seed)].append(o.resolved)
+    cell.best_of_n = sum(any(v) for v in attempts.values()) / len(attempts)
+    cell.best_of_attempts = max(len(v) for v in attempts.values())
 
 
 def build_table(
@@ -306,9 +425,13 @@ def build_table(
     confidence: float = 0.95,
     seed: int = 0,
     notes: Sequence[str] = (),
+    resamples: Iterable[Outcome] = (),
 ) -> CompareTable:
-    """The comparison of ``outcomes`` (one per episode key; use :func:`merge_jobs` for several jobs)."""
+    """The comparison of ``outcomes`` (one per episode key; use :func:`merge_jobs` for several jobs);
+    ``resamples``: the keys' later attempts, shown apart as best of n."""
     rows_in = list(outcomes)
+    later = list(resamples)
+    interval = interval_rule(rows_in)
     methods = _order((o.method for o in rows_in), METHODS)
     evicting = [o for o in rows_in if o.method != DENSE]
     cells_present = {(o.scope, o.protocol) for o in evicting} or {(o.scope, o.protocol) for o in rows_in}
@@ -324,7 +447,19 @@ def build_table(
                 for method in methods:
                     key = (scope, protocol, None if method == DENSE else density, method)
                     mine = dense if method == DENSE else cell_outcomes(rows_in, key)
-                    cell = summarize_cell(method, mine, dense if dense else None, confidence=confidence, seed=seed)
+                    keys = {(o.task_id, o.seed, o.scope, o.protocol) for o in mine}
+                    extra = [
+                        o for o in later if o.method == method and (o.task_id, o.seed, o.scope, o.protocol) in keys
+                    ]
+                    cell = summarize_cell(
+                        method,
+                        mine,
+                        dense if dense else None,
+                        confidence=confidence,
+                        seed=seed,
+                        interval=interval,
+                        resamples=extra,
+                    )
                     cell.reused_dense = method == DENSE and reused
                     cell.density = 1.0 if method == DENSE else density
                     cells[method] = cell
@@ -338,6 +473,7 @@ def build_table(
         grid=grid,
         notes=list(notes),
         drivers=drivers,
+        interval=interval,
         outcomes=rows_in,
     )
     if any(c.reused_dense for r in rows for c in r.cells.values()):
@@ -347,7 +483,29 @@ def build_table(
             f"cells are aligned by density ({', '.join(f'{d:g}' for d in table.densities)}): one row per density; "
             "dense keeps every token and is the same in each"
         )
+    table.notes += _count_notes(table)
     return table
+
+
+def _count_notes(table: CompareTable) -> list[str]:
+    """Notes for what the cells count apart: resamples, verdicts at a limit, ungraded agent exits."""
+    cells = [c for r in table.rows for c in r.cells.values()]
+    notes = []
+    resamples = sum(c.resamples for c in cells)
+    if resamples:
+        notes.append(
+            f"{resamples} resample(s) (agent attempts of keys that already had their sample) are kept apart: each "
+            "key counts its first attempt; 'best of n' is the share resolved by any attempt and is not Pass@1"
+        )
+    at_limit = sum(c.at_limit for c in cells)
+    if at_limit:
+        notes.append(
+            f"{at_limit} verdict(s) graded the patch an agent left when a step, context, time or format-error limit "
+            "stopped it ('at limit' in the cells)"
+        )
+    if any(c.ungraded for c in cells):
+        notes.append("this job does not grade (grade: false): its agent exits are final and ungraded, not pending")
+    return notes
 
 
 def _by_task(outcomes: Sequence[Outcome]) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
@@ -368,9 +526,11 @@ def outcome_density(method: str, config: dict[str, Any] | None) -> float | None:
     return None if density is None else float(density)
 
 
-def outcomes_from_episodes(episodes: Iterable[Any], costs: dict[str, EpisodeCost] | None = None) -> list[Outcome]:
+def outcomes_from_episodes(
+    episodes: Iterable[Any], costs: dict[str, EpisodeCost] | None = None, *, grades: bool = True
+) -> list[Outcome]:
     """``db.models.Episode`` rows (or anything with the same attributes) -> outcomes; ``costs`` by episode id
-    (:func:`workers.cost.episode_costs`), when the table should carry them."""
+    (:func:`workers.cost.episode_costs`), when the table should carry them; ``grades``: whether their job grades."""
     costs = costs or {}
     return [
         Outcome(
@@ -386,6 +546,8 @@ def outcomes_from_episodes(episodes: Iterable[Any], costs: dict[str, EpisodeCost
             driver=e.driver,
             density=outcome_density(e.method, e.config),
             cost=costs.get(e.id),
+            exit_status=e.exit_status,
+            grades=grades,
         )
         for e in episodes
     ]
@@ -399,22 +561,32 @@ def compare_jobs(
     seed: int = 0,
     include_interactive: bool = False,
 ) -> CompareTable:
-    """The database entry point: the table over the result attempts of ``job_ids`` (ids or unique prefixes):
-    the newest attempt the agent drove alone of each key (``db.store.result_attempts``); with
-    ``include_interactive`` the newest of any driver, interactive ones counted and marked."""
-    from db.store import get_job, interactive_attempts, result_attempts
+    """The database entry point: the table over the result attempts of ``job_ids`` (ids or unique prefixes): each
+    key's first agent attempt that did not break (``db.store.result_attempts``); with ``include_interactive`` a
+    key's newest interactive attempt stands in, counted and marked. Later agent attempts are resamples."""
+    from db.job_status import job_grades
+    from db.store import get_job, interactive_attempts, resample_attempts, result_attempts
 
     jobs = [get_job(session, j) for j in job_ids]
     ids = [job.id for job in jobs]
     episodes = [result_attempts(session, [j], include_interactive=include_interactive) for j in ids]
     every = [e for per_job in episodes for e in per_job]
     costs = episode_costs(session, every)
-    outcomes, notes = merge_jobs([outcomes_from_episodes(e, costs) for e in episodes])
+    grading = [job_grades(job) for job in jobs]
+    outcomes, notes = merge_jobs(
+        [outcomes_from_episodes(e, costs, grades=g) for e, g in zip(episodes, grading, strict=True)]
+    )
+    resamples = [
+        o
+        for j, g in zip(ids, grading, strict=True)
+        for o in outcomes_from_episodes(resample_attempts(session, [j]), grades=g)
+    ]
     notes += interactive_notes(interactive_attempts(session, ids), counted=[o for o in outcomes if o.interactive])
     notes += setting_notes(jobs) + grading_notes(every) + seed_notes(every)
-    table = build_table(outcomes, job_ids=ids, confidence=confidence, seed=seed, notes=notes)
-    table.replay = replay_cells(session, ids, confidence=confidence, seed=seed)
-    table.notes += replay_notes(table.replay)
+    table = build_table(outcomes, job_ids=ids, confidence=confidence, seed=seed, notes=notes, resamples=resamples)
+    replays, superseded = current_replays(session, ids)
+    table.replay = summarize_replays(outcomes_from_rows(replays), confidence=confidence, seed=seed)
+    table.notes += replay_notes(table.replay, superseded=superseded)
     return table
 
 
@@ -494,7 +666,7 @@ def setting_notes(jobs: Sequence[Any]) -> list[str]:
     for job in jobs:
         shared[job.id] = (job.config or {}).get("eviction") or {}
         for method, settings in ((job.config or {}).get("method_params") or {}).items():
-            per_method.setdefault(method, {})[job.id] = settings or {}
+            per_method.setdefault(method, {})[job.id] = stored_settings(method, settings or {})
     for method, by_job in per_method.items():
         if len(by_job) < 2:
             continue

@@ -23,7 +23,7 @@ from typing import Any
 
 from db.models import EpisodeStatus, is_interactive
 from nexus.methods import DENSE
-from workers.compare import Cell, CompareTable, GridKey, Row
+from workers.compare import TASK_BOOTSTRAP, WILSON, Cell, CompareTable, GridKey, Row
 from workers.cost import COST_FIELDS, human_bytes
 from workers.replay_stats import REPLAY_CAPTION, ReplayCell
 
@@ -48,29 +48,58 @@ def _pct(x: float | None) -> str:
 
 
 def cell_text(cell: Cell, *, multiline: bool = False) -> str:
-    """Human text of a cell: ``7/10 70.0% [39.7–89.2]`` or ``Pass@1 63.3% [..] pass@3 90.0%``, then p."""
+    """Human text of a cell: ``7/10 70.0% [39.7–89.2] p=0.508 (3:6, 10 pairs)`` or ``Pass@1 63.3% [..] pass@3
+    90.0% p=0.03 (sign-flip, 12 tasks, 36 pairs)``, then what the cell counts apart."""
     if cell.n == 0:
-        return "pending" if cell.pending else "-"
+        return ("\n" if multiline else " ").join(_apart(cell)) or "-"
     parts = quality_parts(cell)
     if cell.p_value is not None:
-        parts.append(f"p={cell.p_value:.3g} ({cell.b}:{cell.c})")
+        parts.append(test_text(cell))
+    if cell.at_limit:
+        parts.append(f"{cell.at_limit} at limit")
     if cell.reused_dense:
         parts.append("(reused)")
     if cell.interactive:
         parts.append(f"({cell.interactive} interactive*)")
-    if cell.pending:
-        parts.append(f"+{cell.pending} pending")
+    parts += _apart(cell)
     return ("\n" if multiline else " ").join(parts)
 
 
+def _apart(cell: Cell) -> list[str]:
+    """What the cell counts outside n: pending, ungraded, resamples (with their best of n)."""
+    parts = []
+    if cell.pending:
+        parts.append(f"+{cell.pending} pending" if cell.n else "pending")
+    if cell.ungraded:
+        parts.append(f"{cell.ungraded} ungraded")
+    if cell.resamples:
+        best = "" if cell.best_of_n is None else f": best of {cell.best_of_attempts} {_pct(cell.best_of_n)}"
+        parts.append(f"({cell.resamples} resample(s) apart{best})")
+    return parts
+
+
 def quality_parts(cell: Cell) -> list[str]:
-    """The cell's rate and interval: ``["7/10 70.0%", "[39.7–89.2]"]`` or Pass@1, interval, pass@k."""
+    """The cell's rate and interval: ``["7/10 70.0%", "[39.7–89.2]"]`` or Pass@1, interval, pass@k; the count
+    and "too few for an interval" where the cell has fewer units than its interval needs."""
     if cell.n == 0:
-        return ["pending" if cell.pending else "-"]
-    ci = f"[{100 * cell.ci_low:.1f}–{100 * cell.ci_high:.1f}]"
-    if cell.ci_method == "wilson":
+        return _apart(cell) or ["-"]
+    if cell.too_few_for_interval:
+        units = f"{cell.n_tasks} tasks" if cell.ci_method == TASK_BOOTSTRAP else f"{cell.n} episodes"
+        ci = f"({units}: too few for an interval)"
+    else:
+        ci = f"[{100 * cell.ci_low:.1f}–{100 * cell.ci_high:.1f}]"
+    if cell.ci_method == WILSON:
         return [f"{cell.resolved}/{cell.n} {_pct(cell.rate)}", ci]
     return [f"Pass@1 {_pct(cell.rate)}", ci] + [f"pass@{k} {_pct(v)}" for k, v in cell.pass_at_k.items()]
+
+
+def test_text(cell: Cell) -> str:
+    """The paired test with what it rests on: ``p=0.508 (3:6, 10 pairs)`` (McNemar) or ``p=0.031 (sign-flip,
+    12 tasks, 36 pairs)``; counted episodes without a dense counterpart are named."""
+    unpaired = f", {cell.unpaired} unpaired" if cell.unpaired else ""
+    if (cell.test or "").startswith("sign_flip"):
+        return f"p={cell.p_value:.3g} (sign-flip, {cell.pair_tasks} tasks, {cell.n_pairs} pairs{unpaired})"
+    return f"p={cell.p_value:.3g} ({cell.b}:{cell.c}, {cell.n_pairs} pairs{unpaired})"
 
 
 def _grid_cell(table: CompareTable, key: GridKey, task: str) -> str:
@@ -93,15 +122,22 @@ SUMMARY_COLUMNS = [
     "ci_method",
     "pass_at_k",
     "p_value_vs_dense",
-    "mcnemar_method",
+    "test",
     "b",
     "c",
     "n_pairs",
+    "pair_tasks",
+    "unpaired",
     "n_tasks",
     "n_seeds",
     "pending",
+    "ungraded",
     "cancelled",
     "failures",
+    "at_limit",
+    "resamples",
+    "best_of_n",
+    "best_of_attempts",
     "reused_dense",
     "interactive",
     *(f"cost_{name}" if name == "episodes" else name for name in COST_FIELDS),
@@ -117,6 +153,8 @@ REPLAY_COLUMNS = [
     "delta_nll_ci_low",
     "delta_nll_ci_high",
     "replay_pairs",
+    "replay_pair_tasks",
+    "replay_unpaired",
     "replay_skipped",
     "replay_failed",
 ]
@@ -130,6 +168,7 @@ REPLAY_HEADER = [
     "NLL",
     "top-1",
     "ΔNLL vs dense [95% CI]",
+    "pairs (tasks)",
 ]
 
 
@@ -145,6 +184,8 @@ def _replay_values(r: ReplayCell | None) -> list[Any]:
         _num(r.delta_ci_low),
         _num(r.delta_ci_high),
         r.n_pairs,
+        r.pair_tasks,
+        r.unpaired,
         r.skipped,
         r.failed,
     ]
@@ -152,10 +193,16 @@ def _replay_values(r: ReplayCell | None) -> list[Any]:
 
 def replay_text(r: ReplayCell) -> list[str]:
     """One replay cell as the cells of :data:`REPLAY_HEADER`: ``+0.124 [+0.051, +0.210]`` and so on."""
-    delta = "-" if r.delta_nll is None else f"{r.delta_nll:+.3f} [{r.delta_ci_low:+.3f}, {r.delta_ci_high:+.3f}]"
+    if r.delta_nll is None:
+        delta = "-"
+    elif r.delta_ci_low is None:
+        delta = f"{r.delta_nll:+.3f} ({r.pair_tasks} tasks: too few for an interval)"
+    else:
+        delta = f"{r.delta_nll:+.3f} [{r.delta_ci_low:+.3f}, {r.delta_ci_high:+.3f}]"
     episodes = str(r.episodes) + "".join(f" +{n} {w}" for n, w in ((r.skipped, "skipped"), (r.failed, "failed")) if n)
     nll = "-" if r.nll_mean is None else f"{r.nll_mean:.3f}"
-    return [r.scope, r.protocol, _density(r.density), r.method, episodes, str(r.tasks), nll, _pct(r.top1), delta]
+    pairs = f"{r.n_pairs} ({r.pair_tasks})" + (f", {r.unpaired} unpaired" if r.unpaired else "")
+    return [r.scope, r.protocol, _density(r.density), r.method, episodes, str(r.tasks), nll, _pct(r.top1), delta, pairs]
 
 
 def _density(d: float | None) -> str:
@@ -176,8 +223,9 @@ TRADEOFF_HEADER = [
     "resolved [95% CI]",
     "ΔNLL vs dense",
     "kept",
-    "KV mean",
-    "KV peak",
+    "KV held",
+    "KV held peak",
+    "KV alloc peak",
     "turns",
     "gen tokens",
     "wall s",
@@ -207,8 +255,9 @@ def tradeoff_rows(table: CompareTable) -> list[list[str]]:
                     " ".join(quality_parts(c)),
                     delta,
                     _pct(cost.kept_fraction),
-                    human_bytes(cost.kv_mean_bytes),
-                    human_bytes(cost.kv_peak_bytes),
+                    human_bytes(cost.mean_kv_held_bytes),
+                    human_bytes(cost.mean_kv_peak_held_bytes),
+                    human_bytes(cost.mean_kv_peak_allocated_bytes),
                     _fixed(cost.turns, 1),
                     _fixed(cost.generated_tokens, 0),
                     _fixed(cost.wall_s, 1),
@@ -271,15 +320,22 @@ def _cell_values(c: Cell) -> list[Any]:
         c.ci_method or "",
         ";".join(f"{k}={v:.6g}" for k, v in c.pass_at_k.items()),
         _num(c.p_value),
-        c.mcnemar_method or "",
+        c.test or "",
         c.b,
         c.c,
         c.n_pairs,
+        c.pair_tasks,
+        c.unpaired,
         c.n_tasks,
         c.n_seeds,
         c.pending,
+        c.ungraded,
         c.cancelled,
         c.failures,
+        c.at_limit,
+        c.resamples,
+        _num(c.best_of_n),
+        c.best_of_attempts,
         str(c.reused_dense).lower(),
         c.interactive,
         *(_cost_value(name, getattr(cost, name)) for name in COST_FIELDS),
@@ -308,6 +364,7 @@ def to_markdown(table: CompareTable) -> str:
     for row in table.rows:
         cells = [cell_text(row.cells[m]) for m in table.methods]
         lines.append(f"| {row.scope} | {row.protocol} | {_density(row.density)} | " + " | ".join(cells) + " |")
+    lines += ["", table.caption]
     lines += ["", "Quality beside cost (means per episode of the cell's counted episodes):", ""]
     header, values = tradeoff_columns(table)
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -328,8 +385,10 @@ def to_markdown(table: CompareTable) -> str:
 
 #: under the trade-off table: what its cost columns are
 TRADEOFF_CAPTION = (
-    "kept = cache slots after eviction / tokens seen, mean over turns; KV mean / peak = the cache's bytes, mean "
-    "over turns / largest; turns, generated tokens and wall time per episode; all means over the cell's episodes"
+    "kept = cache slots after eviction / tokens seen, mean over turns; KV held = K/V entries held x bytes per "
+    "entry after a turn, mean over turns; KV held peak / KV alloc peak = the episode's largest KV held / K/V "
+    "buffers allocated (spare capacity and padding included) at any moment, a prefill before its eviction "
+    "included; turns, generated tokens and wall time per episode; all means over the cell's episodes"
 )
 
 
@@ -339,7 +398,7 @@ def rich_tables(table: CompareTable) -> list[Any]:
     from rich.text import Text
 
     title = "compare " + " ".join(table.job_ids) if table.job_ids else "compare"
-    summary = Table(title=title, show_lines=True, caption="\n".join(table.notes) or None)
+    summary = Table(title=title, show_lines=True, caption="\n".join([table.caption, *table.notes]))
     summary.add_column("scope / protocol", style="bold")
     for method in table.methods:
         summary.add_column(method, justify="center")

@@ -1,19 +1,27 @@
 """What an episode cost, and a compare cell's summary of it: the other half of the eviction trade-off.
 
+The KV figures are those of ``nexus.memory``: ``kv_held_bytes`` = valid (layer, row, KV head, position)
+entries x (D_k + D_v) x element size; ``kv_allocated_bytes`` = the K/V buffers, spare capacity and ragged
+padding included (what a GPU budget needs); ``kv_peak_*`` = the largest of each at any moment, a prefill's
+pre-eviction state included.
+
 Per episode (:class:`EpisodeCost`), from what the episode stored:
 
-- ``n_turns``, ``generated_tokens``, ``wall_s``, ``peak_cache_bytes``: the ``episodes`` columns as written at
-  finish (``db.claims.finish_episode``: sums / maxima over the stored turns, ``wall_s`` as the worker measured);
-- ``mean_cache_bytes``: the mean over its turns of ``turns.cache_bytes`` (the KV cache's bytes after the turn);
+- ``n_turns``, ``generated_tokens``, ``wall_s``, ``kv_peak_held_bytes``, ``kv_peak_allocated_bytes``: the
+  ``episodes`` columns as written at finish (``db.claims.finish_episode``: sums / maxima over the stored turns,
+  the peaks the largest of the turns' peaks, ``wall_s`` as the worker measured);
+- ``mean_kv_held_bytes``: the mean over its turns of ``turns.kv_held_bytes`` (KV held after the turn);
 - ``kept_fraction``: the mean over its turns of ``physical_after["mean"] / logical_length``: the cache slots a
   layer holds after the turn's eviction, on average over layers, as a share of the tokens the model has seen.
   Dense keeps 1.0; a method at density 0.2 keeps about 0.2 once the stream is longer than its window.
 
-A value a backend does not report (the oracle and openai backends have no visible cache) stays ``None`` and is
-left out of the means, never read as 0.
+A value a backend does not report (the oracle and openai backends have no visible cache), or a row stored
+before the column existed, stays ``None`` and is left out of the means, never read as 0.
 
 Per cell (:class:`CellCost`): the mean of each value over the cell's counted episodes (the same episodes as its
-resolved rate) that have it, ``kv_peak_max_bytes`` the largest peak, and ``episodes`` how many had any cost
+resolved rate) that have it (``mean_kv_held_bytes``: KV held after a turn; ``mean_kv_peak_held_bytes``,
+``mean_kv_peak_allocated_bytes``: the episodes' peaks), ``max_kv_peak_allocated_bytes`` the largest allocated
+peak of any of them (the memory the cell's worst episode needed), and ``episodes`` how many had any cost
 stored. Pure functions, except :func:`episode_costs`, the database entry point.
 """
 
@@ -30,8 +38,9 @@ class EpisodeCost:
     n_turns: int | None = None
     generated_tokens: int | None = None
     wall_s: float | None = None
-    peak_cache_bytes: int | None = None
-    mean_cache_bytes: float | None = None
+    kv_peak_held_bytes: int | None = None
+    kv_peak_allocated_bytes: int | None = None
+    mean_kv_held_bytes: float | None = None
     kept_fraction: float | None = None
 
 
@@ -41,9 +50,10 @@ class CellCost:
 
     episodes: int = 0  # counted episodes with a stored cost (at least a turn count)
     kept_fraction: float | None = None
-    kv_mean_bytes: float | None = None
-    kv_peak_bytes: float | None = None
-    kv_peak_max_bytes: int | None = None
+    mean_kv_held_bytes: float | None = None
+    mean_kv_peak_held_bytes: float | None = None
+    mean_kv_peak_allocated_bytes: float | None = None
+    max_kv_peak_allocated_bytes: int | None = None
     turns: float | None = None
     generated_tokens: float | None = None
     wall_s: float | None = None
@@ -61,13 +71,14 @@ def _mean(values: Iterable[float | None]) -> float | None:
 def summarize_cost(costs: Sequence[EpisodeCost | None]) -> CellCost:
     """The cell's cost from its counted episodes' costs (``None`` for an episode with nothing stored)."""
     known = [c for c in costs if c is not None and c.n_turns is not None]
-    peaks = [c.peak_cache_bytes for c in known if c.peak_cache_bytes is not None]
+    allocated = [c.kv_peak_allocated_bytes for c in known if c.kv_peak_allocated_bytes is not None]
     return CellCost(
         episodes=len(known),
         kept_fraction=_mean(c.kept_fraction for c in known),
-        kv_mean_bytes=_mean(c.mean_cache_bytes for c in known),
-        kv_peak_bytes=_mean(peaks),
-        kv_peak_max_bytes=max(peaks) if peaks else None,
+        mean_kv_held_bytes=_mean(c.mean_kv_held_bytes for c in known),
+        mean_kv_peak_held_bytes=_mean(c.kv_peak_held_bytes for c in known),
+        mean_kv_peak_allocated_bytes=_mean(allocated),
+        max_kv_peak_allocated_bytes=max(allocated) if allocated else None,
         turns=_mean(c.n_turns for c in known),
         generated_tokens=_mean(c.generated_tokens for c in known),
         wall_s=_mean(c.wall_s for c in known),
@@ -75,17 +86,17 @@ def summarize_cost(costs: Sequence[EpisodeCost | None]) -> CellCost:
 
 
 def turn_means(turns: Iterable[tuple[str, int | None, dict[str, Any] | None, int | None]]) -> dict[str, tuple]:
-    """``(episode_id, cache_bytes, physical_after, logical_length)`` per turn -> per episode
-    ``(mean cache bytes, mean kept fraction)`` over the turns that report each."""
-    cache: dict[str, list[float]] = defaultdict(list)
+    """``(episode_id, kv_held_bytes, physical_after, logical_length)`` per turn -> per episode
+    ``(mean KV held bytes, mean kept fraction)`` over the turns that report each."""
+    held: dict[str, list[float]] = defaultdict(list)
     kept: dict[str, list[float]] = defaultdict(list)
-    for episode_id, cache_bytes, physical_after, logical_length in turns:
-        if cache_bytes is not None:
-            cache[episode_id].append(cache_bytes)
+    for episode_id, kv_held_bytes, physical_after, logical_length in turns:
+        if kv_held_bytes is not None:
+            held[episode_id].append(kv_held_bytes)
         slots = (physical_after or {}).get("mean")
         if slots is not None and logical_length:
             kept[episode_id].append(float(slots) / logical_length)
-    return {e: (_mean(cache.get(e, [])), _mean(kept.get(e, []))) for e in set(cache) | set(kept)}
+    return {e: (_mean(held.get(e, [])), _mean(kept.get(e, []))) for e in set(held) | set(kept)}
 
 
 def episode_costs(session: Any, episodes: Sequence[Any]) -> dict[str, EpisodeCost]:
@@ -98,7 +109,7 @@ def episode_costs(session: Any, episodes: Sequence[Any]) -> dict[str, EpisodeCos
     means: dict[str, tuple] = {}
     for start in range(0, len(ids), 500):  # bounded IN lists
         rows = session.execute(
-            select(Turn.episode_id, Turn.cache_bytes, Turn.physical_after, Turn.logical_length).where(
+            select(Turn.episode_id, Turn.kv_held_bytes, Turn.physical_after, Turn.logical_length).where(
                 Turn.episode_id.in_(ids[start : start + 500])
             )
         )
@@ -108,8 +119,9 @@ def episode_costs(session: Any, episodes: Sequence[Any]) -> dict[str, EpisodeCos
             n_turns=e.n_turns,
             generated_tokens=e.generated_tokens,
             wall_s=e.wall_s,
-            peak_cache_bytes=e.peak_cache_bytes,
-            mean_cache_bytes=means.get(e.id, (None, None))[0],
+            kv_peak_held_bytes=e.kv_peak_held_bytes,
+            kv_peak_allocated_bytes=e.kv_peak_allocated_bytes,
+            mean_kv_held_bytes=means.get(e.id, (None, None))[0],
             kept_fraction=means.get(e.id, (None, None))[1],
         )
         for e in episodes

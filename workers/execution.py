@@ -20,6 +20,7 @@ from db import Database
 from db import store as db_store
 from db.liveness import claim_grade, give_back
 from db.models import AGENT_EXIT_STATUSES, EpisodeStatus
+from nexus.presets import stored_settings
 from workers.db_retry import DatabaseUnavailable, retrying
 from workers.heartbeat import LIVENESS, Heartbeat, Liveness
 from workers.task_cache import TaskCache
@@ -75,7 +76,14 @@ class ExecutionOutcome:
 def worker_episode_spec(config: dict[str, Any], *, device: str | None = None) -> EpisodeSpec:
     """The stored per-episode config (an ``EpisodeSpec`` dump, see ``workers.spec.JobSpec.episode_config``) ->
     the EpisodeSpec a worker runs: grading left to the ``grade`` queue, and the model on ``device`` when the
-    worker host names one (``ServiceSettings.device``: it belongs to the host, not to the job)."""
+    worker host names one (``ServiceSettings.device``: it belongs to the host, not to the job). A method setting
+    stored before it existed reads as the value the episode ran with (``nexus.presets.stored_settings``)."""
+    config = dict(config)
+    eviction = config.get("eviction")
+    if isinstance(eviction, dict) and isinstance(eviction.get("method_params"), dict):
+        # a setting added since it was stored: what it ran with
+        params = stored_settings(eviction.get("method", ""), eviction["method_params"])
+        config["eviction"] = {**eviction, "method_params": params}
     spec = EpisodeSpec.model_validate(config)
     update: dict[str, Any] = {"grade": False}
     if device:
@@ -87,8 +95,8 @@ def worker_episode_spec(config: dict[str, Any], *, device: str | None = None) ->
 _TURN_COLUMNS = {"index", "completion", "thought", "action", "observation", "env_s"}
 _COMPLETION_COLUMNS = {
     *("text", "tokens", "tokens_appended", "tokens_generated", "prompt_tokens", "logical_length"),
-    *("physical_before", "physical_after", "eviction_events", "cache_bytes", "prefill_s", "decode_s"),
-    "tokens_per_s",
+    *("physical_before", "physical_after", "eviction_events", "prefill_s", "decode_s", "tokens_per_s"),
+    *("kv_held_bytes", "kv_allocated_bytes", "kv_peak_held_bytes", "kv_peak_allocated_bytes"),
 }
 
 
@@ -351,7 +359,8 @@ def grade_stored_episode(
 
 def regrade_job(db: Database, job_id: str, *, include_interactive: bool = False) -> list[tuple[str, str | None, str]]:
     """Re-derive every result attempt's verdict from its stored test log and patch (no agent, no container):
-    the newest attempt the agent drove alone of each key, or with ``include_interactive`` the newest of any.
+    each key's result attempt (``db.store.result_attempts``), or with ``include_interactive`` its newest interactive
+    one.
 
     Returns ``(episode_id, old_status, new_status)`` for each episode that had a log; others are skipped."""
     from env.grading import regrade

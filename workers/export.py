@@ -8,8 +8,8 @@ file each).
 
 What goes in a file:
 
-- the result attempt of each key (``db.store.result_attempts``: the newest the agent drove alone; interactive
-  ones only on request, and then listed);
+- the result attempt of each key (``db.store.result_attempts``: the first the agent drove alone that did not
+  break; interactive ones only on request, and then listed);
 - not an episode without a patch, nor one whose patch is empty (the harness would grade it as a failed
   apply; SWE-bench counts a missing prediction as unresolved all the same), each counted in ``left_out``;
 - with ``r2e_filter``, R2E-Gym's ``true_output_patch`` instead of the whole diff: only ``.py`` files the agent

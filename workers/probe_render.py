@@ -2,7 +2,8 @@
 
 - ``table``: one rich table per probe, for a 140-column terminal. A setting that is the same in every cell of
   the probe (scope, protocol, density) goes to the table's title instead of a column, and columns that do not
-  apply to the probe are left out (needle scores no tokens, nll asks no question).
+  apply to the probe are left out (needle scores no tokens, nll asks no question). The KV memory columns
+  (:data:`KV_COLUMNS`) follow in a small table of their own per probe (markdown has them in the one table).
 - ``markdown``: the same tables for docs, then the caption and the notes.
 - ``json``: ``ProbeTable.to_dict()``: the run, its settings and provenance, every cell with every number
   (fractions in [0, 1], full float precision), the notes.
@@ -16,13 +17,13 @@ import io
 from typing import Any
 
 from workers.compare_render import render_as
-from workers.probe_stats import BASELINES, CAPTION, PairedTest, ProbeCell, ProbeTable
+from workers.probe_stats import BASELINES, CAPTION, KV_FIELDS, PairedTest, ProbeCell, ProbeTable
 
 _DIMENSIONS = ("scope", "protocol", "density")
 CSV_COLUMNS = [
     "run_id", "probe", "variant", "scope", "protocol", "density", "n", "n_correct", "accuracy", "ci_low", "ci_high",
     *(f"{stat}_vs_{b}" for b in BASELINES for stat in ("p", "b", "c", "pairs")),
-    "nll", "delta_nll", "delta_ci_low", "delta_ci_high", "nll_pairs", "kept_fraction", "kv_bytes", "seconds",
+    "nll", "delta_nll", "delta_ci_low", "delta_ci_high", "nll_pairs", "kept_fraction", *KV_FIELDS, "seconds",
 ]  # fmt: skip
 
 
@@ -38,14 +39,17 @@ def accuracy_text(c: ProbeCell) -> str:
 
 
 def paired_text(test: PairedTest | None) -> str:
-    """``p=0.0312 (5:0)``: the McNemar p and b:c; ``-`` without a baseline to pair with."""
-    return "-" if test is None else f"p={test.p_value:.3g} ({test.b}:{test.c})"
+    """``p=0.0312 (5:0, 10 pairs)``: the McNemar p, b:c and the pairs it rests on; ``-`` without a baseline."""
+    return "-" if test is None else f"p={test.p_value:.3g} ({test.b}:{test.c}, {test.pairs} pairs)"
 
 
 def delta_text(c: ProbeCell) -> str:
-    """``+0.124 [+0.051, +0.210]``; ``-`` without dense pairs."""
+    """``+0.124 [+0.051, +0.210]``; the count and "too few for an interval" below the bootstrap's minimum;
+    ``-`` without dense pairs."""
     if c.delta_nll is None:
         return "-"
+    if c.delta_ci_low is None:
+        return f"{c.delta_nll:+.3f} ({c.nll_pairs} samples: too few for an interval)"
     return f"{c.delta_nll:+.3f} [{c.delta_ci_low:+.3f}, {c.delta_ci_high:+.3f}]"
 
 
@@ -62,7 +66,16 @@ def _float(x: float | None, fmt: str) -> str:
     return "-" if x is None else format(x, fmt)
 
 
-def layout(cells: list[ProbeCell]) -> tuple[str, list[tuple[str, Any]]]:
+#: a probe cell's KV memory columns (nexus.memory): held and allocated when the answer started, and the largest
+#: allocated at any moment of the sample
+KV_COLUMNS: list[tuple[str, Any]] = [
+    ("KV held", lambda c: kv_text(c.kv_held_bytes)),
+    ("KV alloc", lambda c: kv_text(c.kv_allocated_bytes)),
+    ("KV alloc peak", lambda c: kv_text(c.kv_peak_allocated_bytes)),
+]
+
+
+def layout(cells: list[ProbeCell], *, memory: bool = True) -> tuple[str, list[tuple[str, Any]]]:
     """(title suffix, [(header, cell -> text)]) of one probe's cells: constant settings go to the title, and
     only the columns the probe has numbers for are kept."""
     constant = [d for d in _DIMENSIONS if len({getattr(c, d) for c in cells}) == 1]
@@ -82,10 +95,17 @@ def layout(cells: list[ProbeCell]) -> tuple[str, list[tuple[str, Any]]]:
             columns.append(("ΔNLL vs dense (95% CI)", delta_text))
     columns += [
         ("kept", lambda c: _pct(c.kept_fraction)),
-        ("KV", lambda c: kv_text(c.kv_bytes)),
+        *(KV_COLUMNS if memory else []),
         ("s", lambda c: _float(c.seconds, ".2f")),
     ]
     return suffix, columns
+
+
+def memory_layout(cells: list[ProbeCell]) -> list[tuple[str, Any]]:
+    """The columns of a probe's KV memory table (the terminal's: its quality table has no room for them): the
+    cell's variant and the settings that vary, then :data:`KV_COLUMNS`."""
+    _, columns = layout(cells, memory=False)
+    return [col for col in columns if col[0] == "variant" or col[0] in _DIMENSIONS] + KV_COLUMNS
 
 
 def heading(table: ProbeTable) -> str:
@@ -111,8 +131,8 @@ def to_csv(table: ProbeTable) -> str:
                 table.run["id"], c.probe, c.variant, c.scope, c.protocol, repr(c.density), c.n,
                 "" if c.n_correct is None else c.n_correct, _csv_num(c.accuracy), _csv_num(c.ci_low),
                 _csv_num(c.ci_high), *paired, _csv_num(c.nll), _csv_num(c.delta_nll), _csv_num(c.delta_ci_low),
-                _csv_num(c.delta_ci_high), c.nll_pairs, _csv_num(c.kept_fraction), _csv_num(c.kv_bytes),
-                _csv_num(c.seconds),
+                _csv_num(c.delta_ci_high), c.nll_pairs, _csv_num(c.kept_fraction),
+                *(_csv_num(getattr(c, name)) for name in KV_FIELDS), _csv_num(c.seconds),
             ]
         )  # fmt: skip
     return out.getvalue()
@@ -140,7 +160,7 @@ def rich_tables(table: ProbeTable) -> list[Any]:
 
     out: list[Any] = [Text(heading(table), style="bold")]
     for probe in table.probes:
-        suffix, columns = layout(table.cells_of(probe))
+        suffix, columns = layout(table.cells_of(probe), memory=False)  # the KV columns: a table of their own
         # no vertical rules: the columns' room goes to the numbers (140 terminal columns for later_turn)
         t = Table(title=probe + (f" · {suffix}" if suffix else ""), title_justify="left", box=box.SIMPLE_HEAD)
         for i, (header, _) in enumerate(columns):
@@ -148,6 +168,13 @@ def rich_tables(table: ProbeTable) -> list[Any]:
         for c in table.cells_of(probe):
             t.add_row(*(f(c) for _, f in columns))
         out.append(t)
+        memory = Table(title=f"{probe} · KV memory", title_justify="left", box=box.SIMPLE_HEAD)
+        kv_columns = memory_layout(table.cells_of(probe))
+        for i, (header, _) in enumerate(kv_columns):
+            memory.add_column(header, justify="left" if i == 0 else "right")
+        for c in table.cells_of(probe):
+            memory.add_row(*(f(c) for _, f in kv_columns))
+        out.append(memory)
     if not table.cells:
         out.append(Text("No results stored."))
     out.append(Text(CAPTION, style="dim"))

@@ -11,9 +11,12 @@ A cell reports
   this variant right, ``c``: only the baseline right). Exact (binomial) at every size: probe cells are small;
 - for the probes that score tokens (nll, later_turn) the mean NLL per scored token and the **delta-NLL vs
   dense**, this variant's NLL minus dense's on the same sample, averaged over the paired samples with a seeded
-  bootstrap 95% interval (``workers.stats.bootstrap_mean_ci``). Raw NLL says as much about the text as about
-  the method; the paired difference removes the text;
-- the means of the kept fraction, the KV bytes and the seconds per sample.
+  bootstrap 95% interval over samples (``workers.stats.bootstrap_mean_ci``; none below 10 samples). Raw NLL says
+  as much about the text as about the method; the paired difference removes the text;
+- the means of the kept fraction, the KV memory figures (``nexus.memory``: ``kv_held_bytes`` and
+  ``kv_allocated_bytes`` when the answer started, ``kv_peak_held_bytes`` and ``kv_peak_allocated_bytes`` over
+  the sample) and the seconds per sample; a figure a sample did not store (a run from before it existed) is
+  left out of its mean, and a cell none of whose samples has it gets ``None``, never 0.
 
 A baseline that is not in the run (or has no sample in common with a cell) gives ``None``, never an error.
 Pure functions over rows (``db.models.ProbeResultRow``, ``ProbeResult`` or mappings with their fields); the
@@ -34,13 +37,17 @@ from workers.stats import bootstrap_mean_ci, mcnemar_paired, wilson_interval
 BASELINES: tuple[str, ...] = (DENSE, "snapkv")
 SMALL_N = 30
 _KEY = ("probe", "variant", "scope", "protocol", "density")
-_VALUES = ("sample", "correct", "nll", "kept_fraction", "kv_bytes", "seconds")
+#: the KV memory figures of a sample (nexus.memory), each averaged over the cell's samples that have it
+KV_FIELDS = ("kv_held_bytes", "kv_allocated_bytes", "kv_peak_held_bytes", "kv_peak_allocated_bytes")
+_VALUES = ("sample", "correct", "nll", "kept_fraction", *KV_FIELDS, "seconds")
 CAPTION = (
     "accuracy: answers holding the fact, Wilson 95% interval · vs X: p of the exact two-sided McNemar test against "
-    "variant X on the same samples (b:c = samples only this variant / only X got right), per cell, not corrected "
-    "for the number of cells · ΔNLL: this variant's NLL minus dense's on the same sample (nats per scored token), "
-    "bootstrap 95% interval over samples · kept: cache tokens / logical tokens · KV: cache bytes when answering "
-    "· s: seconds per sample"
+    "variant X on the same samples (b:c = samples only this variant / only X got right, and the pairs), per cell, "
+    "not corrected for the number of cells · ΔNLL: this variant's NLL minus dense's on the same sample (nats per "
+    "scored token), bootstrap 95% interval over samples (from 10 samples) · kept: cache tokens / logical tokens · "
+    "KV held / KV alloc: K/V entries held x bytes per entry / K/V buffers allocated (spare capacity and padding "
+    "included) when the answer started · KV alloc peak: the largest allocated at any moment of the sample (a "
+    "prefill before its eviction included) · s: seconds per sample"
 )
 
 
@@ -76,7 +83,10 @@ class ProbeCell:
     delta_ci_high: float | None = None
     nll_pairs: int = 0
     kept_fraction: float | None = None
-    kv_bytes: float | None = None
+    kv_held_bytes: float | None = None  # the KV figures: means over the samples that stored them (KV_FIELDS)
+    kv_allocated_bytes: float | None = None
+    kv_peak_held_bytes: float | None = None
+    kv_peak_allocated_bytes: float | None = None
     seconds: float | None = None
 
     @property
@@ -193,9 +203,11 @@ def summarize_cell(
         cell.nll_pairs = len(deltas)
         if deltas:
             cell.delta_nll = _mean(deltas)
-            cell.delta_ci_low, cell.delta_ci_high = bootstrap_mean_ci(deltas, confidence=confidence, seed=seed)
+            ci = bootstrap_mean_ci(deltas, confidence=confidence, seed=seed)  # None below MIN_BOOTSTRAP_UNITS samples
+            cell.delta_ci_low, cell.delta_ci_high = ci if ci is not None else (None, None)
     cell.kept_fraction = _mean([s["kept_fraction"] for s in mine.values()])
-    cell.kv_bytes = _mean([s["kv_bytes"] for s in mine.values()])
+    for name in KV_FIELDS:
+        setattr(cell, name, _mean([s[name] for s in mine.values() if s[name] is not None]))
     cell.seconds = _mean([s["seconds"] for s in mine.values()])
     return cell
 
@@ -228,12 +240,35 @@ def notes_for(run: Mapping[str, Any], settings: Mapping[str, Any], cells: Sequen
         notes.append(f"the run failed after {done_of} ({cause}): cells may hold fewer samples than asked")
     elif status in ("pending", "running"):
         notes.append(f"the run is still {status}: {done_of} so far")
+    notes += unequal_memory_notes(cells)
     variants = {c.variant for c in cells}
     for name in BASELINES:
         if cells and name not in variants:
             what = "no McNemar test or ΔNLL" if name == DENSE else "no McNemar test"
             notes.append(f"no {name} variant in this run: {what} against it")
     return notes
+
+
+#: how far a cell's kept fraction may sit from its density before a note names it (0.5 points: rounding to a token)
+KEPT_TOLERANCE = 0.005
+
+
+def unequal_memory_notes(cells: Sequence[ProbeCell]) -> list[str]:
+    """A note naming the cells that hold more or less than their density: compare those at the kept fraction
+    they hold, not at the density (a method's minimum budget above density x length, PyramidKV's floored
+    per-layer schedule)."""
+    off = [
+        f"{c.variant} {c.scope} {c.density:g}: {100 * c.kept_fraction:.1f}%"
+        for c in cells
+        if c.variant != DENSE and c.kept_fraction is not None and abs(c.kept_fraction - c.density) > KEPT_TOLERANCE
+    ]
+    if not off:
+        return []
+    shown = ", ".join(dict.fromkeys(off))
+    return [
+        f"kept differs from the density in {len(set(off))} cell(s) ({shown}): compare them at the kept fraction they "
+        "hold, not at the density (why, per method: docs/numbers.md, Memory)"
+    ]
 
 
 def probe_table(run: Any, rows: Iterable[Any], *, confidence: float = 0.95, seed: int = 0) -> ProbeTable:

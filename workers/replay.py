@@ -4,7 +4,9 @@ An episode costs thousands of decode steps and a container; "how much does metho
 be measured far more cheaply by teacher-forcing the token stream a dense run produced through a cache managed
 by X (``agent_runner.counterfactual``) and storing how well the model still predicts its own completions.
 
-What is replayed: every latest-attempt **dense** episode of the job whose turns all carry their token stream
+What is replayed: every **dense** replay source of the job (``db.replays.replay_sources``: a key's result attempt,
+driven by the agent alone, whose trajectory is a whole sample: never an interactive or steered attempt, a resample,
+a run that broke or one still running) whose turns all carry their token stream
 (``turns.tokens``, written by the hf backend), under every requested (method, scope, protocol). By default
 those are the job's own; a method is replayed with exactly the settings that job gave it (``JobSpec`` resolves
 them from the stored preset and overrides, with the source episode's seed), so a replay row and the job's live
@@ -33,7 +35,7 @@ from agent_runner.config import ModelSpec, check_protocol
 from db import Database
 from db import store as db_store
 from db.models import ACTIVE_STATUSES, Replay
-from db.replays import record_replay, replays_for_jobs, turn_streams
+from db.replays import record_replay, replay_sources, replays_for_jobs, turn_streams
 from nexus.config import EvictionConfig
 from nexus.methods import DENSE, check_method, check_scope
 from workers.execution import worker_episode_spec
@@ -133,17 +135,23 @@ def plan_replays(
         spec = _job_spec(job, methods)
         specs = [spec.model_copy(update={"density": d}) for d in densities] if densities else [spec]
         scopes, protocols = list(scopes or spec.scopes), list(protocols or spec.protocols)
-        dense = [e for e in db_store.latest_attempts(s, [job.id]) if e.method == DENSE]
+        dense = [e for e in db_store.result_attempts(s, [job.id]) if e.method == DENSE]
         if not dense:
-            raise ValueError(f"job {job.id} has no dense episode: a replay scores a dense trajectory")
+            raise ValueError(f"job {job.id} has no dense episode the agent ran: a replay scores a dense trajectory")
+        sources = {e.id for e in replay_sources(s, [job.id], method=DENSE)}
         have_dense = {
             (r.episode_id, r.protocol) for r in replays_for_jobs(s, [job.id]) if r.method == DENSE and r.status == "ok"
         }
         combos = [(m, sc, p) for m in methods for sc in (scopes[:1] if m == DENSE else scopes) for p in protocols]
         plan = ReplayPlan(job.id, None, [], combos, protocols)
         for episode in dense:
-            if episode.status in ACTIVE_STATUSES:
-                plan.missing.append((episode.id, episode.task_id, f"still {episode.status}"))
+            if episode.id not in sources:
+                why = (
+                    f"still {episode.status}"
+                    if episode.status in ACTIVE_STATUSES
+                    else f"not a sample: {episode.status}"
+                )
+                plan.missing.append((episode.id, episode.task_id, why))
                 continue
             if turn_streams(s, episode.id) is None:
                 why = "no turns" if not episode.n_turns else "no stored token stream (a backend that reports none?)"
@@ -185,10 +193,12 @@ def run_plan(
             if progress is not None:
                 progress(result, len(results), len(plan.items))
     with db.session() as s:
+        current = {e.id for e in replay_sources(s, [plan.job_id], method=DENSE)}
         rows = [
             r
             for r in replays_for_jobs(s, [plan.job_id])
-            if (r.method, r.scope, r.protocol) in plan.combos or (r.method == DENSE and r.protocol in plan.protocols)
+            if r.episode_id in current
+            and ((r.method, r.scope, r.protocol) in plan.combos or (r.method == DENSE and r.protocol in plan.protocols))
         ]
         cells = summarize_replays(outcomes_from_rows(rows))
     return ReplaySummary(plan.job_id, results, plan.missing, cells)

@@ -9,7 +9,11 @@ is measured from (and dense vs itself is exactly 0).
 
 Aggregation follows ``compare``'s Pass@1: episodes are averaged per task first (several seeds of a task are
 not independent samples of the task population), then the mean over tasks gets a seeded bootstrap interval
-over tasks (``workers.stats.bootstrap_mean_ci``). Pure functions over :class:`ReplayOutcome`; no database.
+over tasks (``workers.stats.bootstrap_mean_ci``), only from ``MIN_BOOTSTRAP_UNITS`` tasks (fewer: no interval).
+NLL, top-1 and delta-NLL are all over the same episodes: those paired with a dense replay (``n_pairs``); a
+replay without its dense baseline is counted in ``unpaired`` and in no mean. Only replays of current sources count
+(``db.replays.replay_sources``): a replay of an attempt that is no longer its key's result is left out, and a note
+says how many. Pure functions over :class:`ReplayOutcome`, except :func:`current_replays`, the database read.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from typing import Any
 
 from agent_runner.config import PROTOCOLS
 from nexus.methods import DENSE, METHODS, SCOPES
-from workers.stats import bootstrap_mean_ci
+from workers.stats import MIN_BOOTSTRAP_UNITS, bootstrap_mean_ci
 
 
 @dataclass(frozen=True)
@@ -52,12 +56,14 @@ class ReplayCell:
     tasks: int = 0
     skipped: int = 0
     failed: int = 0
-    nll_mean: float | None = None
-    top1: float | None = None
+    nll_mean: float | None = None  # over the paired episodes (n_pairs), per task first
+    top1: float | None = None  # over the paired episodes, per task first
     delta_nll: float | None = None  # mean over tasks of (method NLL - dense NLL), paired by source episode
-    delta_ci_low: float | None = None
+    delta_ci_low: float | None = None  # None with too few tasks for an interval
     delta_ci_high: float | None = None
     n_pairs: int = 0  # episodes with both this replay and a dense replay under the same protocol
+    pair_tasks: int = 0  # tasks among those pairs: the units of the interval
+    unpaired: int = 0  # ok replays without a dense baseline: in no mean
 
 
 def outcomes_from_rows(rows: Iterable[Any]) -> list[ReplayOutcome]:
@@ -137,42 +143,56 @@ def summarize_cell(
     cell.skipped = sum(o.status == "skipped" for o in outcomes)
     cell.failed = sum(o.status == "failed" for o in outcomes)
     cell.episodes, cell.tasks = len(ok), len({o.task_id for o in ok})
-    if not ok:
-        return cell
-    nll = _task_mean((o.task_id, o.nll_mean) for o in ok)  # type: ignore[misc]
-    cell.nll_mean = sum(nll) / len(nll)
-    top1 = _task_mean((o.task_id, o.top1) for o in ok if o.top1 is not None)
-    cell.top1 = sum(top1) / len(top1) if top1 else None
-    deltas = []
+    paired = []  # (outcome, dense NLL of the same episode and protocol)
     for o in ok:
         dense = baseline.get((o.episode_id, protocol, scope), baseline.get((o.episode_id, protocol, "")))
         if dense is not None:
-            deltas.append((o.task_id, o.nll_mean - dense))  # type: ignore[operator]
-    cell.n_pairs = len(deltas)
-    if deltas:
-        per_task = _task_mean(deltas)
-        cell.delta_nll = sum(per_task) / len(per_task)
-        cell.delta_ci_low, cell.delta_ci_high = bootstrap_mean_ci(per_task, confidence=confidence, seed=seed)
+            paired.append((o, dense))
+    cell.n_pairs, cell.unpaired = len(paired), len(ok) - len(paired)
+    if not paired:
+        return cell
+    cell.pair_tasks = len({o.task_id for o, _ in paired})
+    nll = _task_mean((o.task_id, o.nll_mean) for o, _ in paired)  # type: ignore[misc]
+    cell.nll_mean = sum(nll) / len(nll)
+    top1 = _task_mean((o.task_id, o.top1) for o, _ in paired if o.top1 is not None)
+    cell.top1 = sum(top1) / len(top1) if top1 else None
+    per_task = _task_mean((o.task_id, o.nll_mean - dense) for o, dense in paired)  # type: ignore[operator]
+    cell.delta_nll = sum(per_task) / len(per_task)
+    ci = bootstrap_mean_ci(per_task, confidence=confidence, seed=seed)
+    cell.delta_ci_low, cell.delta_ci_high = ci if ci is not None else (None, None)
     return cell
 
 
-def replay_cells(session: Any, job_ids: Sequence[str], *, confidence: float = 0.95, seed: int = 0) -> list[ReplayCell]:
-    """The replay statistics of the given jobs from the database (empty when none was replayed)."""
-    from db.replays import replays_for_jobs
+def current_replays(session: Any, job_ids: Sequence[str]) -> tuple[list[Any], int]:
+    """(the jobs' replay rows of current sources, how many rows were left out as replays of superseded attempts)."""
+    from db.replays import replay_sources, replays_for_jobs
 
-    return summarize_replays(outcomes_from_rows(replays_for_jobs(session, job_ids)), confidence=confidence, seed=seed)
+    sources = {e.id for e in replay_sources(session, job_ids, method=DENSE)}
+    rows = replays_for_jobs(session, job_ids)
+    current = [r for r in rows if r.episode_id in sources]
+    return current, len(rows) - len(current)
 
 
 #: what the replay columns mean (printed under every replay table)
 REPLAY_CAPTION = (
-    "dense trajectories teacher-forced through each method's cache; NLL in nats per completion token; "
-    "ΔNLL = method minus dense on the same episode and protocol, averaged per task, bootstrap CI over tasks"
+    "dense trajectories teacher-forced through each method's cache; NLL (nats per completion token), top-1 and "
+    "ΔNLL = method minus dense on the same episode and protocol, all over the same pairs, averaged per task; "
+    f"95% bootstrap interval over tasks from {MIN_BOOTSTRAP_UNITS} tasks (fewer: none)"
 )
 
 
-def replay_notes(cells: Sequence[ReplayCell]) -> list[str]:
-    """How many stored replays could not be scored (none: no note)."""
+def replay_notes(cells: Sequence[ReplayCell], *, superseded: int = 0) -> list[str]:
+    """How many stored replays could not be scored, and how many were left out as replays of superseded attempts
+    (``superseded``, from :func:`current_replays`); none: no note."""
+    notes = []
     skipped, failed = sum(c.skipped for c in cells), sum(c.failed for c in cells)
-    if not (skipped or failed):
-        return []
-    return [f"replay: {skipped} skipped (a stream not replayable that way), {failed} failed; their rows say why"]
+    if skipped or failed:
+        notes.append(
+            f"replay: {skipped} skipped (a stream not replayable that way), {failed} failed; their rows say why"
+        )
+    if superseded:
+        notes.append(
+            f"replay: {superseded} row(s) replay an attempt that is no longer its key's result (or not a sample) and "
+            "are left out"
+        )
+    return notes

@@ -73,7 +73,7 @@ from agent_runner.config import (
 )
 from nexus.config import SHARED_FIELDS, EvictionConfig
 from nexus.methods import DENSE
-from nexus.presets import DEFAULT_PRESET, PRESETS, check_preset, resolve, split_settings
+from nexus.presets import DEFAULT_PRESET, PRESETS, check_preset, resolve, split_settings, stored_settings
 
 _GLOB_CHARS = set("*?[")
 #: the job ``nexus-eval run`` submits when it is given no file (shipped in the package)
@@ -277,10 +277,13 @@ class JobSpec(_Frozen):
         """A job as the ``jobs.config`` column holds it, written by this or an earlier release: a stored
         ``model: null`` (oracle jobs) reads as the default model, and ``limits.seed`` / ``limits.max_new_tokens``
         (removed: the job's ``seeds`` and ``sampling.max_new_tokens`` are the only ones) are dropped / moved as
-        ``EpisodeSpec`` reads them. A file or flags with those keys are errors instead (``from_dict``)."""
+        ``EpisodeSpec`` reads them; a method's settings stored before one of them existed read as what they ran
+        with (``nexus.presets.stored_settings``). A file or flags with those keys are errors instead (``from_dict``)."""
         data = dict(config)
         if data.get("model", ()) is None:
             data.pop("model")
+        if isinstance(data.get("method_params"), dict):  # settings added since it was stored: what it ran with
+            data["method_params"] = {m: stored_settings(m, p or {}) for m, p in data["method_params"].items()}
         if isinstance(data.get("limits"), dict):
             data["limits"], sampling = legacy_agent_fields(data["limits"], data.get("sampling"))
             if sampling is not None:

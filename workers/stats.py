@@ -1,7 +1,9 @@
-"""The statistics ``compare`` reports: Wilson intervals, McNemar's paired test, pass@k, a bootstrap CI.
+"""The statistics ``compare`` reports: Wilson intervals, McNemar's paired test, pass@k, a bootstrap CI over
+clusters, and a sign-flip test over clusters for paired outcomes with several seeds per task.
 
-Pure functions on counts and floats (numpy only for the bootstrap); no scipy. Reference values from
-textbook cases are in ``tests/service/test_stats.py``.
+Pure functions on counts and floats (numpy only for the resampling); no scipy. Reference values from
+textbook cases are in ``tests/service/test_stats.py``. What each number means, and which interval and test a
+table uses when: ``docs/numbers.md``.
 """
 
 from __future__ import annotations
@@ -16,6 +18,16 @@ import numpy as np
 #: Below this many discordant pairs McNemar's test is exact (binomial); from here on, chi-square with
 #: continuity correction (the usual rule of thumb: b + c >= 25).
 EXACT_MCNEMAR_BELOW = 25
+
+#: The fewest independent units (tasks; samples for a probe) a percentile bootstrap interval is computed from.
+#: Below it the resampled means take too few distinct values (one unit gives one value, two give [min, max]) and
+#: the interval is far narrower than the uncertainty; readers print the count and "too few for an interval".
+MIN_BOOTSTRAP_UNITS = 10
+
+#: Up to this many units with a non-zero difference, the sign-flip test enumerates every sign vector (2**16);
+#: above it, a seeded Monte Carlo of :data:`SIGN_FLIP_RESAMPLES` draws.
+EXACT_SIGN_FLIP_UP_TO = 16
+SIGN_FLIP_RESAMPLES = 20_000
 
 
 def z_value(confidence: float) -> float:
@@ -119,20 +131,68 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 
 def bootstrap_mean_ci(
-    values: Sequence[float], *, confidence: float = 0.95, n_resamples: int = 10_000, seed: int = 0
-) -> tuple[float, float]:
-    """Percentile bootstrap interval for the mean of ``values`` (resampled with replacement, seeded so the
-    same input always gives the same interval). One value or none gives ``(mean, mean)`` / ``(nan, nan)``."""
+    values: Sequence[float],
+    *,
+    confidence: float = 0.95,
+    n_resamples: int = 10_000,
+    seed: int = 0,
+    min_units: int = MIN_BOOTSTRAP_UNITS,
+) -> tuple[float, float] | None:
+    """Percentile bootstrap interval for the mean of ``values`` (one value per independent unit, resampled with
+    replacement, seeded so the same input always gives the same interval); ``None`` with fewer than
+    ``min_units`` values (:data:`MIN_BOOTSTRAP_UNITS`): too few for an interval."""
     if not 0 < confidence < 1:
         raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    if min_units < 2:
+        raise ValueError(f"a bootstrap interval needs at least 2 units, got min_units={min_units}")
     data = np.asarray(values, dtype=float)
-    if data.size == 0:
-        return (math.nan, math.nan)
-    if data.size == 1:
-        return (float(data[0]), float(data[0]))
+    if data.size < min_units:
+        return None
     rng = np.random.default_rng(seed)
     means = data[rng.integers(0, data.size, size=(n_resamples, data.size))].mean(axis=1)
     alpha = (1 - confidence) / 2
     low, high = np.quantile(means, [alpha, 1 - alpha])
     # A resampled mean lies within [min, max]; clamping removes summation noise (constant data -> exact).
     return (float(np.clip(low, data.min(), data.max())), float(np.clip(high, data.min(), data.max())))
+
+
+@dataclass(frozen=True)
+class SignFlipResult:
+    """A paired test over clusters: ``units`` clusters (tasks) with a difference, ``nonzero`` of them not 0,
+    ``mean_difference`` the mean over units, ``method`` ``"sign_flip_exact"`` or ``"sign_flip_mc"``."""
+
+    p_value: float
+    method: str
+    units: int
+    nonzero: int
+    mean_difference: float
+
+
+def sign_flip_test(differences: Sequence[float], *, seed: int = 0) -> SignFlipResult:
+    """Two-sided paired randomization test of "no difference" from one mean difference per independent unit.
+
+    Under the null hypothesis the two arms are exchangeable within a unit, so each unit's difference is as likely
+    negative as positive: p = P(|sum of s_t * d_t| >= |sum of d_t|) over independent random signs s_t. Every sign
+    vector is enumerated up to :data:`EXACT_SIGN_FLIP_UP_TO` non-zero units (exact); above, a seeded Monte Carlo
+    with the add-one estimate (1 + hits) / (1 + draws), which never reports 0. With one seed per task the
+    differences are -1, 0, 1 and the exact test equals the exact McNemar test on the same pairs.
+    """
+    d = np.asarray(differences, dtype=float)
+    if d.size == 0:
+        raise ValueError("sign_flip_test needs at least one difference")
+    nonzero = d[d != 0]
+    mean = float(d.mean())
+    observed = abs(float(nonzero.sum()))
+    tolerance = 1e-9 * max(1.0, observed)  # differences are means of 0/1: equal sums must compare equal
+    m = nonzero.size
+    if m == 0:
+        return SignFlipResult(1.0, "sign_flip_exact", int(d.size), 0, mean)
+    if m <= EXACT_SIGN_FLIP_UP_TO:
+        codes = np.arange(2**m, dtype=np.int64)[:, None] >> np.arange(m, dtype=np.int64)
+        sums = ((codes & 1) * 2 - 1) @ nonzero
+        p = float(np.mean(np.abs(sums) >= observed - tolerance))
+        return SignFlipResult(min(1.0, p), "sign_flip_exact", int(d.size), m, mean)
+    rng = np.random.default_rng(seed)
+    signs = rng.integers(0, 2, size=(SIGN_FLIP_RESAMPLES, m)) * 2 - 1
+    hits = int(np.sum(np.abs(signs @ nonzero) >= observed - tolerance))
+    return SignFlipResult((1 + hits) / (1 + SIGN_FLIP_RESAMPLES), "sign_flip_mc", int(d.size), m, mean)

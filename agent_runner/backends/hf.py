@@ -24,6 +24,7 @@ stored turn's `generated` ids fed token by token, with the generator drawing as 
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import torch
@@ -205,6 +206,7 @@ class HFBackend:
         cache = self.cache
         before = [cache.occupancy(i) + len(feed) for i in range(cache.num_layers)]
         events0 = len(cache.events)
+        cache.reset_peaks()  # this turn's peaks: from before its prefill (a fresh cache is empty) to its end
         decoder = TurnDecoder(
             stop=self._stop,
             limit=limit,
@@ -218,6 +220,7 @@ class HFBackend:
         else:
             timing = self._run_alone(feed, decoder)
         tokens, finish = decoder.tokens, decoder.finish
+        memory = cache.memory()
         self.stream += tokens[:-1]  # every token but the last was fed back; the last opens the next feed
         self._pending = tokens[-1]
         text_ids = tokens[:-1] if finish == "stop" else tokens
@@ -230,7 +233,7 @@ class HFBackend:
             physical_before=LayerStats.of(before),
             physical_after=LayerStats.of([cache.occupancy(i) for i in range(cache.num_layers)]),
             eviction_events=len(cache.events) - events0,
-            cache_bytes=cache.nbytes(),
+            **dataclasses.asdict(memory),
             prefill_s=timing.prefill_s,
             decode_s=decode_s,
             tokens_per_s=(len(tokens) - 1) / decode_s if len(tokens) > 1 and decode_s > 0 else None,

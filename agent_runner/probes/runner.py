@@ -114,8 +114,8 @@ def run_cell(host, sample: Sample, recorded, config: EvictionConfig, protocol: s
     if sample.probe == "later_turn" and protocol == "true_eviction":
         stream.decoded(sample.reply)
         last = stream.prefill(sample.question)
-    kept, kv_bytes = stream.kept_fraction(), stream.cache.nbytes()
-    nll = None
+    kept, at_answer = stream.kept_fraction(), stream.cache.memory()
+    nll, scorer = None, stream
     if sample.target:
         scorer = stream if sample.probe == "nll" else CellStream(host.model, copy.deepcopy(stream.cache))
         nll = scorer.teacher_forced_nll(last, sample.target)
@@ -126,7 +126,19 @@ def run_cell(host, sample: Sample, recorded, config: EvictionConfig, protocol: s
         tokens = stream.greedy(last, sample.max_new_tokens, set(host.stop_token_ids), until=found)
         answer = host.tokenizer.decode(tokens, skip_special_tokens=True)
         correct = sample.expected in answer
-    return dict(correct=correct, nll=nll, answer=answer, kept_fraction=kept, kv_bytes=kv_bytes)
+    # the peaks over the whole sample: the scoring copy starts from the answer's cache (its peaks included) and
+    # stands in for it while scoring, so the larger of the two windows is the sample's
+    ends = (stream.cache.memory(), scorer.cache.memory())
+    return dict(
+        correct=correct,
+        nll=nll,
+        answer=answer,
+        kept_fraction=kept,
+        kv_held_bytes=at_answer.kv_held_bytes,
+        kv_allocated_bytes=at_answer.kv_allocated_bytes,
+        kv_peak_held_bytes=max(m.kv_peak_held_bytes for m in ends),
+        kv_peak_allocated_bytes=max(m.kv_peak_allocated_bytes for m in ends),
+    )
 
 
 def _prefill_ids(sample: Sample, protocol: str) -> list[int]:

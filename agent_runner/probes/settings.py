@@ -137,7 +137,10 @@ class ProbeSettings(BaseModel):
 class ProbeResult:
     """One sample of one cell. `correct`: the answer held the fact (None for nll); `nll`: mean NLL per scored
     token (nll: the continuation; later_turn: the exact line); `kept_fraction`: cache tokens / logical tokens
-    (mean over layers and KV heads) when the answer started; `kv_bytes`: the cache's K/V buffers then."""
+    (mean over layers and KV heads) when the answer started. KV memory (`nexus.memory`): `kv_held_bytes`
+    (valid entries x bytes per entry) and `kv_allocated_bytes` (the K/V buffers, spare capacity and ragged
+    padding included) when the answer started; `kv_peak_held_bytes` and `kv_peak_allocated_bytes` the largest
+    of each over the whole sample (every prefill's pre-eviction state, the reply, the scoring, the answer)."""
 
     probe: str
     variant: str
@@ -154,7 +157,10 @@ class ProbeResult:
     answer: str
     expected: str
     kept_fraction: float
-    kv_bytes: int
+    kv_held_bytes: int
+    kv_allocated_bytes: int
+    kv_peak_held_bytes: int
+    kv_peak_allocated_bytes: int
     seconds: float
 
     def to_dict(self) -> dict[str, Any]:

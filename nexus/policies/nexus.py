@@ -15,15 +15,29 @@ One eviction event, per layer (the Nexus Sampling paper, section 2 and appendix 
    the w available rows are used; H = 0 gives c~ = 0 (Nexus score = direct score).
 5. s_j = a_j + lam * c~_j; w_j = s_j + eps_tie * j / (N - 1) (a recency tie-break; 0 for N = 1).
 6. Forced blocks: block 0 (attention sink), every block holding one of the last W slots (the recency window;
-   the still-filling last block is always among them). K = floor((budget - forced tokens) / b) whole
-   blocks are then chosen. Choice: the leftover (< b) slots of the budget stay UNUSED, so the kept set is
-   always whole blocks + the partial newest block; compacting it keeps every block aligned to b, and the
-   kept set never exceeds the budget. `min_budget` = the largest forced set + one block (111 for W=16,
-   b=32); `select` refuses a smaller budget with a ValueError.
+   the still-filling last block is always among them). They take B_forced of the budget B; the other
+   free = B - B_forced SLOTS go to the reservoir, as the paper's section 2.3 counts them ("K = B - B_forced
+   slots"). `min_budget` = the largest forced set + one block (111 for W=16, b=32); `select` refuses a
+   smaller budget with a ValueError.
 7. Reservoir: n = `reservoir_n` uniforms per non-forced block from `view.generator` (one draw of shape
    [B, N, n] float64 on the CPU, see reservoir.py for the seeding rule), log pi_j = logsumexp_i(log u_j^(i)
-   / w_j) - log n, keep the top K. With `weight_scale="mean"` the weights are first divided by the mean
-   candidate weight (`rescale_weights`): at the raw scale (w ~ 1.5 / N) n has no effect on the ranking.
+   / w_j) - log n, and the candidate blocks ranked by pi. How the free slots are filled (`leftover`):
+   - "partial_block" (default): the top floor(free / b) blocks whole, then the NEXT block in that ranking
+     contributes its newest free mod b slots (`newest_slots`), so a row keeps exactly min(B, valid) slots,
+     as SnapKV, H2O, MorphKV and StreamingLLM do at the same density. Why its newest slots: the block's
+     score says nothing about which of its tokens matter, and the only preference the method has between
+     otherwise equal entries is the paper's recency tie-break (eps_tie favours newer blocks); it needs no
+     further score or draw, so the forced set, the ranking and the random stream are those of "unused"; and
+     the kept run ends where the next logical block starts, so it joins that block into one contiguous run
+     when it is kept too. The price: after compaction the blocks of the next event (runs of b slots of the
+     compacted cache, the paper's N_k = ceil(T_k / b)) are shifted by the partial run's length after it, so
+     they no longer coincide with the previous event's blocks.
+   - "unused": whole blocks only (K = floor(free / b)); the leftover (< b) slots of the budget stay unused,
+     so the kept set is whole blocks + the partial newest block and compacting it keeps every block aligned
+     to b. Our rounding before issue 31 (Nexus held 91-98% of its budget at density 0.1 on SmolLM2-135M,
+     docs/methods.md), kept so earlier runs can be reproduced.
+   With `weight_scale="mean"` the weights are first divided by the mean candidate weight (`rescale_weights`):
+   at the raw scale (w ~ 1.5 / N) n has no effect on the ranking.
 
 The selection is shared by all KV heads of the layer (uniform per-head budget), so `select` requires every
 head to hold the same slots (true whenever the cache only ever ran this policy) and returns [B, Hkv, K]
@@ -34,10 +48,12 @@ Ada-Nexus (the paper only says Ada-KV's allocation is applied on top; this const
 average, our GQA convention), its keys are its own; steps 2-5 run per head, and `score` spreads each
 block's weight w_j evenly over the block's tokens (w_j / tokens in block), so a head's token scores sum to
 about 1 + lam and are comparable across heads. `forced` marks each head's forced blocks, and
-`select_counts(view, counts)` keeps per head its forced blocks plus about (counts - forced) / b blocks by a
-per-head reservoir (one draw of shape [B, Hkv, N, n]): floor per head, and the row's pooled leftover slots
-(< Hkv blocks) go one block each to the heads with the largest remainders (`share_blocks`), so a head may
-keep up to b - 1 slots more than its count but a row never exceeds sum(counts) and wastes < one block.
+`select_counts(view, counts)` keeps per head its forced blocks plus (counts - forced) slots by a per-head
+reservoir (one draw of shape [B, Hkv, N, n]). With `leftover="partial_block"` each head keeps exactly its
+count (whole blocks, then the newest slots of its next-ranked block), so no pooling is needed. With
+"unused": floor((counts - forced) / b) blocks per head, and the row's pooled leftover slots (< Hkv blocks)
+go one block each to the heads with the largest remainders (`share_blocks`), so a head may keep up to b - 1
+slots more than its count but a row never exceeds sum(counts) and wastes < one block.
 Blocks are counted over each head's own valid slots; the tie-break ramp runs over N = ceil(P / b), so in a
 head with empty slots it is not exactly j / (N_k - 1) of that head's blocks (it only orders near-ties).
 
@@ -70,6 +86,7 @@ from nexus.policies.reservoir import descending_ranks, draw_uniforms, reservoir_
 WALK_ROWS = ("recent", "spread")
 WEIGHT_SCALES = ("raw", "mean")
 HEAD_SCORES = ("averaged", "per_head")
+LEFTOVERS = ("partial_block", "unused")
 
 
 def compute_dtype(t: torch.Tensor) -> torch.dtype:
@@ -172,6 +189,13 @@ def forced_blocks(positions: torch.Tensor, window: int, block_size: int) -> torc
     return forced
 
 
+def reservoir_priorities(weights: torch.Tensor, n: int, generator: torch.Generator | None) -> torch.Tensor:
+    """Step 7's ranking key: [..., N] float64 n-averaged log priorities of `weights` [..., N] >= 0, from one
+    draw of [..., N, n] uniforms (so a selection consumes the generator the same way whatever it keeps)."""
+    uniforms = draw_uniforms(tuple(weights.shape), n, generator, weights.device)
+    return reservoir_log_priorities(weights, uniforms)
+
+
 def select_blocks(
     weights: torch.Tensor, candidates: torch.Tensor, k, n: int, generator: torch.Generator | None
 ) -> torch.Tensor:
@@ -179,8 +203,20 @@ def select_blocks(
 
     weights [..., N] >= 0; k an int or LongTensor [...]; one draw of [..., N, n] float64 uniforms.
     """
-    uniforms = draw_uniforms(tuple(weights.shape), n, generator, weights.device)
-    return select_top(reservoir_log_priorities(weights, uniforms), candidates, k)
+    return select_top(reservoir_priorities(weights, n, generator), candidates, k)
+
+
+def newest_slots(blocks: torch.Tensor, count: torch.Tensor, valid: torch.Tensor, block_size: int) -> torch.Tensor:
+    """[..., P] bool: the newest `count` valid slots of each row's marked block.
+
+    blocks [..., N] bool (at most one marked block per row), count [...] long (< b), valid [..., P] bool.
+    Slot order is time order, so a block's newest slots are its last ones.
+    """
+    ids = block_index(valid, block_size).clamp_min(0)  # [..., P]
+    in_block = blocks.gather(-1, ids) & valid
+    size = block_sizes(valid, block_size).gather(-1, ids)  # tokens in each slot's block
+    from_end = size - 1 - (valid.long().cumsum(-1) - 1) % block_size  # 0 = the newest slot of its block
+    return in_block & (from_end < count.unsqueeze(-1))
 
 
 def rescale_weights(weights: torch.Tensor, candidates: torch.Tensor, mode: str) -> torch.Tensor:
@@ -235,6 +271,9 @@ class Nexus(ScorePolicy):
                   block set per layer). Averaging keys across KV heads mixes subspaces the heads use
                   differently; on SmolLM2-135M it erases the needle (docs/methods.md, "The Nexus retrieval
                   gap"). A named setting, never the default: `nexus` stays the paper's method.
+    leftover:     "partial_block" (default: the budget's free slots are all used, the last free mod b of them
+                  as the newest slots of the next-ranked block) or "unused" (whole blocks only, the leftover
+                  slots stay empty: the behaviour before issue 31). See steps 6-7 of the module docstring.
     """
 
     name: ClassVar[str] = "nexus"
@@ -246,6 +285,7 @@ class Nexus(ScorePolicy):
 
     weight_scale: str = "raw"
     head_scores: str = "averaged"
+    leftover: str = "partial_block"
 
     def __post_init__(self) -> None:
         check_int(self.name, "walk_steps", self.walk_steps, 0)
@@ -255,6 +295,7 @@ class Nexus(ScorePolicy):
         check_choice(self.name, "walk_rows", self.walk_rows, WALK_ROWS)
         check_choice(self.name, "weight_scale", self.weight_scale, WEIGHT_SCALES)
         check_choice(self.name, "head_scores", self.head_scores, HEAD_SCORES)
+        check_choice(self.name, "leftover", self.leftover, LEFTOVERS)
 
     def min_budget(self, window: int, block_size: int) -> int:
         """Most the forced set can take, plus one block (so the reservoir always gets at least one).
@@ -278,23 +319,33 @@ class Nexus(ScorePolicy):
     def keep_slots(
         self, weights, positions, window: int, block_size: int, budgets, generator, pool_heads: bool = False
     ) -> torch.Tensor:
-        """[..., P] bool kept slots: forced blocks + the top-K blocks by reservoir priority (steps 6-7).
+        """[..., P] bool kept slots: the forced blocks + the budget's free slots by reservoir priority (steps 6-7).
 
         weights [..., N], positions [..., P], budgets: int or LongTensor [...] (tokens allowed per row).
-        pool_heads: share the leftover slots of the heads of a batch row (`share_blocks`), for ragged counts.
+        pool_heads: with leftover="unused", share the leftover slots of the heads of a batch row
+        (`share_blocks`), for ragged counts; "partial_block" fills each row's budget exactly, nothing to pool.
         """
+        b = block_size
         valid = positions >= 0
-        sizes = block_sizes(valid, block_size)
+        sizes = block_sizes(valid, b)
         exists = sizes > 0
-        forced = forced_blocks(positions, window, block_size) & exists
+        forced = forced_blocks(positions, window, b) & exists
         forced_tokens = (sizes * forced).sum(-1)
-        free = (torch.as_tensor(budgets, device=weights.device) - forced_tokens).clamp_min(0)
-        k = share_blocks(free, block_size) if pool_heads else free // block_size
+        free = (torch.as_tensor(budgets, device=weights.device) - forced_tokens).clamp_min(0)  # [...] slots
         candidates = exists & ~forced
         weights = rescale_weights(weights, candidates, self.weight_scale)
-        chosen = select_blocks(weights, candidates, k, self.reservoir_n, generator)
-        keep = chosen | forced
-        return keep.gather(-1, block_index(valid, block_size).clamp_min(0)) & valid
+        priorities = reservoir_priorities(weights, self.reservoir_n, generator)  # the one draw of this event
+        if self.leftover == "unused":
+            whole = select_top(priorities, candidates, share_blocks(free, b) if pool_heads else free // b)
+            partial = torch.zeros_like(valid)
+        else:
+            whole = select_top(priorities, candidates, free // b)
+            # the next block in priority order gives its newest free mod b slots (none when free mod b = 0, or
+            # when every candidate is already whole: then the row keeps all its valid slots)
+            nxt = select_top(priorities, candidates, free // b + 1) & ~whole
+            partial = newest_slots(nxt, free % b, valid, b)
+        keep = whole | forced
+        return (keep.gather(-1, block_index(valid, b).clamp_min(0)) & valid) | partial
 
     def _check_budget(self, view: LayerView) -> None:
         floor = self.min_budget(view.window, view.block_size)
@@ -349,7 +400,8 @@ class Nexus(ScorePolicy):
         return blocks.gather(-1, block_index(valid, view.block_size).clamp_min(0)) & valid
 
     def select_counts(self, view: LayerView, counts: torch.Tensor) -> torch.Tensor:
-        """Per head: forced blocks + ~(counts - forced) / b reservoir blocks (`share_blocks`). [B, Hkv, max]."""
+        """[B, Hkv, max count]: per head its forced blocks + counts - forced reservoir slots (steps 6-7), exactly
+        `counts` [B, Hkv] with "partial_block"; whole blocks pooled per row (`share_blocks`) with "unused"."""
         weights = self.head_weights(view)
         keep = self.keep_slots(
             weights, view.positions, view.window, view.block_size, counts, view.generator, pool_heads=True

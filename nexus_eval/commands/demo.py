@@ -1,11 +1,15 @@
 """`nexus-eval demo`: every eviction method on the tiny Qwen3, one multi-turn stream, in a table (CPU, seconds).
 
 Progress goes to stderr by the rule of ``_progress.live``: a bar on a terminal, elsewhere one line per method
-as it finishes (``[3/10] snapkv: held 41/layer, 3 eviction events, max |dlogit| vs dense 0.052 (1.20 s)``).
+as it finishes (``[3/10] snapkv: 41 slots/layer, 3 eviction events, max |dlogit| vs dense 0.052 (1.20 s)``).
+
+The KV columns are ``nexus.memory``'s figures for the whole stream: held and allocated at its end, and the
+largest of each at any moment (a prefill before its eviction included).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import typer
@@ -16,7 +20,10 @@ TURNS = (
     "Exit code: 0\nExecution output of [execute_bash]:\n" + "tests/test_csv.py::test_row PASSED\n" * 20,
     "Exit code: 1\n" + "AssertionError: expected 3 fields, got 2\n" * 15,
 )
-COLUMNS = ("method", "logical", "held/layer", "events", "evict s", "cache bytes", "max |dlogit| vs dense", "total s")
+COLUMNS = (
+    *("method", "logical", "slots/layer", "events", "evict s"),
+    *("KV held", "KV alloc", "KV held peak", "KV alloc peak", "max |dlogit| vs dense", "total s"),
+)
 
 
 def demo(
@@ -25,7 +32,11 @@ def demo(
     decode: int = typer.Option(64, help="tokens decoded per turn"),
     seed: int = typer.Option(0),
 ) -> None:
-    """Feed a 3-turn chat through one EvictableCache per method; compare with dense."""
+    """Feed a 3-turn chat through one EvictableCache per method; compare with dense.
+
+    KV held = K/V entries held x bytes per entry; KV alloc = the K/V buffers (spare capacity and ragged padding
+    included); the peaks = the largest of each at any moment of the stream, a prefill before its eviction included.
+    """
     from rich.console import Console
     from rich.table import Table
 
@@ -49,7 +60,7 @@ def demo(
                     sum(cache.occupancy(i) for i in range(cache.num_layers)) / cache.num_layers,
                     len(cache.events),
                     sum(e.seconds for e in cache.events),
-                    cache.nbytes(),
+                    cache.memory(),
                     float((final - ref).abs().max()),
                     seconds,
                 )
@@ -58,9 +69,11 @@ def demo(
     table = Table(title=f"{TITLE}, density {density}, {scope}")
     for col in COLUMNS:
         table.add_column(col, justify="left" if col == "method" else "right")
-    for m, logical, held, ev, ev_s, nbytes, diff, secs in rows:
+    for m, logical, slots, ev, ev_s, memory, diff, secs in rows:
         table.add_row(
-            m, str(logical), f"{held:.0f}", str(ev), f"{ev_s:.3f}", f"{nbytes:,}", f"{diff:.3f}", f"{secs:.2f}"
+            *(m, str(logical), f"{slots:.0f}", str(ev), f"{ev_s:.3f}"),
+            *(f"{n:,}" for n in dataclasses.astuple(memory)),
+            *(f"{diff:.3f}", f"{secs:.2f}"),
         )
     Console().print(table)
 
@@ -91,10 +104,11 @@ def _stream(host: Any, cache: Any, decode: int, seed: int) -> tuple[Any, Any, fl
 
 
 def _describe(row: tuple) -> str:
-    """``snapkv: held 41/layer, 3 eviction events, max |dlogit| vs dense 0.052 (1.20 s)``."""
-    method, _, held, events, _, _, diff, seconds = row
+    """``snapkv: 41 slots/layer, 3 eviction events, max |dlogit| vs dense 0.052 (1.20 s)``."""
+    method, _, slots, events, _, _, diff, seconds = row
     return (
-        f"{method}: held {held:.0f}/layer, {events} eviction events, max |dlogit| vs dense {diff:.3f} ({seconds:.2f} s)"
+        f"{method}: {slots:.0f} slots/layer, {events} eviction events, max |dlogit| vs dense {diff:.3f} "
+        f"({seconds:.2f} s)"
     )
 
 

@@ -131,6 +131,7 @@ def run(
     from db.probes import create_probe_run
 
     database = open_db(db)
+    sweep_orphans(database)
     n_planned = sum(len(settings.cells(p)) for p in settings.probes) * settings.samples
     with database.session() as s:
         run_id = create_probe_run(
@@ -155,6 +156,7 @@ def _check_model(name: str) -> None:
 
 def _provenance(threads: int) -> dict[str, Any]:
     from agent_runner.probes import fingerprint
+    from db.claims import worker_identity
     from db.provenance import git_revision, package_versions
 
     try:
@@ -162,6 +164,7 @@ def _provenance(threads: int) -> dict[str, Any]:
     except ValueError as exc:
         fail(f"{exc}; nothing was run")
     return {
+        "process": worker_identity(),  # "hostname/pid": a later start marks the run failed if this process is gone
         "corpus": corpus,
         "packages": package_versions(("nexus-eval", "torch", "transformers")),
         "git_revision": git_revision(),
@@ -209,6 +212,19 @@ def _measure(database: Any, run_id: str, settings: Any, n_planned: int) -> None:
         finish_probe_run(s, run_id, "done")
 
 
+def sweep_orphans(database: Any) -> None:
+    """Mark failed the runs of this host whose process died without saying why (``db.probes.fail_orphaned_probe_runs``),
+    and say so on stderr."""
+    from db.probes import fail_orphaned_probe_runs
+
+    with database.session() as s:
+        orphans = fail_orphaned_probe_runs(s)
+    for run_id in orphans:
+        typer.echo(
+            f"probe run {run_id}: its process is gone; marked failed (`nexus-eval probe show {run_id}`)", err=True
+        )
+
+
 def show_table(database: Any, ident: str, fmt: str, output: Path | None = None) -> None:
     """Print (or write to ``output``) the table of probe run ``ident`` as stored; exit 2 for an unknown id."""
     from workers.probe_render import render
@@ -238,7 +254,9 @@ def show(
 
     if fmt not in FORMATS:
         fail(f"unknown --format {fmt!r}; use one of {', '.join(FORMATS)}")
-    show_table(open_db(db), run_id, fmt)
+    database = open_db(db)
+    sweep_orphans(database)
+    show_table(database, run_id, fmt)
 
 
 def list_runs(limit: int = typer.Option(20, min=1, help="how many, newest first"), db: str = DB_OPTION) -> None:
@@ -251,7 +269,9 @@ def list_runs(limit: int = typer.Option(20, min=1, help="how many, newest first"
     table = Table(title="probe runs")
     for col in ("run", "created", "status", "model", "probes", "variants", "results"):
         table.add_column(col, overflow="fold")
-    with open_db(db).session() as s:
+    database = open_db(db)
+    sweep_orphans(database)
+    with database.session() as s:
         for r in list_probe_runs(s, limit=limit):
             settings = r.settings or {}
             table.add_row(

@@ -18,7 +18,7 @@ def episodes(
     statuses: str = typer.Option(None, "--status", help="only these statuses (comma-separated)"),
     method: str = typer.Option(None, "--method", help="only this method"),
     results_only: bool = typer.Option(
-        False, "--results", help="only each key's result attempt (the newest the agent drove alone)"
+        False, "--results", help="only each key's result attempt (its first the agent drove alone that did not break)"
     ),
     fmt: str = typer.Option(None, "--format", help="table | tsv | json (default: table on a terminal, tsv in a pipe)"),
     db: str = DB_OPTION,
@@ -85,7 +85,7 @@ def _fmt_stats(stats: dict | None) -> str:
 
 TURN_COLUMNS = (
     *("turn", "action", "appended", "generated", "logical", "physical before", "physical after"),
-    *("events", "cache bytes", "prefill s", "decode s", "env s"),
+    *("events", "KV held", "KV held peak", "KV alloc peak", "prefill s", "decode s", "env s"),
 )
 
 
@@ -95,9 +95,9 @@ def inspect(
     as_json: bool = typer.Option(False, "--json", help="the episode and its turns as JSON"),
     db: str = DB_OPTION,
 ) -> None:
-    """An episode's trajectory and per-turn cache telemetry. With --full, each turn's thought, action and
-    observation, and the model's raw completion where the action is not its parse (a format error, or an
-    action an operator replaced)."""
+    """An episode's trajectory and per-turn cache telemetry (KV held after the turn, KV held / alloc peak during
+    it: see nexus.memory). With --full, each turn's thought, action and observation, and the model's raw
+    completion where the action is not its parse (a format error, or an action an operator replaced)."""
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
@@ -119,6 +119,7 @@ def inspect(
         typer.echo(json.dumps({"episode": info, "turns": turn_rows}, default=str))
         return
     from db.models import is_interactive
+    from workers.cost import human_bytes
 
     console = Console(highlight=False)
     driver = (
@@ -130,7 +131,8 @@ def inspect(
     )
     console.print(
         f"status [bold]{info['status']}[/bold] (agent exit {info['exit_status']}), {info['n_turns']} turns,"
-        f" generated {info['generated_tokens']} tokens, peak cache {info['peak_cache_bytes']} bytes"
+        f" generated {info['generated_tokens']} tokens, KV held peak {human_bytes(info['kv_peak_held_bytes'])},"
+        f" KV alloc peak {human_bytes(info['kv_peak_allocated_bytes'])}"
     )
     if info["error"]:
         console.print(f"[yellow]{escape(info['error'].splitlines()[0])}[/yellow]")
@@ -150,8 +152,9 @@ def inspect(
         table.add_row(
             *(str(t["index"]), escape(action), str(t["tokens_appended"]), str(t["tokens_generated"])),
             *(str(t["logical_length"]), _fmt_stats(t["physical_before"]), _fmt_stats(t["physical_after"])),
-            *(str(t["eviction_events"]), str(t["cache_bytes"] or "-"), f"{t['prefill_s']:.2f}"),
-            *(f"{t['decode_s']:.2f}", f"{t['env_s']:.2f}"),
+            str(t["eviction_events"]),
+            *(human_bytes(t[name]) for name in ("kv_held_bytes", "kv_peak_held_bytes", "kv_peak_allocated_bytes")),
+            *(f"{t['prefill_s']:.2f}", f"{t['decode_s']:.2f}", f"{t['env_s']:.2f}"),
         )
     console.print(table)
     if full:

@@ -15,8 +15,8 @@ def rerun(
     failed: bool = typer.Option(
         False,
         "--failed",
-        help="rerun every final outcome but resolved (unresolved, empty or failed patch, timeout, "
-        "infra_failure); cancelled episodes are not failures",
+        help="rerun the runs that broke (timeout, infra_failure): each new attempt replaces its broken run. "
+        "A verdict is not rerun: a second try at an unresolved task is a resample (--status), never Pass@1",
     ),
     interactive: bool = typer.Option(False, "--interactive", "-i", help="run one episode live in this terminal"),
     from_turn: int = typer.Option(0, "--from-turn", min=0, help="force the stored turns before K, then go live"),
@@ -31,10 +31,10 @@ def rerun(
         fail("--from-turn needs --interactive")
     if failed == bool(statuses):
         fail("give exactly one of --status a,b or --failed")
-    from db.models import FAILED_STATUSES
+    from db.models import RUN_FAILURE_STATUSES, SERVICE_FAILURE_STATUSES
     from workers.celery_tasks import NotEnqueued, rerun
 
-    wanted = sorted(FAILED_STATUSES) if failed else csv_list(statuses)
+    wanted = sorted(RUN_FAILURE_STATUSES) if failed else csv_list(statuses)
     try:
         new_ids = rerun(database, target, wanted, app=celery_app(db))
     except (LookupError, ValueError) as exc:
@@ -42,6 +42,12 @@ def rerun(
     except NotEnqueued as exc:
         fail(str(exc), 1)
     typer.echo(f"{len(new_ids)} new attempts enqueued ({', '.join(wanted)})")
+    resampled = sorted(set(wanted) - SERVICE_FAILURE_STATUSES)
+    if new_ids and resampled:
+        typer.echo(
+            f"note: the attempts of {', '.join(resampled)} episodes are resamples (new samples of keys that already "
+            "have one): compare keeps them apart and shows them as best of n, never as Pass@1 (docs/numbers.md)"
+        )
 
 
 def _interactive(database, episode: str, from_turn: int) -> None:

@@ -20,13 +20,14 @@ def compare(
     ),
     db: str = DB_OPTION,
 ) -> None:
-    """Table 3: scope x protocol x density rows, method columns, resolved rate with 95% CI, McNemar vs dense, and
-    quality beside cost (kept fraction, KV mean / peak bytes, turns, generated tokens, wall time per episode).
+    """Table 3: scope x protocol x density rows, method columns, resolved rate with 95% CI, a paired test vs dense,
+    and quality beside cost (kept fraction, KV held and allocated, turns, generated tokens, wall time per episode).
 
     Several jobs (a sweep over the budget) are aligned by method, scope, protocol and density; other setting
-    differences are named in the notes. Each key counts its newest attempt the agent drove alone; interactive
-    reruns are kept apart (a note says how many) unless --include-interactive. Given one probe run id instead,
-    the probe run's table."""
+    differences are named in the notes. Each key counts its first agent attempt that did not break; later ones are
+    resamples, shown apart as best of n; interactive reruns are kept apart (a note says how many) unless
+    --include-interactive. What each number means: docs/numbers.md. Given one probe run id instead, the probe
+    run's table."""
     from workers.compare import compare_jobs
     from workers.compare_render import FORMATS, render
 
@@ -81,7 +82,7 @@ def export(
 
     One configuration (method, scope, protocol, seed) per file, since the harness keeps one prediction per
     instance: pick one with --method/--scope/--protocol/--seed, or use --output-dir for one file each. Each
-    key's result attempt (the newest the agent drove alone) that left a non-empty patch is written."""
+    key's result attempt (its first the agent drove alone that did not break) that left a non-empty patch is written."""
     from workers.export import collect, file_name, prediction_lines
 
     if output is not None and output_dir is not None:
@@ -128,7 +129,9 @@ def export(
 def regrade(
     job: str = typer.Argument(..., help="job id (prefix)"),
     include_interactive: bool = typer.Option(
-        False, "--include-interactive", help="regrade the newest attempt of any driver, interactive ones too"
+        False,
+        "--include-interactive",
+        help="regrade a key's newest interactive attempt in place of its result, where it has one",
     ),
     db: str = DB_OPTION,
 ) -> None:

@@ -2,7 +2,8 @@
 
 Four episodes with different prompt lengths, join times (each starts after the engine has decoded a few
 batched steps) and turn lengths run in four threads through one engine; each must produce the same sampled
-tokens, the same logits (atol 1e-9) and the same eviction events as when it runs alone on the solo path.
+tokens, the same logits (atol 1e-9), the same eviction events and the same KV memory figures per turn (held,
+allocated and both peaks, nexus.memory) as when it runs alone on the solo path.
 """
 
 from __future__ import annotations
@@ -70,6 +71,10 @@ def _episode(backend: HFBackend, index: int, turns: int = 3):
     return out, LOGITS.pop(id(backend.generator)), events
 
 
+def _memory(c):
+    return c.kv_held_bytes, c.kv_allocated_bytes, c.kv_peak_held_bytes, c.kv_peak_allocated_bytes
+
+
 def _backend(host, cfg, protocol, index, engine=None):
     sampling = SamplingConfig(temperature=1.0, max_new_tokens=EPISODES[index][1])
     return HFBackend(host, eviction=cfg, protocol=protocol, sampling=sampling, engine=engine)
@@ -107,6 +112,9 @@ def test_batched_episodes_equal_each_alone(host, monkeypatch, method, scope, pro
         assert len(b_logits) == len(logits)
         torch.testing.assert_close(torch.cat(b_logits), torch.cat(logits), atol=1e-9, rtol=0)
         assert b_events == events
+        # the same KV memory per turn (held, allocated, both peaks): a stacked row keeps the capacity it would
+        # have alone and leaves the stack into buffers of that size; the stack's padding is the engine's own cost
+        assert [_memory(c) for c in b_comps] == [_memory(c) for c in comps], f"episode {i}"
     assert engine.rows_decoded > engine.steps  # rows really were decoded together
     if cfg.evicts and scope == "prefill_decode":
         assert any(e[0] == "decode" for *_, events in alone for e in events)

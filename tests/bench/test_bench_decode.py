@@ -30,7 +30,8 @@ CHECKPOINT_KEYS = {
     "eviction_s",
     "eviction_s_host",
     "decode_events",
-    "cache_bytes_per_seq",
+    "kv_held_bytes_per_seq",
+    "kv_allocated_bytes_per_seq",
     "kv_slots_layer0",
     "logical_length",
     "kv_read_bytes_mean",
@@ -73,7 +74,7 @@ def tiny_run(decode_script, tmp_path_factory):
 
 def test_schema_is_stable(tiny_run):
     meta = tiny_run["meta"]
-    assert meta["schema"] == "nexus-bench-decode/1" and meta["complete"] is True
+    assert meta["schema"] == "nexus-bench-decode/2" and meta["complete"] is True
     assert {
         "env",
         "dtype",
@@ -105,7 +106,8 @@ def test_numbers_follow_the_cache(tiny_run):
     last = nexus_run["checkpoints"][-1]
     assert nexus_run["scope"] == "prefill_decode"
     assert last["kv_slots_layer0"] <= nexus_run["budget"] + 32 and last["decode_events"] >= 1
-    assert last["cache_bytes_per_seq"] < dense["checkpoints"][-1]["cache_bytes_per_seq"]
+    assert last["kv_allocated_bytes_per_seq"] < dense["checkpoints"][-1]["kv_allocated_bytes_per_seq"]
+    assert last["kv_held_bytes_per_seq"] <= last["kv_allocated_bytes_per_seq"]
     # snapkv prefill_only: one prefill eviction, then the cache grows by one slot per step
     assert snap["scope"] == "prefill_only"
     assert [cp["kv_slots_layer0"] for cp in snap["checkpoints"]] == [snap["budget"] + 16, snap["budget"] + 48]

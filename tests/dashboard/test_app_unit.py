@@ -59,7 +59,10 @@ def _turn(i: int, method: str, *, format_error: bool = False) -> dict:
         "physical_before": {"min": 50.0, "mean": 60.0 + i, "max": 70.0},
         "physical_after": {"min": 40.0, "mean": 45.0, "max": 50.0},
         "eviction_events": i,
-        "cache_bytes": 4096 * (i + 1),
+        "kv_held_bytes": 4096 * (i + 1),
+        "kv_allocated_bytes": 5120 * (i + 1),
+        "kv_peak_held_bytes": 8192 * (3 - i),  # the first turn's prefill is the episode's peak
+        "kv_peak_allocated_bytes": 10240 * (3 - i),
         "prefill_s": 0.1,
         "decode_s": 0.2,
         "tokens_per_s": 100.0,
@@ -217,8 +220,14 @@ def test_rerun_and_cancel_do_what_the_cli_does(tmp_path, filled):
     celery = FakeCelery()
     c = client(copy, celery=lambda: celery)
     auth = {"Authorization": f"Bearer {TOKEN}"}
+    nothing = c.post(f"/jobs/{copy.job_id}/rerun-failed", headers=auth, follow_redirects=False)
+    # verdicts only (t2 unresolved under dense and nexus): rerunning one would make Pass@1 a best of n
+    assert nothing.headers["location"] == f"/jobs/{copy.job_id}?notice=rerun&n=0" and not celery.sent
+    import sqlite3
+
+    with sqlite3.connect(tmp_path / "copy.db") as conn:  # the runs broke instead: t2 dense, t2 nexus x 2 protocols
+        conn.execute("UPDATE episodes SET status = 'infra_failure' WHERE status = 'unresolved'")
     done = c.post(f"/jobs/{copy.job_id}/rerun-failed", headers=auth, follow_redirects=False)
-    # unresolved: t2 dense, t2 nexus under both protocols
     assert done.status_code == 303 and done.headers["location"] == f"/jobs/{copy.job_id}?notice=rerun&n=3"
     assert len(celery.sent) == 3 and {name for name, _ in celery.sent} == {"nexus.run_episode"}
     assert "3 new attempt(s) enqueued" in c.get(done.headers["location"]).text
@@ -288,6 +297,8 @@ def test_compare_page_matches_compare_jobs(filled):
     assert len(links) == sum(len(c["statuses"]) for t in expected["grid"] for c in t["cells"])
     assert set(links) == set(filled.episodes.values())
     assert 'id="download-json"' in page and 'id="download-csv"' in page and '<ul id="notes">' in page
+    caption = re.search(r'<p class="caption" id="compare-caption">([^<]*)</p>', page)[1]
+    assert caption == expected["caption"].replace("'", "&#39;") and "docs/numbers.md" in caption
 
 
 def test_episode_page(filled):
@@ -302,7 +313,10 @@ def test_episode_page(filled):
     assert '<span class="hunk">@@ -1 +1 @@</span>' in page
     assert '<pre id="grading-log">PASSED test_x\n&lt;tag&gt;</pre>' in page and "unit (v1)" in page
     charts_div = page[page.index('<div id="cache-charts">') : page.index('<div id="retention">')]
-    assert charts_div.count("<svg") >= 4
+    assert charts_div.count("<svg") >= 4 and "KV held and allocated" in charts_div
+    # the episode's KV peaks: the largest of its turns' peaks (the first turn's prefill here), labelled as such
+    assert '<dd id="kv-peak-held-bytes">24576</dd>' in page and '<dd id="kv-peak-allocated-bytes">30720</dd>' in page
+    assert ">KV held peak</dt>" in page and ">KV alloc peak</dt>" in page
     retention = page[page.index('<div id="retention">') :]
     assert "<svg" in retention.split("</div>")[0]
     vs = re.findall(r'<a class="vs-link" href="/episodes/(\w+)/vs/(\w+)"', page)
@@ -326,7 +340,7 @@ def test_side_by_side_finds_the_divergence(filled):
 def test_divergence_counts_format_errors_and_ended_runs():
     def turn(i, action, fmt=False):
         return queries.TurnView(i, action, "x", json.dumps(action), fmt, "", "", "", False, 0, 0, 0, None, None,
-                                0, None, 0.0, 0.0, None)  # fmt: skip
+                                0, None, None, None, None, 0.0, 0.0, None)  # fmt: skip
 
     call = {"name": "a", "arguments": {"x": 1}}
     assert queries.divergence([turn(0, call)], [turn(0, dict(call))]) is None
@@ -342,7 +356,9 @@ def test_charts_are_inline_svg_without_urls():
     assert matrix.shape == (1, 1024) and matrix.max() == 1.0 and matrix.min() == 0.25
     with pytest.raises(ValueError, match="cover"):
         charts.retention_matrix({"logical_length": 10, "kv_heads": 1, "layers": [[[1, 9]]]})
-    no_cache = queries.TurnView(0, None, "x", "", True, "", "", "", False, 5, 5, 0, None, None, 0, None, 0.1, 0.2, None)
+    no_cache = queries.TurnView(
+        0, None, "x", "", True, "", "", "", False, 5, 5, 0, None, None, 0, None, None, None, None, 0.1, 0.2, None
+    )
     assert [title for title, _ in charts.cache_charts([no_cache])] == ["prefill / decode seconds and tokens/s"]
 
 

@@ -46,12 +46,12 @@ FULL_CONTEXT = [(10, 10, 0), (19, 19, 12), (27, 27, 20)]
 FULL_RETENTION = {"logical_length": 29, "kv_heads": 1, "layers": [[[1, 29]]]}
 # the t2 episodes (no token ids): their completions differ at turn 0, character 6
 T2_TEXT = {"dense": "hello world", "nexus": "hello there"}
-COSTS = {  # (task, method, protocol) -> (wall_s, peak_cache_bytes)
-    ("t1", "dense", "true_eviction"): (12.5, 3 * 2**20),
-    ("t1", "nexus", "true_eviction"): (4.25, 1258291),  # 1.2 MiB
-    ("t1", "nexus", "full_context"): (30.0, 2048),
-    ("t2", "dense", "true_eviction"): (7.0, 500),
-    ("t2", "nexus", "true_eviction"): (None, None),  # not reported
+COSTS = {  # (task, method, protocol) -> (wall_s, kv_peak_held_bytes, kv_peak_allocated_bytes)
+    ("t1", "dense", "true_eviction"): (12.5, 3 * 2**20, 4 * 2**20),
+    ("t1", "nexus", "true_eviction"): (4.25, 1258291, 2 * 2**20),  # 1.2 MiB, 2.0 MiB
+    ("t1", "nexus", "full_context"): (30.0, 2048, 4096),
+    ("t2", "dense", "true_eviction"): (7.0, 500, 900),
+    ("t2", "nexus", "true_eviction"): (None, None, None),  # not reported
 }
 
 
@@ -89,7 +89,10 @@ def _turns(task: str, method: str, protocol: str) -> list[dict]:
             "logical_length": prompt + len(generated) - 1,
             "physical_after": {"min": 5.0, "mean": 10.0 + i + (0.5 if method == "nexus" else 0.0), "max": 15.0},
             "eviction_events": i if method == "nexus" else 0,
-            "cache_bytes": 1000 * (i + 1),
+            "kv_held_bytes": 1000 * (i + 1),
+            "kv_allocated_bytes": 1500 * (i + 1),
+            "kv_peak_held_bytes": 2000 * (i + 1),
+            "kv_peak_allocated_bytes": 2500 * (i + 1),
             "prefill_s": 0.25,
             "decode_s": 0.5 + i,
             "completion": TEXT[method][i] if task == "t1" else (T2_TEXT[method] if i == 0 else "same"),
@@ -109,15 +112,15 @@ def _run(db, episode_id: str, key: tuple[str, str, str], verdict: str) -> None:
     for i, turn in enumerate(_turns(task, method, protocol)):
         with db.session() as s:
             db_store.record_turn(s, claim, i, **turn)
-    wall, peak = COSTS.get(key, (1.0, 100))
+    wall, peak_held, peak_allocated = COSTS.get(key, (1.0, 100, 200))
     retention = {("t1", "nexus", "true_eviction"): RETENTION, ("t1", "nexus", "full_context"): FULL_RETENTION}
-    fields = {"wall_s": wall, "peak_cache_bytes": peak, "retention": retention.get(key)}
-    if peak is None:
-        fields.pop("peak_cache_bytes")
+    fields = {"wall_s": wall, "retention": retention.get(key)}
+    if peak_held is not None:
+        fields.update(kv_peak_held_bytes=peak_held, kv_peak_allocated_bytes=peak_allocated)
     with db.session() as s:
         db_store.finish_episode(s, claim, "submitted", exit_status="submitted", patch="", agent_s=1.0, **fields)
-        if peak is None:  # as a backend without a cache leaves it
-            s.get(Episode, episode_id).peak_cache_bytes = None
+        if peak_held is None:  # as a backend without a cache leaves it
+            s.get(Episode, episode_id).kv_peak_held_bytes = s.get(Episode, episode_id).kv_peak_allocated_bytes = None
     with db.session() as s:
         db_store.record_grade(s, episode_id, verdict, test_log="log", grader="unit", grader_version="v1")
 
@@ -218,7 +221,7 @@ def test_jobs_sort_links_keep_the_other_parameters(filled):
 @pytest.mark.parametrize(
     ("path", "words"),
     [("/jobs?sort=bogus", ["bogus", "created, status, name, progress"]), ("/jobs?order=sideways", ["sideways"]),
-     ("/jobs?status=exploded", ["exploded", "pending"]), ("/jobs/{job}?sort=nope", ["nope", "peak_kv"]),
+     ("/jobs?status=exploded", ["exploded", "pending"]), ("/jobs/{job}?sort=nope", ["nope", "kv_peak_allocated_bytes"]),
      ("/jobs/{job}?status=weird", ["weird"]), ("/jobs/{job}?sort=task&order=up", ["up", "asc, desc"])],
 )  # fmt: skip
 def test_bad_sort_or_filter_is_a_400_page(filled, path, words):
@@ -238,14 +241,20 @@ def test_episode_rows_carry_their_cost(filled):
     nexus = rows[filled.episodes[("t1", "nexus", "true_eviction")]]
     # the stored columns exactly: finish_episode summed the turns' prompts (10+20+30) and generated (5+5+3)
     assert (nexus["turns"], nexus["prompt-tokens"], nexus["generated-tokens"]) == ("3", "60", "13")
-    assert (nexus["wall-s"], nexus["peak-kv-bytes"]) == (repr(4.25), "1258291")
+    assert (nexus["wall-s"], nexus["kv-peak-held-bytes"], nexus["kv-peak-allocated-bytes"]) == (
+        repr(4.25),
+        "1258291",
+        str(2 * 2**20),
+    )
     row = page[page.index(f'<tr data-episode="{filled.episodes[("t1", "nexus", "true_eviction")]}"') :]
     row = row[: row.index("</tr>")]
-    assert re.findall(r'<td class="num">([^<]*)</td>', row) == ["3", "60", "13", "4.2", "1.2 MiB"]
+    assert re.findall(r'<td class="num">([^<]*)</td>', row) == ["3", "60", "13", "4.2", "1.2 MiB", "2.0 MiB"]
+    assert "KV held peak" in page and "KV alloc peak" in page
     missing = filled.episodes[("t2", "nexus", "true_eviction")]
-    assert rows[missing]["wall-s"] == "" and rows[missing]["peak-kv-bytes"] == ""
+    assert rows[missing]["wall-s"] == "" and rows[missing]["kv-peak-held-bytes"] == ""
+    assert rows[missing]["kv-peak-allocated-bytes"] == ""
     row = page[page.index(f'<tr data-episode="{missing}"') :]
-    assert re.findall(r'<td class="num">([^<]*)</td>', row[: row.index("</tr>")])[-2:] == ["-", "-"]
+    assert re.findall(r'<td class="num">([^<]*)</td>', row[: row.index("</tr>")])[-3:] == ["-", "-", "-"]
 
 
 def test_human_bytes():
@@ -262,15 +271,19 @@ def test_episodes_sort_and_filter(filled):
     order = [("t1", "nexus", "full_context"), ("t1", "dense", "true_eviction"), ("t2", "dense", "true_eviction"),
              ("t1", "nexus", "true_eviction"), ("t2", "nexus", "true_eviction")]  # fmt: skip
     assert by_wall == [ep[k] for k in order]
-    by_peak = _rows(c.get(f"/jobs/{filled.sweep}?sort=peak_kv").text, "episodes", "data-episode")
+    by_peak = _rows(c.get(f"/jobs/{filled.sweep}?sort=kv_peak_held_bytes").text, "episodes", "data-episode")
     assert by_peak[:2] == [ep[("t2", "dense", "true_eviction")], ep[("t1", "nexus", "full_context")]]
+    by_alloc = _rows(c.get(f"/jobs/{filled.sweep}?sort=kv_peak_allocated_bytes").text, "episodes", "data-episode")
+    order = [("t2", "dense", "true_eviction"), ("t1", "nexus", "full_context"), ("t1", "nexus", "true_eviction"),
+             ("t1", "dense", "true_eviction"), ("t2", "nexus", "true_eviction")]  # fmt: skip
+    assert by_alloc == [ep[k] for k in order]  # the one that reported none last
     page = c.get(f"/jobs/{filled.sweep}?method=nexus&status=unresolved").text
     assert _rows(page, "episodes", "data-episode") == [ep[("t2", "nexus", "true_eviction")]]
     assert "showing 1 of 5 episodes" in page
     page = c.get(f"/jobs/{filled.sweep}?protocol=full_context&task=T1").text
     assert _rows(page, "episodes", "data-episode") == [ep[("t1", "nexus", "full_context")]]
     hrefs = dict(re.findall(r'<th data-sort="(\w+)"[^>]*><a class="sort" href="([^"]+)"', page))
-    assert len(hrefs) == 13 and _query(hrefs["turns"]) == {
+    assert len(hrefs) == 14 and _query(hrefs["turns"]) == {
         "protocol": "full_context", "task": "T1", "sort": "turns", "order": "asc",
     }  # fmt: skip
     assert re.search(r'<select name="method">.*<option value="nexus">nexus</option>', page, re.S)
@@ -286,9 +299,9 @@ def _form(page: str, form: str) -> str:
 
 def test_actions_only_where_they_apply(filled):
     c = client(filled.url)
-    sweep = c.get(f"/jobs/{filled.sweep}").text  # done, two unresolved results
+    sweep = c.get(f"/jobs/{filled.sweep}").text  # done, two unresolved results: verdicts are never rerun
     assert "disabled" in _form(sweep, "cancel-form") and "nothing to cancel" in _form(sweep, "cancel-form")
-    assert "disabled" not in _form(sweep, "rerun-form") and 'data-n="2"' in _form(sweep, "rerun-form")
+    assert "disabled" in _form(sweep, "rerun-form") and "a verdict is never rerun" in _form(sweep, "rerun-form")
     clean = c.get(f"/jobs/{filled.clean}").text  # done, every result resolved
     for form, why in (("cancel-form", "nothing to cancel"), ("rerun-form", "nothing to rerun")):
         assert 'data-applies="0"' in _form(clean, form) and "disabled" in _form(clean, form), form
@@ -423,7 +436,8 @@ def test_side_by_side_shows_both_caches_per_turn(filled):
         assert got[("logical", side)] == [str(t["logical_length"]) for t in stored]
         assert got[("kept", side)] == [repr(t["physical_after"]["mean"]) for t in stored]
         assert got[("events", side)] == [str(t["eviction_events"]) for t in stored]
-        assert got[("bytes", side)] == [str(t["cache_bytes"]) for t in stored]
+        for name in ("kv_held_bytes", "kv_allocated_bytes", "kv_peak_held_bytes", "kv_peak_allocated_bytes"):
+            assert got[(name, side)] == [str(t[name]) for t in stored]
         assert got[("prefill", side)] == [repr(t["prefill_s"]) for t in stored]
         assert got[("decode", side)] == [repr(t["decode_s"]) for t in stored]
 

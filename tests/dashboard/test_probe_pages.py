@@ -49,8 +49,9 @@ def _results(rng: random.Random) -> list[dict]:
                             sample=sample, source="code", length=1030, depth=None if probe == "nll" else 0.5,
                             correct=None if probe == "nll" else rng.random() < kept + 0.4,
                             nll=None if probe == "needle" else 1.0 + rng.random() / kept, scored_tokens=12,
-                            answer="<b>12345</b>", expected="12345", kept_fraction=kept, kv_bytes=int(2**20 * kept),
-                            seconds=rng.random(),
+                            answer="<b>12345</b>", expected="12345", kept_fraction=kept,
+                            kv_held_bytes=int(2**20 * kept), kv_allocated_bytes=int(2**20 * kept) + 4096,
+                            kv_peak_held_bytes=2**20, kv_peak_allocated_bytes=2**20 + 2**16, seconds=rng.random(),
                         ))  # fmt: skip
     return rows
 

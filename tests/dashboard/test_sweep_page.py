@@ -56,7 +56,7 @@ def test_the_sweep_page_draws_a_curve_per_method_with_a_point_per_density(page, 
     for row in table.rows:
         cell = page.locator(f'#compare td.cell[data-method="nexus"][data-density="{row.density!r}"]')
         want = row.cells["nexus"].cost
-        assert cell.get_attribute("data-cost-kv-peak-bytes") == repr(float(want.kv_peak_bytes))
+        assert cell.get_attribute("data-cost-mean-kv-peak-held-bytes") == repr(float(want.mean_kv_peak_held_bytes))
         line = page.locator(f'#tradeoff tr[data-method="nexus"][data-density="{row.density:g}"]')
         assert f"{100 * want.kept_fraction:.1f}%" in line.inner_text()
     assert page.locator("#cost-chart svg g.point").count() == 1 + len(METHODS) * len(DENSITIES)

@@ -26,6 +26,10 @@ def _events(cache):
     return [(e.phase, e.logical_length, dict(e.per_layer)) for e in cache.events]
 
 
+def _buffer_bytes(cache):
+    return sum(t.numel() * t.element_size() for lay in cache.layers for t in (lay._k, lay._v))
+
+
 def _alone(model, cfg, prompt, steps):
     cache = nexus.EvictableCache(model.config, cfg)
     logits = [_step(model, cache, prompt)]
@@ -62,6 +66,9 @@ def test_stacked_rows_equal_each_row_alone(model, method, scope):
         assert _events(caches[r]) == _events(ref_cache), f"row {r}"
         for layer in range(ref_cache.num_layers):
             assert torch.equal(caches[r].retained_positions(layer), ref_cache.retained_positions(layer))
+        # the same memory figures, peaks included, and released into buffers of the size it would have alone
+        assert caches[r].memory() == ref_cache.memory(), f"row {r}"
+        assert caches[r].allocated_bytes() == _buffer_bytes(caches[r]) == _buffer_bytes(ref_cache)
     if cfg.evicts:
         assert any(e.phase == "prefill" for e in caches[0].events)
     if cfg.evicts and scope == "prefill_decode":
@@ -83,9 +90,13 @@ def test_a_stacked_row_can_prefill_and_grow_the_stack(model):
     torch.testing.assert_close(out_b, out_ref, atol=1e-9, rtol=0)
     assert stack.layers[0].k.shape[2] > capacity  # the whole stack grew for b
     assert b.layers[0]._owner is stack.layers[0]
+    assert b.memory() == ref.memory()  # its figures are its own, not the stack's
     step = _step(model, stack, torch.tensor([[1], [2]]), position_ids=stack.position_ids())
     torch.testing.assert_close(step[1:], _step(model, ref, torch.tensor([[2]])), atol=1e-9, rtol=0)
-    assert _events(b) == _events(ref)
+    assert _events(b) == _events(ref) and b.memory() == ref.memory()
+    assert stack.allocated_bytes() > a.allocated_bytes() + b.allocated_bytes()  # the stack pads a to b's length
+    stack.release()
+    assert b.allocated_bytes() == _buffer_bytes(b) == _buffer_bytes(ref)
 
 
 @torch.no_grad()
@@ -96,7 +107,7 @@ def test_release_gives_rows_their_own_buffers(model):
         _step(model, c, torch.randint(0, 1000, (1, n)))
     held = [c.retained_positions(0) for c in caches]
     stack = nexus.CacheStack(caches)
-    assert stack.nbytes() > 0 and all(c.layers[0]._owner is stack.layers[0] for c in caches)
+    assert stack.allocated_bytes() > 0 and all(c.layers[0]._owner is stack.layers[0] for c in caches)
     # a new stack of two rows takes them over; the old stack's release then frees only the row that left
     newer = nexus.CacheStack(caches[:2])
     stack.release()

@@ -130,11 +130,12 @@ def test_budget_slack_and_bytes(model32):
     decode_events = [e for e in cache.events if e.phase == "decode"]
     assert len(decode_events) == 100 // cfg.slack
     assert all(e.layers == cache.num_layers and e.tokens_after == 25 * cache.num_layers for e in decode_events)
-    held = sum(t.numel() * t.element_size() for lay in cache.layers for t in (lay._k, lay._v))
-    assert cache.nbytes() == held
+    buffers = sum(t.numel() * t.element_size() for lay in cache.layers for t in (lay._k, lay._v))
+    assert cache.allocated_bytes() == buffers
     # eviction really freed memory: the buffers are sized to budget + slack, not to the stream
     per_slot = 2 * model32.config.num_key_value_heads * model32.config.head_dim * 4
-    assert cache.nbytes() <= cache.num_layers * (25 + cfg.slack) * per_slot
+    assert cache.allocated_bytes() <= cache.num_layers * (25 + cfg.slack) * per_slot
+    assert cache.held_bytes() == sum(cache.physical_length(i) for i in range(cache.num_layers)) * per_slot
 
 
 def test_decode_chunk_ends_at_the_next_decode_event(model32):

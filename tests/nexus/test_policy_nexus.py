@@ -2,7 +2,9 @@
 
 The NumPy reference below is written from the equations (loops over rows, slots and blocks), not from
 `nexus.policies.nexus`; the only thing shared is the uniform stream (one `torch.rand` of shape
-[B, N, n] float64 from the view's generator), which the policy documents.
+[B, N, n] float64 from the view's generator), which the policy documents. Both ways of filling the budget
+are checked: `leftover="partial_block"` (the default: the next-ranked block gives its newest free mod b slots,
+so a row keeps exactly its budget) and `leftover="unused"` (whole blocks only, the behaviour before issue 31).
 """
 
 from __future__ import annotations
@@ -81,30 +83,43 @@ def np_forced(kpos: np.ndarray, window: int, b: int) -> set[int]:
     return {0} | {int(blocks[p]) for p in recent} | {int(blocks[valid[-1]])}
 
 
+def np_fill(kpos: np.ndarray, weights: np.ndarray, u: np.ndarray, budget: int, window: int, b: int, leftover: str):
+    """Kept slots of one row (one KV head's slots `kpos`): its forced blocks, then the budget's free slots by
+    reservoir priority pi_j = mean_i u_j^(i) ** (1 / w_j): whole blocks in priority order, then (partial_block)
+    the newest free mod b slots of the next block in that order."""
+    blocks = np_blocks_of(kpos, b)
+    sizes = np.bincount(blocks[blocks >= 0], minlength=len(weights))
+    forced = np_forced(kpos, window, b)
+    free = max(budget - sum(int(sizes[j]) for j in forced), 0)
+    cands = [j for j in range(len(weights)) if j not in forced and sizes[j] > 0]
+    pi = {j: np.mean(u[j] ** (1.0 / weights[j])) for j in cands}  # direct formula, float64
+    ranked = sorted(cands, key=lambda j: -pi[j])  # stable: ties to the lower block, as the policy breaks them
+    keep = {p for p in range(len(kpos)) if blocks[p] in forced | set(ranked[: free // b])}
+    if leftover == "partial_block" and free // b < len(ranked):
+        slots = [p for p in range(len(kpos)) if blocks[p] == ranked[free // b]]
+        keep |= set(slots[len(slots) - free % b :])  # its newest slots (slot order is time order)
+    return sorted(keep)
+
+
+def np_uniforms(view: LayerView, pol: Nexus, seed: int, per_head: bool) -> np.ndarray:
+    """The policy's one draw: [B, (Hkv,) N, n] float64 uniforms from a generator seeded with `seed`."""
+    n = math.ceil(view.physical_length / view.block_size)
+    shape = (view.keys.shape[0], *((view.num_kv_heads,) if per_head else ()), n, pol.reservoir_n)
+    return torch.rand(shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64).numpy()
+
+
 def np_select(view: LayerView, pol: Nexus, seed: int) -> list[list[int]]:
     """Per batch row, the kept slots of uniform Nexus (head-averaged Q and K), from the equations."""
     q = view.queries.double().numpy().mean(axis=1)
     k = view.keys.double().numpy().mean(axis=1)
     qpos = view.query_positions.numpy()
-    n = math.ceil(view.physical_length / view.block_size)
-    u = torch.rand(
-        (view.keys.shape[0], n, pol.reservoir_n), generator=torch.Generator().manual_seed(seed), dtype=torch.float64
-    ).numpy()
+    u = np_uniforms(view, pol, seed, per_head=False)
     out = []
     for bi in range(q.shape[0]):
         kpos = view.positions[bi, 0].numpy()
         rows = np_block_rows(q[bi], k[bi], qpos, kpos, view.scaling, view.block_size)
-        order = walk_row_indices(len(qpos), pol.walk_steps, pol.walk_rows)
-        w = np_weights(rows, order, pol.lam, pol.eps_tie)
-        blocks = np_blocks_of(kpos, view.block_size)
-        sizes = np.bincount(blocks[blocks >= 0], minlength=n)
-        forced = np_forced(kpos, view.window, view.block_size)
-        k_blocks = (view.budget - sum(sizes[j] for j in forced)) // view.block_size
-        cands = [j for j in range(n) if j not in forced and sizes[j] > 0]
-        pi = {j: np.mean(u[bi, j] ** (1.0 / w[j])) for j in cands}  # direct formula, float64
-        chosen = sorted(cands, key=lambda j: -pi[j])[: max(k_blocks, 0)]
-        keep = forced | set(chosen)
-        out.append([p for p in range(len(kpos)) if blocks[p] in keep])
+        w = np_weights(rows, walk_row_indices(len(qpos), pol.walk_steps, pol.walk_rows), pol.lam, pol.eps_tie)
+        out.append(np_fill(kpos, w, u[bi], view.budget, view.window, view.block_size, pol.leftover))
     return out
 
 
@@ -237,14 +252,17 @@ def test_select_blocks_is_top_k_by_direct_priority():
 # the whole selection
 
 
+@pytest.mark.parametrize("leftover", ["partial_block", "unused"])
 @pytest.mark.parametrize(
-    ("length", "budget", "mode"),
+    ("length", "budget", "mode"),  # free slots after the forced blocks: 74, 74, 135 and 64 (a multiple of b)
     [(150, 128, "recent"), (300, 150, "recent"), (257, 200, "spread"), (640, 128, "recent")],
 )
 @pytest.mark.parametrize("seed", range(3))
-def test_select_matches_numpy_reference(length, budget, mode, seed):
+def test_select_matches_numpy_reference(length, budget, mode, seed, leftover):
+    """With partial_block this also pins WHICH block gives the leftover slots (the next one by reservoir
+    priority, from the same draws) and which of its slots (the newest free mod b)."""
     view = make_view(seed, length, budget, gen_seed=100 + seed)
-    pol = Nexus(walk_rows=mode)
+    pol = Nexus(walk_rows=mode, leftover=leftover)
     idx = pol.select(view)
     want = np_select(view, pol, 100 + seed)
     for bi in range(B):
@@ -252,10 +270,42 @@ def test_select_matches_numpy_reference(length, budget, mode, seed):
             assert kept(idx, bi, hi) == want[bi], (bi, hi)
 
 
+def budget_for(length: int) -> int:
+    """Budgets from min_budget up in steps of 13: rarely forced tokens + a multiple of b."""
+    return Nexus().min_budget(W, BS) + (length % 5) * 13
+
+
 @pytest.mark.parametrize("length", range(129, 420, 11))
-def test_kept_set_is_forced_plus_whole_blocks_within_budget(length):
-    pol = Nexus()
-    budget = pol.min_budget(W, BS) + (length % 3) * 13
+def test_kept_set_is_exactly_the_budget(length):
+    """partial_block: every row keeps exactly min(budget, valid) slots, the same in every head: its forced blocks
+    whole, whole reservoir blocks, and one run of the newest free mod b slots of one more block."""
+    budget = budget_for(length)
+    view = make_view(length, length, budget, dtype=torch.float32)
+    idx = Nexus().select(view)
+    pos = view.positions[0, 0].numpy()  # slot p holds position p: block p // b
+    forced = np_forced(pos, W, BS)
+    sizes = np.bincount(np_blocks_of(pos, BS))
+    free = budget - sum(sizes[j] for j in forced)
+    assert idx.shape == (B, HKV, min(budget, length))
+    for bi in range(B):
+        row = kept(idx, bi, 0)
+        assert len(row) == min(budget, length) and row == sorted(set(row))
+        assert all(kept(idx, bi, hi) == row for hi in range(HKV)), "heads must share the selection"
+        per_block = {j: [p for p in row if p // BS == j] for j in {p // BS for p in row}}
+        assert all(len(per_block.get(j, [])) == sizes[j] for j in forced)
+        partial = {j: slots for j, slots in per_block.items() if len(slots) < sizes[j]}
+        if length > budget and free % BS:
+            ((j, slots),) = partial.items()
+            assert slots == list(range(j * BS + BS - free % BS, j * BS + BS)), "the partial block's newest slots"
+        else:
+            assert not partial
+
+
+@pytest.mark.parametrize("length", range(129, 420, 11))
+def test_unused_keeps_forced_plus_whole_blocks_within_budget(length):
+    """leftover="unused" is the rounding before issue 31: forced blocks + floor(free / b) whole blocks."""
+    pol = Nexus(leftover="unused")
+    budget = budget_for(length)
     view = make_view(length, length, budget, dtype=torch.float32)
     idx = pol.select(view)
     pos = view.positions[0, 0]
@@ -272,10 +322,31 @@ def test_kept_set_is_forced_plus_whole_blocks_within_budget(length):
         assert forced <= blocks and all(sum(1 for p in row if p // BS == j) == sizes[j] for j in blocks)
 
 
-def test_blocks_stay_aligned_over_a_stream_of_events():
+@pytest.mark.parametrize("seed", range(4))
+def test_partial_block_is_the_next_ranked_block_after_the_unused_selection(seed):
+    """Same seed, same draws: partial_block keeps exactly what unused keeps, plus the newest free mod b slots of
+    the candidate block with the highest priority pi_j = mean_i u_j^(i) ** (1 / w_j) among those left out."""
+    length, budget = 500, 203  # forced: block 0 + block 15 (480..499, 20 tokens); free 151 = 4 blocks + 23
+    view = make_view(seed, length, budget, gen_seed=seed)
+    unused = Nexus(leftover="unused").select(view)
+    view.generator = torch.Generator().manual_seed(seed)
+    partial = Nexus().select(view)
+    u = np_uniforms(view, Nexus(), seed, per_head=False)
+    q, k = view.queries.double().numpy().mean(axis=1), view.keys.double().numpy().mean(axis=1)
+    for bi in range(B):
+        rows = np_block_rows(q[bi], k[bi], view.query_positions.numpy(), np.arange(length), view.scaling, BS)
+        w = np_weights(rows, walk_row_indices(W, 3, "recent"), 0.5, 1e-6)
+        before, after = kept(unused, bi, 0), kept(partial, bi, 0)
+        assert len(before) == 52 + 4 * BS and len(after) == budget and set(before) < set(after)
+        left_out = [j for j in range(1, 15) if j * BS not in before]
+        nxt = max(left_out, key=lambda j: np.mean(u[bi, j] ** (1.0 / w[j])))
+        assert sorted(set(after) - set(before)) == list(range(nxt * BS + BS - 23, nxt * BS + BS))
+
+
+def test_blocks_stay_aligned_over_a_stream_of_events_with_unused_leftover():
     """Keeping whole blocks + the newest partial one means that after compaction and appending, every block
     is still one logical run {32m, ..., 32m + 31} (so scores at the next event see the same blocks)."""
-    pol, pos, length = Nexus(), torch.arange(300), 300
+    pol, pos, length = Nexus(leftover="unused"), torch.arange(300), 300
     for event in range(5):
         view = make_view(event, 0, 150, positions=pos.expand(B, HKV, -1).clone(), gen_seed=event)
         idx = pol.select(view)
@@ -286,6 +357,22 @@ def test_blocks_stay_aligned_over_a_stream_of_events():
         for j in range(math.ceil(len(pos) / BS)):
             run = pos[j * BS : (j + 1) * BS].tolist()
             assert run == list(range(run[0], run[0] + len(run))) and len({p // BS for p in run}) == 1, (event, j)
+
+
+def test_a_stream_of_events_keeps_exactly_the_budget():
+    """partial_block fills the budget at every event and the sink block survives; the price (nexus.py, step 7):
+    after a partial run the next event's blocks straddle two logical blocks."""
+    pol, pos, length, straddling = Nexus(), torch.arange(300), 300, 0
+    for event in range(5):
+        view = make_view(event, 0, 150, positions=pos.expand(B, HKV, -1).clone(), gen_seed=event)
+        idx = pol.select(view)
+        pos = pos[idx[0, 0][idx[0, 0] >= 0]]
+        assert len(pos) == 150 and pos[:32].tolist() == list(range(32)), event
+        pos = torch.cat([pos, torch.arange(length, length + 45)])
+        length += 45
+        runs = [pos[j * BS : (j + 1) * BS].tolist() for j in range(math.ceil(len(pos) / BS))]
+        straddling += sum(len({p // BS for p in run}) > 1 for run in runs)
+    assert straddling > 0
 
 
 def test_min_budget_covers_the_largest_forced_set():
@@ -316,8 +403,8 @@ def test_same_seed_same_selection_different_seed_usually_different():
 
 def test_low_precision_inputs_work():
     view = make_view(1, 400, 160, dtype=torch.bfloat16)
-    idx = Nexus().select(view)  # forced: blocks 0 and 12 (32 + 16 tokens) + 3 whole blocks
-    assert idx.shape == (B, HKV, 144) and bool((idx >= 0).all())
+    idx = Nexus().select(view)  # forced: blocks 0 and 12 (32 + 16 tokens) + 3 whole blocks + 16 slots of a 4th
+    assert idx.shape == (B, HKV, 160) and bool((idx >= 0).all())
 
 
 def test_budget_below_min_and_ragged_heads_are_refused():
@@ -343,6 +430,8 @@ def test_budget_below_min_and_ragged_heads_are_refused():
         ("reservoir_n", 2.0),
         ("walk_rows", "last"),
         ("head_scores", "per_query"),
+        ("leftover", "pad"),
+        ("leftover", None),
     ],
 )
 def test_bad_hyperparameters_raise(field, value):
@@ -401,8 +490,40 @@ def test_head_scores_spread_block_weights_over_tokens(seed):
             assert set(torch.nonzero(forced).flatten().tolist()) == want_forced
 
 
-def test_select_counts_keeps_forced_plus_shared_whole_blocks():
-    view, pol = ragged_view(5), Nexus()
+@pytest.mark.parametrize("seed", range(3))
+def test_select_counts_keeps_exactly_the_counts(seed):
+    """partial_block: each head keeps exactly its count, chosen by its own reservoir (one draw [B, Hkv, N, n]):
+    its forced blocks, whole blocks by priority, then the newest leftover slots of its next-ranked block.
+    The same seed gives the same selection."""
+    view, pol = ragged_view(seed), Nexus()
+    counts = torch.tensor([[190, 230], [150, 260]]).minimum(view.valid.sum(-1))
+    idx = pol.select_counts(view, counts)
+    u = np_uniforms(view, pol, 7, per_head=True)  # make_view's generator seed
+    for bi in range(B):
+        for hi in range(HKV):
+            kpos, count = view.positions[bi, hi].numpy(), int(counts[bi, hi])
+            want = np_fill(kpos, np_head_weights(view, bi, hi, pol), u[bi, hi], count, W, BS, "partial_block")
+            assert kept(idx, bi, hi) == want and len(want) == count, (bi, hi)
+    assert idx.shape[-1] == int(counts.max())
+    view.generator = torch.Generator().manual_seed(7)
+    assert torch.equal(pol.select_counts(view, counts), idx)
+
+
+def test_ada_nexus_keeps_exactly_its_ada_counts():
+    """End to end: each head holds exactly the count Ada-KV allocated it; "unused" still pools whole blocks per
+    row (never over sum(counts), less than one block under it)."""
+    view = make_view(4, 400, 130)
+    pol = make_policy("ada_nexus")
+    counts = pol.counts(view)
+    assert bool((counts != counts[:, :1]).any()), "the allocation must be ragged for this to mean anything"
+    assert torch.equal((pol.select(view) >= 0).sum(-1), counts)
+    view.generator = torch.Generator().manual_seed(7)
+    held = (make_policy("ada_nexus", leftover="unused").select(view) >= 0).sum(-1).sum(-1)
+    assert bool((held <= counts.sum(-1)).all()) and bool((held > counts.sum(-1) - BS).all())
+
+
+def test_select_counts_unused_keeps_forced_plus_shared_whole_blocks():
+    view, pol = ragged_view(5), Nexus(leftover="unused")
     counts = torch.tensor([[190, 230], [150, 260]])
     idx = pol.select_counts(view, counts)
     forced = pol.forced(view)

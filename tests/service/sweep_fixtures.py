@@ -48,7 +48,11 @@ def _turns(task: str, method: str, density: float | None) -> list[dict]:
             {
                 "logical_length": logical,
                 "physical_after": {"min": kept - 2, "mean": kept, "max": kept + 2},
-                "cache_bytes": int(kept * LAYERS_BYTES),
+                # held after the turn; allocated with a slack's spare slots; the peaks at the prefill, full
+                "kv_held_bytes": int(kept * LAYERS_BYTES),
+                "kv_allocated_bytes": int((kept + 32) * LAYERS_BYTES),
+                "kv_peak_held_bytes": int(logical * LAYERS_BYTES),
+                "kv_peak_allocated_bytes": int((logical + 256) * LAYERS_BYTES),
                 "tokens_generated": 30 + 5 * i,
                 "prompt_tokens": logical - 30 - 5 * i,
                 "completion": f"turn {i} of {method}",
@@ -109,13 +113,14 @@ def expected_cost(db: Database, episode_ids: list[str]) -> dict[str, float]:
             per_episode.append(
                 {
                     "kept_fraction": mean(t.physical_after["mean"] / t.logical_length for t in turns),
-                    "kv_mean_bytes": mean(t.cache_bytes for t in turns),
-                    "kv_peak_bytes": e.peak_cache_bytes,
+                    "mean_kv_held_bytes": mean(t.kv_held_bytes for t in turns),
+                    "mean_kv_peak_held_bytes": e.kv_peak_held_bytes,
+                    "mean_kv_peak_allocated_bytes": e.kv_peak_allocated_bytes,
                     "turns": e.n_turns,
                     "generated_tokens": e.generated_tokens,
                     "wall_s": e.wall_s,
                 }
             )
     out = {k: mean(p[k] for p in per_episode) for k in per_episode[0]}
-    out["kv_peak_max_bytes"] = max(p["kv_peak_bytes"] for p in per_episode)
+    out["max_kv_peak_allocated_bytes"] = max(p["mean_kv_peak_allocated_bytes"] for p in per_episode)
     return out

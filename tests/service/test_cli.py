@@ -153,18 +153,23 @@ def test_regrade_rederives_verdicts_without_a_container(local):
         assert {r.status for r in db_store.episodes_for_job(s, job_id)} == {"empty_patch"}
 
 
-def test_rerun_failed_adds_new_attempt_rows_and_keeps_the_old_ones(local):
+def test_rerun_failed_adds_new_attempt_rows_for_broken_runs_only_and_keeps_the_old_ones(local):
+    """`--failed` reruns the runs that broke; a verdict is never rerun by it (that would make Pass@1 a best of n).
+    `--status unresolved` still can, and says its attempts are resamples."""
     db, env = local
-    job_id, ids = _finished_job(db)
+    job_id, ids = _finished_job(db, statuses=("infra_failure", "unresolved"))
     assert cli("rerun", job_id, env=env).returncode == 2  # neither --status nor --failed
     done = cli("rerun", job_id, "--failed", env=env)
     assert done.returncode == 0, done.stderr
-    assert "1 new attempts" in done.stdout
+    assert "1 new attempts enqueued (infra_failure, timeout)" in done.stdout and "resample" not in done.stdout
     with db.session() as s:
         rows = db_store.episodes_for_job(s, job_id)
-        assert sorted((r.status, r.attempt) for r in rows) == [("queued", 2), ("resolved", 1), ("unresolved", 1)]
+        assert sorted((r.status, r.attempt) for r in rows) == [("infra_failure", 1), ("queued", 2), ("unresolved", 1)]
         queued = [r for r in rows if r.status == "queued"][0]
         assert queued.celery_task_id  # it was sent to the (embedded) broker
+    again = cli("rerun", job_id, "--status", "unresolved", env=env)
+    assert again.returncode == 0, again.stderr
+    assert "1 new attempts" in again.stdout and "resamples" in again.stdout and "never as Pass@1" in again.stdout
 
 
 def test_cancelled_job_episodes_do_nothing_when_their_message_arrives(local):

@@ -11,6 +11,7 @@ import pytest
 from db import store as st
 from tests.service.db_fixtures import sqlite_db_fixture  # noqa: F401  (fixture)
 from workers.compare import (
+    TASK_BOOTSTRAP,
     Outcome,
     build_table,
     compare_jobs,
@@ -18,7 +19,7 @@ from workers.compare import (
     natural_key,
     summarize_cell,
 )
-from workers.compare_render import SUMMARY_COLUMNS, render, to_csv
+from workers.compare_render import SUMMARY_COLUMNS, cell_text, render, to_csv
 from workers.spec import JobSpec
 
 TASKS = [f"t{i}" for i in range(1, 11)]
@@ -77,7 +78,7 @@ def test_layout_and_numbers(table):
     assert (nexus.n, nexus.resolved, nexus.rate) == (10, 4, 0.4)
     assert (round(nexus.ci_low, 4), round(nexus.ci_high, 4)) == (0.1682, 0.6873)  # Wilson 4/10
     # exact McNemar, b=3, c=6: 2 * (C(9,0)+C(9,1)+C(9,2)+C(9,3)) / 2^9 = 260/512
-    assert (nexus.b, nexus.c, nexus.n_pairs, nexus.mcnemar_method) == (3, 6, 10, "exact")
+    assert (nexus.b, nexus.c, nexus.n_pairs, nexus.test) == (3, 6, 10, "mcnemar_exact")
     assert nexus.p_value == pytest.approx(260 / 512)
     # full_context: dense reused from true_eviction; the infra failure counts as not resolved; t11 pending
     assert fc.cells["dense"].reused_dense and fc.cells["dense"].resolved == 7
@@ -101,14 +102,16 @@ def test_several_seeds_pass_at_1_and_pass_at_k():
     }
     rows = [Outcome(t, "snapkv", "prefill_decode", "true_eviction", s, v) for (t, s), v in statuses.items()]
     dense = [Outcome(t, "dense", "prefill_decode", "true_eviction", s, "resolved") for t in "AB" for s in range(3)]
-    cell = summarize_cell("snapkv", rows, dense, seed=0)
-    assert (cell.n, cell.resolved, cell.n_tasks, cell.n_seeds, cell.ci_method) == (6, 2, 2, 3, "bootstrap")
+    cell = summarize_cell("snapkv", rows, dense, seed=0, interval=TASK_BOOTSTRAP)
+    assert (cell.n, cell.resolved, cell.n_tasks, cell.n_seeds, cell.ci_method) == (6, 2, 2, 3, "bootstrap_tasks")
     assert cell.rate == pytest.approx((2 / 3 + 0) / 2)
     # pass@3: task A has 1 failure < 3 -> 1.0; task B 0 correct -> 0.0
     assert cell.pass_at_k == {3: pytest.approx(0.5)}
-    # bootstrap of the per-task rates [2/3, 0]: resampled means are 0, 1/3, 2/3 -> interval [0, 2/3]
-    assert (cell.ci_low, cell.ci_high) == (0.0, pytest.approx(2 / 3))
-    assert (cell.b, cell.c, cell.p_value) == (0, 4, pytest.approx(2 / 16))  # paired on (task, seed)
+    # two tasks are too few for a bootstrap interval (it would read [0, 2/3], the two task rates)
+    assert (cell.ci_low, cell.ci_high) == (None, None) and cell.too_few_for_interval
+    # the sign-flip test over the 2 tasks' mean differences (-1/3, -1): 2 of the 4 sign vectors reach |-4/3|
+    assert (cell.b, cell.c, cell.n_pairs, cell.pair_tasks, cell.test) == (0, 4, 6, 2, "sign_flip_exact")
+    assert cell.p_value == pytest.approx(0.5)
 
 
 def test_json(table):
@@ -150,18 +153,19 @@ def test_markdown(table):
     text = render(table, "markdown")
     assert "| scope | protocol | density | dense | nexus |" in text
     assert (
-        "| prefill_only | true_eviction | - | 7/10 70.0% [39.7–89.2] | 4/10 40.0% [16.8–68.7] p=0.508 (3:6) |" in text
+        "| prefill_only | true_eviction | - | 7/10 70.0% [39.7–89.2] | 4/10 40.0% [16.8–68.7] p=0.508 (3:6, 10 pairs) |"
+        in text
     )
     assert (
         "| prefill_only | full_context | - | 7/10 70.0% [39.7–89.2] (reused) | "
-        "9/10 90.0% [59.6–98.2] p=0.5 (2:0) +1 pending |" in text
+        "9/10 90.0% [59.6–98.2] p=0.5 (2:0, 10 pairs) +1 pending |" in text
     )
     assert "| t10 | ✗ | ✓ | ✗ | ! |" in text and "| t11 |   |   |   | … |" in text
 
 
 def test_rich_table(table):
     text = render(table, "table")
-    assert "4/10 40.0%" in text and "p=0.508 (3:6)" in text and "(reused)" in text
+    assert "4/10 40.0%" in text and "p=0.508 (3:6, 10 pairs)" in text and "(reused)" in text
     assert "per task: prefill_only / full_context" in text
     with pytest.raises(ValueError, match="unknown format 'html'"):
         render(table, "html")
@@ -302,3 +306,146 @@ def test_seed_notes_flag_episodes_stored_when_every_seed_sampled_with_seed_0():
     assert len(notes) == 1 and notes[0].startswith("2 episode(s) were sampled with seed 0 whatever their seed")
     assert seed_notes([ep(0), ep(1)]) == []  # stored since: the seed is the episode's own
     assert seed_notes([ep(1, {"seed": 0}, backend="oracle")]) == []
+
+
+# --- issue 31: every number means what its label says ------------------------------------------------------------
+
+
+def _oracle_job(db, tasks, methods=("dense",), **extra):
+    spec = JobSpec.from_dict({"backend": "oracle", "methods": list(methods), "tasks": {"suite": "mini"}, **extra})
+    with db.session() as s:
+        job = st.create_job(s, config=spec.model_dump(mode="json"), config_hash=spec.config_hash())
+        rows = st.add_episodes(s, job.id, spec.episodes(tasks))
+        return job.id, {(r.task_id, r.method): r.id for r in rows}
+
+
+def _finish(db, episode_id, verdict, *, exit_status="submitted"):
+    with db.session() as s:
+        claim = st.claim_episode(s, episode_id)
+    with db.session() as s:
+        st.finish_episode(s, claim, exit_status, exit_status=exit_status, patch="p")
+    if verdict is not None:
+        with db.session() as s:
+            st.record_grade(s, episode_id, verdict, test_log="log", grader="test")
+
+
+def test_a_rerun_of_a_verdict_is_a_resample_and_never_makes_pass_at_1_a_best_of_n(sqlite_db):
+    """The issue's case: 2 tasks, the first unresolved, rerun, the rerun resolves. Pass@1 stays 1/2: each key
+    counts its first verdict. The later attempt is shown apart as best of 2 (2/2), under that label."""
+    job_id, ids = _oracle_job(sqlite_db, ["t1", "t2"])
+    _finish(sqlite_db, ids[("t1", "dense")], "unresolved")
+    _finish(sqlite_db, ids[("t2", "dense")], "resolved")
+    for _ in range(2):  # rerunning the verdict twice: the first verdict still counts
+        with sqlite_db.session() as s:
+            (again,) = st.rerun_job(s, job_id, {"unresolved"})
+        _finish(sqlite_db, again.id, "resolved" if _ else "unresolved")
+    with sqlite_db.session() as s:
+        table = compare_jobs(s, [job_id])
+        results = {r.task_id: r.attempt for r in st.result_attempts(s, [job_id])}
+        later = [(r.task_id, r.attempt) for r in st.resample_attempts(s, [job_id])]
+    assert results == {"t1": 1, "t2": 1} and later == [("t1", 2), ("t1", 3)]
+    cell = table.rows[0].cells["dense"]
+    assert (cell.n, cell.resolved, cell.rate) == (2, 1, 0.5)
+    assert (cell.resamples, cell.best_of_n, cell.best_of_attempts) == (2, 1.0, 3)
+    assert "1/2 50.0%" in cell_text(cell) and "(2 resample(s) apart: best of 3 100.0%)" in cell_text(cell)
+    assert any(n.startswith("2 resample(s)") and "not Pass@1" in n for n in table.notes)
+    data = json.loads(render(table, "json"))["rows"][0]["cells"]["dense"]
+    assert (data["rate"], data["resamples"], data["best_of_n"]) == (0.5, 2, 1.0)
+
+
+def test_a_rerun_of_a_broken_run_replaces_it_and_an_interactive_attempt_stands_in_only_when_asked(sqlite_db):
+    job_id, ids = _oracle_job(sqlite_db, ["t1"])
+    _finish(sqlite_db, ids[("t1", "dense")], "infra_failure")
+    with sqlite_db.session() as s:
+        (retry,) = st.rerun_job(s, job_id, {"infra_failure"})
+        assert [r.id for r in st.result_attempts(s, [job_id])] == [retry.id]  # queued: the key is pending again
+    _finish(sqlite_db, retry.id, "unresolved")
+    with sqlite_db.session() as s:
+        steered = st.new_attempt(s, retry.id, driver="interactive")
+    _finish(sqlite_db, steered.id, "resolved")
+    with sqlite_db.session() as s:
+        assert [r.id for r in st.result_attempts(s, [job_id])] == [retry.id] and not st.resample_attempts(s, [job_id])
+        assert [r.id for r in st.result_attempts(s, [job_id], include_interactive=True)] == [steered.id]
+        cell = compare_jobs(s, [job_id]).rows[0].cells["dense"]
+    assert (cell.n, cell.resolved, cell.failures, cell.resamples) == (1, 0, 0, 0)
+
+
+def test_seeds_of_one_task_are_not_independent_pairs():
+    """Three tasks, five seeds each. The method loses every seed of one task and ties dense on the others. McNemar
+    on the 15 (task, seed) pairs reads 5 discordant pairs as five independent samples (exact p = 0.0625); they
+    are one task. The sign-flip test over tasks has one non-zero task difference: p = 1."""
+    rows, dense = [], []
+    for task in ("a", "b", "c"):
+        for seed in range(5):
+            dense.append(Outcome(task, "dense", "prefill_only", "true_eviction", seed, "resolved"))
+            mine = "unresolved" if task == "a" else "resolved"
+            rows.append(Outcome(task, "snapkv", "prefill_only", "true_eviction", seed, mine))
+    table = build_table(rows + dense)
+    cell = table.rows[0].cells["snapkv"]
+    assert table.interval == TASK_BOOTSTRAP and (cell.b, cell.c) == (0, 5)
+    assert (cell.test, cell.p_value, cell.pair_tasks, cell.n_pairs, cell.unpaired) == ("sign_flip_exact", 1.0, 3, 15, 0)
+    assert "p=1 (sign-flip, 3 tasks, 15 pairs)" in cell_text(cell)
+
+
+def test_missing_pairs_are_counted_beside_the_p_value():
+    rows = [Outcome(f"t{i}", "nexus", "prefill_only", "true_eviction", 0, "resolved") for i in range(4)]
+    dense = [Outcome(f"t{i}", "dense", "prefill_only", "true_eviction", 0, "unresolved") for i in range(2)]
+    dense += [Outcome("t2", "dense", "prefill_only", "true_eviction", 0, "running")]
+    cell = build_table(rows + dense).rows[0].cells["nexus"]
+    assert (cell.n_pairs, cell.unpaired, cell.b, cell.c) == (2, 2, 2, 0)
+    assert "p=0.5 (2:0, 2 pairs, 2 unpaired)" in cell_text(cell)
+
+
+def test_one_interval_method_per_table_chosen_by_its_design_and_none_from_too_few_tasks():
+    """The job ran two seeds. Method A has both seeds of t1 counted; method B has one (the other still running).
+    Both cells use the bootstrap over tasks (today B would switch to a Wilson interval over its 1 episode), and
+    neither prints one: 1 task is too few ([33.3-33.3] was printed for a bootstrap over one task)."""
+    rows = [
+        Outcome("t1", "snapkv", "prefill_only", "true_eviction", 0, "resolved"),
+        Outcome("t1", "snapkv", "prefill_only", "true_eviction", 1, "unresolved"),
+        Outcome("t1", "nexus", "prefill_only", "true_eviction", 0, "resolved"),
+        Outcome("t1", "nexus", "prefill_only", "true_eviction", 1, "running"),
+    ]
+    table = build_table(rows)
+    a, b = table.rows[0].cells["snapkv"], table.rows[0].cells["nexus"]
+    assert a.ci_method == b.ci_method == TASK_BOOTSTRAP
+    assert a.too_few_for_interval and b.too_few_for_interval and a.ci_low is None and b.ci_high is None
+    assert "Pass@1 50.0% (1 tasks: too few for an interval)" in cell_text(a)
+    assert "several seeds per task" in table.caption and "docs/numbers.md" in table.caption
+    assert "too few" not in render(build_table([r for r in outcomes() if r.seed == 0]), "markdown")  # 10 episodes
+    many = [
+        Outcome(f"t{i}", "nexus", "prefill_only", "true_eviction", s, "resolved" if (i + s) % 3 else "unresolved")
+        for i in range(10)
+        for s in range(2)
+    ]
+    big = build_table(many).rows[0].cells["nexus"]
+    assert big.ci_low is not None and big.ci_low < big.rate < big.ci_high  # 10 tasks: an interval
+
+
+def test_cells_count_verdicts_at_a_limit_and_jobs_without_grading_are_never_pending():
+    rows = [
+        Outcome("t1", "nexus", "prefill_only", "true_eviction", 0, "unresolved", exit_status="step_limit"),
+        Outcome("t2", "nexus", "prefill_only", "true_eviction", 0, "resolved", exit_status="context_limit"),
+        Outcome("t3", "nexus", "prefill_only", "true_eviction", 0, "resolved", exit_status="submitted"),
+    ]
+    table = build_table(rows)
+    cell = table.rows[0].cells["nexus"]
+    assert (cell.n, cell.at_limit) == (3, 2) and "2 at limit" in cell_text(cell)
+    assert any(n.startswith("2 verdict(s) graded the patch an agent left") for n in table.notes)
+    ungraded = [Outcome(t, "nexus", "prefill_only", "true_eviction", 0, "submitted", grades=False) for t in "ab"]
+    ungraded.append(Outcome("c", "nexus", "prefill_only", "true_eviction", 0, "running", grades=False))
+    table = build_table(ungraded)
+    cell = table.rows[0].cells["nexus"]
+    assert (cell.n, cell.pending, cell.ungraded) == (0, 1, 2)
+    assert cell_text(cell) == "pending 2 ungraded" and any("does not grade" in n for n in table.notes)
+    assert "+" not in cell_text(cell)
+
+
+def test_compare_of_a_job_that_does_not_grade_says_ungraded(sqlite_db):
+    job_id, ids = _oracle_job(sqlite_db, ["t1", "t2"], grade=False)
+    for episode_id in ids.values():
+        _finish(sqlite_db, episode_id, None)
+    with sqlite_db.session() as s:
+        cell = compare_jobs(s, [job_id]).rows[0].cells["dense"]
+        assert st.get_job(s, job_id).status == "done"
+    assert (cell.n, cell.pending, cell.ungraded) == (0, 0, 2) and cell_text(cell) == "2 ungraded"

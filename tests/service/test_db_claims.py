@@ -61,7 +61,9 @@ def test_claim_record_finish(any_db):
         claim = st.claim_episode(s, ep, celery_task_id="task-1")
         assert claim is not None and claim.worker == worker_identity() and claim.attempt == 1
         assert st.claim_episode(s, ep, worker="host/2") is None  # held by a live worker
-    for i, (gen, cache) in enumerate([(10, 1000), (20, 3000), (5, 2000)]):
+    # (generated, held after, allocated after, peak held, peak allocated): the peaks come in different turns
+    turns = [(10, 1000, 1500, 4000, 5000), (20, 3000, 3500, 6000, 7000), (5, 2000, 2500, 7000, 6500)]
+    for i, (gen, held, allocated, peak_held, peak_allocated) in enumerate(turns):
         with any_db.session() as s:
             st.record_turn(
                 s,
@@ -70,7 +72,10 @@ def test_claim_record_finish(any_db):
                 tokens_generated=gen,
                 tokens_appended=100,
                 prompt_tokens=100 * (i + 1),
-                cache_bytes=cache,
+                kv_held_bytes=held,
+                kv_allocated_bytes=allocated,
+                kv_peak_held_bytes=peak_held,
+                kv_peak_allocated_bytes=peak_allocated,
                 completion=f"turn {i}",
                 action={"name": "bash", "arguments": {"cmd": "ls"}},
             )
@@ -85,11 +90,29 @@ def test_claim_record_finish(any_db):
         row = s.get(Episode, ep)
         assert (row.status, row.patch, row.celery_task_id, row.n_claims) == ("submitted", "diff --git", "task-1", 1)
         assert (row.n_turns, row.generated_tokens, row.appended_tokens, row.prompt_tokens) == (3, 35, 300, 600)
-        assert row.peak_cache_bytes == 3000 and row.finished_at is not None
+        # the episode's peaks are the largest of its turns' peaks, never a post-turn snapshot
+        assert (row.kv_peak_held_bytes, row.kv_peak_allocated_bytes) == (7000, 7000) and row.finished_at is not None
+        stored = [
+            (t.kv_held_bytes, t.kv_allocated_bytes, t.kv_peak_held_bytes, t.kv_peak_allocated_bytes) for t in row.turns
+        ]
+        assert stored == [t[1:] for t in turns]
         assert st.claim_episode(s, ep) is None  # finished: a redelivery is a no-op
         assert s.get(type(row.job), row.job_id).status == "running"  # the grade is still to come
         assert st.record_grade(s, ep, "resolved")
         assert s.get(type(row.job), row.job_id).status == "done"
+
+
+def test_kv_peaks_stay_none_when_no_turn_reported_one(sqlite_db):
+    """A backend without a visible cache (oracle, openai) stores no KV figures: the episode's peaks stay None."""
+    (ep,) = _episodes(sqlite_db)
+    with sqlite_db.session() as s:
+        claim = st.claim_episode(s, ep)
+    with sqlite_db.session() as s:
+        st.record_turn(s, claim, 0, tokens_generated=3, completion="x")
+        assert st.finish_episode(s, claim, "submitted", exit_status="submitted")
+    with sqlite_db.session() as s:
+        row = s.get(Episode, ep)
+        assert (row.n_turns, row.kv_peak_held_bytes, row.kv_peak_allocated_bytes) == (1, None, None)
 
 
 def test_grade_once_then_regrade(any_db):

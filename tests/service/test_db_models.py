@@ -209,3 +209,97 @@ def test_downgrading_below_a_column_migration_keeps_every_turn_on_sqlite(tmp_pat
     with engine.connect() as conn:
         assert conn.exec_driver_sql("SELECT count(*) FROM turns").scalar_one() == 2
     engine.dispose()
+
+
+def _store_rows_before_0007(url: str) -> None:
+    """A database at revision 0006 holding what it stored then: turns.cache_bytes, episodes.peak_cache_bytes,
+    probe_results.kv_bytes (one episode whose backend reported no cache: NULL)."""
+    from alembic import command
+    from sqlalchemy import MetaData
+
+    from db.connection import _alembic_config
+
+    command.upgrade(_alembic_config(url), "0006")
+    engine = make_engine(url)
+    t = MetaData()
+    t.reflect(engine)
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    episode = dict(job_id="j1", method="snapkv", scope="prefill_only", protocol="true_eviction", seed=0, attempt=1)
+    episode |= dict(status="resolved", created_at=now, n_claims=1, config={}, driver="agent")
+    turn = dict(tokens_appended=1, tokens_generated=1, prompt_tokens=1, logical_length=2, eviction_events=0)
+    turn |= dict(prefill_s=0.0, decode_s=0.0, env_s=0.0, completion="x", extra={}, created_at=now)
+    result = dict(run_id="p1", probe="needle", scope="prefill_only", protocol="single_prefill", density=0.2)
+    result |= dict(sample=0, source="s", length=300, scored_tokens=0, answer="a", expected="a", kept_fraction=0.2)
+    with engine.begin() as conn:
+        conn.execute(t.tables["jobs"].insert(), [dict(id="j1", created_at=now, updated_at=now, status="done",
+                     config={}, config_hash="0" * 64, package_versions={})])  # fmt: skip
+        conn.execute(t.tables["episodes"].insert(), [
+            dict(id="e0", task_id="t0", episode_key="k0", peak_cache_bytes=300, **episode),
+            dict(id="e1", task_id="t1", episode_key="k1", peak_cache_bytes=None, **episode),
+        ])  # fmt: skip
+        conn.execute(t.tables["turns"].insert(), [
+            dict(episode_id="e0", index=0, cache_bytes=100, **turn),
+            dict(episode_id="e0", index=1, cache_bytes=300, **turn),
+            dict(episode_id="e1", index=0, cache_bytes=None, **turn),
+        ])  # fmt: skip
+        conn.execute(t.tables["probe_runs"].insert(), [dict(id="p1", created_at=now, status="done", model="m",
+                     settings={}, provenance={}, n_planned=2, n_results=2)])  # fmt: skip
+        conn.execute(t.tables["probe_results"].insert(), [
+            dict(variant="snapkv", kv_bytes=4096, seconds=1.0, **result),
+            dict(variant="dense", kv_bytes=2**40, seconds=1.0, **result),
+        ])  # fmt: skip
+    engine.dispose()
+
+
+def _check_0007_keeps_every_value(url: str) -> None:
+    from alembic import command
+
+    from db.connection import _alembic_config
+
+    _store_rows_before_0007(url)
+    migrate(url)
+    engine = make_engine(url)
+    with engine.connect() as conn:
+        turns = conn.exec_driver_sql(
+            "SELECT kv_allocated_bytes, kv_held_bytes, kv_peak_held_bytes, kv_peak_allocated_bytes FROM turns "
+            'ORDER BY episode_id, "index"'
+        ).all()
+        episodes = conn.exec_driver_sql(
+            "SELECT id, kv_peak_held_bytes, kv_peak_allocated_bytes FROM episodes ORDER BY id"
+        ).all()
+        results = conn.exec_driver_sql(
+            "SELECT variant, kv_allocated_bytes, kv_held_bytes, kv_peak_held_bytes, kv_peak_allocated_bytes "
+            "FROM probe_results ORDER BY variant"
+        ).all()
+    # the renamed columns keep their values; the new ones are NULL (never 0); the old post-turn "peak" is gone
+    assert [tuple(r) for r in turns] == [(100, None, None, None), (300, None, None, None), (None, None, None, None)]
+    assert [tuple(r) for r in episodes] == [("e0", None, None), ("e1", None, None)]
+    assert [tuple(r) for r in results] == [("dense", 2**40, None, None, None), ("snapkv", 4096, None, None, None)]
+    assert "peak_cache_bytes" not in {c["name"] for c in inspect(engine).get_columns("episodes")}
+    engine.dispose()
+    command.downgrade(_alembic_config(url), "0006")  # and back: every value where it was
+    engine = make_engine(url)
+    with engine.connect() as conn:
+        assert conn.exec_driver_sql('SELECT cache_bytes FROM turns ORDER BY episode_id, "index"').scalars().all() == [
+            100,
+            300,
+            None,
+        ]
+        peaks = conn.exec_driver_sql("SELECT peak_cache_bytes FROM episodes ORDER BY id").scalars().all()
+        assert peaks == [300, None]
+        kv = conn.exec_driver_sql("SELECT kv_bytes FROM probe_results ORDER BY variant").scalars().all()
+        assert kv == [2**40, 4096]
+    engine.dispose()
+
+
+def test_0007_renames_kv_columns_without_losing_a_value_sqlite(tmp_path):
+    _check_0007_keeps_every_value(sqlite_url(tmp_path / "old.db"))
+
+
+@pytest.mark.services
+def test_0007_renames_kv_columns_without_losing_a_value_postgresql():
+    url, drop = make_pg_database()
+    try:
+        _check_0007_keeps_every_value(url)
+    finally:
+        drop()

@@ -3,14 +3,20 @@ baselines, the run's order and the notes. Expected values are worked out here, n
 
 from __future__ import annotations
 
+import csv
+import io
 import random
 
 import pytest
 
 from agent_runner.probes import ProbeResult
-from workers.probe_render import render
+from workers.probe_render import delta_text, render
 from workers.probe_stats import ProbeTable, notes_for, summarize
 from workers.stats import bootstrap_mean_ci, mcnemar
+
+#: the KV figures of every sample (held / allocated at answer start, the peaks over the sample)
+KV = dict(kv_held_bytes=150, kv_allocated_bytes=200, kv_peak_held_bytes=600, kv_peak_allocated_bytes=800)
+DENSE_KV = dict(kv_held_bytes=900, kv_allocated_bytes=1000, kv_peak_held_bytes=900, kv_peak_allocated_bytes=1200)
 
 
 def result(
@@ -21,7 +27,7 @@ def result(
         probe=probe, variant=variant, scope=scope, protocol=protocol, density=density, sample=sample,
         source="code", length=300, depth=0.5, correct=correct, nll=nll, scored_tokens=0 if nll is None else 8,
         answer="12345" if correct else "", expected="12345", kept_fraction=1.0 if variant == "dense" else density,
-        kv_bytes=1000 if variant == "dense" else 200, seconds=0.5,
+        seconds=0.5, **(DENSE_KV if variant == "dense" else KV),
     )  # fmt: skip
 
 
@@ -37,7 +43,13 @@ def test_accuracy_carries_the_wilson_interval():
     assert (c.n, c.n_correct, c.accuracy) == (10, 7, 0.7)
     # Wilson 95% for 7/10, by hand: center (0.7 + z²/20) / (1 + z²/10), z = 1.959964
     assert (round(c.ci_low, 4), round(c.ci_high, 4)) == (0.3968, 0.8922)
-    assert c.nll is None and c.delta_nll is None and c.kept_fraction == pytest.approx(0.2) and c.kv_bytes == 200
+    assert c.nll is None and c.delta_nll is None and c.kept_fraction == pytest.approx(0.2)
+    assert (c.kv_held_bytes, c.kv_allocated_bytes, c.kv_peak_held_bytes, c.kv_peak_allocated_bytes) == (
+        150,
+        200,
+        600,
+        800,
+    )
 
 
 def test_mcnemar_pairs_by_sample_index_not_by_position():
@@ -82,7 +94,14 @@ def test_delta_nll_is_paired_by_sample_with_a_seeded_bootstrap():
     c = cell(cells, "snapkv")
     deltas = [0.5, 3.1 - 3.0, 0.7, 0.0]  # by sample index: 0, 1, 2, 3
     assert c.nll_pairs == 4 and c.delta_nll == pytest.approx(sum(deltas) / 4)
-    assert (c.delta_ci_low, c.delta_ci_high) == pytest.approx(bootstrap_mean_ci(deltas, seed=0))
+    assert (c.delta_ci_low, c.delta_ci_high) == (None, None)  # 4 samples: too few for a bootstrap interval
+    assert "+0.325 (4 samples: too few for an interval)" in delta_text(c)
+    ten = [result("dense", i, probe="nll", nll=1.0) for i in range(10)]
+    ten += [result("snapkv", i, probe="nll", nll=1.0 + i / 10) for i in range(10)]
+    c10 = cell(summarize(ten), "snapkv")
+    assert (c10.delta_ci_low, c10.delta_ci_high) == pytest.approx(
+        bootstrap_mean_ci([i / 10 for i in range(10)], seed=0)
+    )
     assert c.nll == pytest.approx(sum(variant_nll.values()) / 5)  # the mean NLL keeps the unpaired sample
     assert c.accuracy is None and c.n_correct is None and c.vs == {}  # nll asks no question
     again = cell(summarize(list(reversed(rows))), "snapkv")
@@ -125,3 +144,42 @@ def test_cells_follow_the_run_order_and_notes_warn():
     assert any(n.startswith("needle: the question is in the prompt") for n in notes)
     real = notes_for(run, {**settings, "model": "smollm2-135m"}, cells)
     assert real[0].startswith("smollm2-135m is a 135M-parameter model") and "tiny" not in real[0]
+
+
+def test_kv_figures_a_sample_did_not_store_are_left_out_and_shown_as_a_dash():
+    """Results stored before the held / peak figures existed (revision 0007) have them NULL: a cell's mean skips
+    them, a cell with none of them gets None, and every form shows "-" (csv: empty), never 0."""
+    old = [result("snapkv", i, correct=True) for i in range(3)]
+    for r in old:
+        r.kv_held_bytes = r.kv_peak_held_bytes = r.kv_peak_allocated_bytes = None
+    (c,) = summarize(old)
+    assert (c.kv_allocated_bytes, c.kv_held_bytes, c.kv_peak_held_bytes, c.kv_peak_allocated_bytes) == (
+        200,
+        None,
+        None,
+        None,
+    )
+    (mixed,) = summarize(old + [result("snapkv", 3, correct=True)])
+    assert (mixed.kv_held_bytes, mixed.kv_peak_allocated_bytes) == (150, 800)  # the one that has them, not /4
+    run = {"id": "r1", "status": "done", "model": "m", "n_results": 3, "n_planned": 3}
+    table = ProbeTable(run, {}, {}, [c])
+    text = render(table, "markdown")
+    header = next(line for line in text.splitlines() if "KV held" in line)
+    line = next(line for line in text.splitlines() if line.startswith("| snapkv"))
+    cells = dict(zip(header.strip("| ").split(" | "), line.strip("| ").split(" | "), strict=True))
+    assert (cells["KV held"], cells["KV alloc"], cells["KV alloc peak"]) == ("-", "200 B", "-")
+    (row,) = list(csv.DictReader(io.StringIO(render(table, "csv"))))
+    assert (row["kv_held_bytes"], row["kv_allocated_bytes"], row["kv_peak_allocated_bytes"]) == ("", "200.0", "")
+
+
+def test_cells_that_hold_more_or_less_than_their_density_are_named():
+    """Equal memory at equal density is the premise of every comparison; where a cell cannot hold it (Nexus's
+    minimum budget above density x length, PyramidKV's floored schedule) the notes name it and its kept fraction."""
+    import dataclasses
+
+    rows = [result("snapkv", i, correct=True) for i in range(3)]
+    rows += [dataclasses.replace(result("nexus", i, correct=True, density=0.1), kept_fraction=0.108) for i in range(3)]
+    notes = notes_for({"status": "done"}, {"model": "tiny"}, summarize(rows))
+    (note,) = [n for n in notes if n.startswith("kept differs")]
+    assert "1 cell(s) (nexus prefill_only 0.1: 10.8%)" in note and "snapkv" not in note
+    assert not [n for n in notes_for({}, {}, summarize(rows[:3])) if n.startswith("kept differs")]

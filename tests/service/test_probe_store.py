@@ -34,7 +34,8 @@ def _result(sample: int, **kw) -> dict:
         probe="later_turn", variant="nexus(lam=0,block_size=16)", scope="prefill_decode", protocol="true_eviction",
         density=0.125, sample=sample, source="licenses", length=1031, depth=0.3, correct=sample % 2 == 0,
         nll=0.1 + sample / 3, scored_tokens=14, expected="40123", answer="The default port is 40123.\n",
-        kept_fraction=0.1337, kv_bytes=3 * 2**33, seconds=1.25,
+        kept_fraction=0.1337, kv_held_bytes=2 * 2**33, kv_allocated_bytes=3 * 2**33, kv_peak_held_bytes=5 * 2**33,
+        kv_peak_allocated_bytes=7 * 2**33, seconds=1.25,
     )  # fmt: skip
     return ProbeResult(**{**fields, **kw}).to_dict()
 
@@ -125,3 +126,30 @@ def test_lookups_and_deleting_a_run_deletes_its_results(any_db):
         s.delete(get_probe_run(s, first))
     with any_db.session() as s:
         assert s.execute(select(ProbeResultRow)).scalars().all() == []
+
+
+def test_a_run_whose_process_is_gone_is_marked_failed_with_why_and_others_are_left_alone(any_db):
+    from db.probes import fail_orphaned_probe_runs
+
+    def new(process: str | None) -> str:
+        provenance = {"corpus": {"code": "ab"}, **({"process": process} if process else {})}
+        with any_db.session() as s:
+            return create_probe_run(s, settings=SETTINGS.model_dump(mode="json"), provenance=provenance,
+                                    n_planned=4).id  # fmt: skip
+
+    dead, alive, unknown, finished = new("here/111"), new("here/222"), new(None), new("here/333")
+    with any_db.session() as s:
+        start_probe_run(s, dead)
+        add_result(s, dead, _result(0))
+    with any_db.session() as s:
+        finish_probe_run(s, finished, "done")
+    with any_db.session() as s:
+        assert fail_orphaned_probe_runs(s, is_dead=lambda p: p in {"here/111", "here/333"}) == [dead]
+    with any_db.session() as s:
+        runs = {r.id: r for r in list_probe_runs(s)}
+    assert runs[dead].status == "failed" and runs[dead].finished_at is not None
+    assert runs[dead].error == (
+        "the process here/111 that ran it is gone (killed, or its machine restarted) after 1 of 4 results; found at "
+        "a later start"
+    )
+    assert (runs[alive].status, runs[unknown].status, runs[finished].status) == ("pending", "pending", "done")

@@ -85,14 +85,19 @@ def make_job(db, model) -> tuple[str, dict[str, str]]:
         dense = {r.task_id: r.id for r in rows if r.method == "dense"}
     streams = {"t1": greedy_turns(model), "t2": greedy_turns(model, rerender=True, seed=1), "t3": [None, None]}
     for task, episode_id in dense.items():
-        with db.session() as s:
-            claim = st.claim_episode(s, episode_id)
-        for i, tokens in enumerate(streams[task]):
-            with db.session() as s:
-                st.record_turn(s, claim, i, **turn_row(_turn_record(i, tokens)))
-        with db.session() as s:
-            st.finish_episode(s, claim, "submitted", patch="")
+        run_stream(db, episode_id, streams[task])
     return job.id, dense
+
+
+def run_stream(db, episode_id: str, turns: list) -> None:
+    """Claim the episode, store its turns as a worker does (``turn_row``), finish it as ``submitted``."""
+    with db.session() as s:
+        claim = st.claim_episode(s, episode_id)
+    for i, tokens in enumerate(turns):
+        with db.session() as s:
+            st.record_turn(s, claim, i, **turn_row(_turn_record(i, tokens)))
+    with db.session() as s:
+        st.finish_episode(s, claim, "submitted", patch="")
 
 
 def test_turn_row_carries_the_token_stream(sqlite_db):
@@ -145,7 +150,8 @@ def test_replay_job_stores_rows_compare_shows_them(any_db, host):
         table = compare_jobs(s, [job_id])
     by = {(c.scope, c.protocol, c.method): c for c in table.replay}
     fc = by[("prefill_decode", "full_context", "snapkv")]
-    assert (fc.episodes, fc.tasks, fc.n_pairs) == (2, 2, 2) and fc.delta_ci_low <= fc.delta_nll <= fc.delta_ci_high
+    assert (fc.episodes, fc.tasks, fc.n_pairs, fc.pair_tasks) == (2, 2, 2, 2) and fc.delta_nll is not None
+    assert fc.delta_ci_low is None and fc.delta_ci_high is None  # 2 tasks: too few for an interval
     data = json.loads(render(table, "json"))
     assert {(c["method"], c["protocol"]) for c in data["replay"]} == {(m, p) for m, p in cells}
     lines = list(csv.DictReader(io.StringIO(render(table, "csv"))))
@@ -245,7 +251,7 @@ def test_cli_replays_and_prints_the_table(sqlite_db, host, monkeypatch):
     result = CliRunner().invoke(app, args, env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
     assert "not replayed" in result.output and "t3" in result.output  # the episode without a stream is named
-    assert "snapkv" in result.output and "+0.000 [+0.000, +0.000]" in result.output  # dense vs itself
+    assert "snapkv" in result.output and "+0.000 (2 tasks: too few for an interval)" in result.output  # dense
 
 
 def test_replay_only_cells_get_csv_lines_and_pairing_prefers_the_same_scope():
@@ -266,7 +272,7 @@ def test_replay_only_cells_get_csv_lines_and_pairing_prefers_the_same_scope():
     )
     h2o = next(c for c in cells if c.method == "h2o")
     assert h2o.n_pairs == 2 and h2o.delta_nll == pytest.approx((0.5 + 0.25) / 2)
-    assert (h2o.delta_ci_low, h2o.delta_ci_high) == (0.25, 0.5)  # bootstrap over the two tasks' deltas
+    assert (h2o.delta_ci_low, h2o.delta_ci_high) == (None, None)  # two tasks: too few for a bootstrap interval
     table = build_table([Outcome("a", "dense", "prefill_only", "true_eviction", 0, "resolved")])
     table.replay = cells
     lines = list(csv.DictReader(io.StringIO(render(table, "csv"))))
@@ -276,3 +282,46 @@ def test_replay_only_cells_get_csv_lines_and_pairing_prefers_the_same_scope():
         ("prefill_decode", "h2o", ""),
     ]
     assert all(None not in x.values() for x in lines) and lines[2]["replay_pairs"] == "2"
+
+
+# --- issue 31: replay sources are each key's counted agent attempt; NLL and ΔNLL over the same pairs --------------
+
+
+def test_replay_scores_only_each_keys_result_attempt_never_an_interactive_or_superseded_one(sqlite_db, host):
+    """An operator's interactive attempt of a dense key is not a replay source (a person steered or chose it); an
+    attempt whose grading broke and was rerun is superseded: its replay rows are left out of compare, with a note."""
+    job_id, dense = make_job(sqlite_db, host.model)
+    t1 = dense["t1"]
+    with sqlite_db.session() as s:
+        interactive = st.new_attempt(s, t1, driver="interactive").id
+    run_stream(sqlite_db, interactive, greedy_turns(host.model, seed=7))
+    plan = plan_replays(sqlite_db, job_id, methods=["snapkv"], protocols=["full_context"])
+    assert {i.episode_id for i in plan.items} == {t1, dense["t2"]}  # the agent's attempt, not the newest row
+    replay_job(sqlite_db, job_id, methods=["snapkv"], protocols=["full_context"], host=host)
+    with sqlite_db.session() as s:  # t1's grading broke: its attempt is no longer a sample; a rerun replaces it
+        st.record_grade(s, t1, "infra_failure", test_log="", grader="test")
+        (retry,) = st.rerun_job(s, job_id, {"infra_failure"})
+    run_stream(sqlite_db, retry.id, greedy_turns(host.model, seed=3))
+    plan = plan_replays(sqlite_db, job_id, methods=["snapkv"], protocols=["full_context"])
+    assert {i.episode_id for i in plan.items} >= {retry.id} and t1 not in {i.episode_id for i in plan.items}
+    replay_job(sqlite_db, job_id, methods=["snapkv"], protocols=["full_context"], host=host)
+    with sqlite_db.session() as s:
+        table = compare_jobs(s, [job_id])
+    cell = next(c for c in table.replay if (c.method, c.protocol) == ("snapkv", "full_context"))
+    assert (cell.episodes, cell.tasks, cell.n_pairs) == (2, 2, 2)  # t1's retry and t2, never the superseded t1
+    assert any(
+        n.startswith("replay: 2 row(s) replay an attempt that is no longer its key's result") for n in table.notes
+    )
+
+
+def test_nll_top1_and_delta_nll_are_over_the_same_pairs():
+    from workers.replay_stats import ReplayOutcome, summarize_replays
+
+    rows = [
+        ReplayOutcome("e1", "a", "dense", "prefill_only", "true_eviction", "ok", 1.0, 0.9, 10),
+        ReplayOutcome("e1", "a", "snapkv", "prefill_only", "true_eviction", "ok", 1.5, 0.8, 10, 0.2),
+        ReplayOutcome("e2", "b", "snapkv", "prefill_only", "true_eviction", "ok", 9.0, 0.1, 10, 0.2),  # no dense
+    ]
+    snapkv = next(c for c in summarize_replays(rows) if c.method == "snapkv")
+    assert (snapkv.episodes, snapkv.n_pairs, snapkv.pair_tasks, snapkv.unpaired) == (2, 1, 1, 1)
+    assert (snapkv.nll_mean, snapkv.top1, snapkv.delta_nll) == (1.5, 0.8, 0.5)  # e2 is in no mean

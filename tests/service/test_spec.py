@@ -274,3 +274,26 @@ def test_preset_and_per_method_errors_name_the_method_and_field():
     assert err[1].startswith("method_params.h2o: unknown setting(s) ['recent_ratoi']; known: window")
     (err,) = errors_of({**BASE, "methods": ["snapkv"], "method_params": {"snapkv": {"window": 0}}})
     assert err[1] == "method_params.snapkv: window must be an integer >= 1, got 0"
+
+
+def test_a_nexus_setting_stored_before_leftover_existed_reads_as_what_it_ran_with():
+    """Jobs and episodes store their methods' whole resolved settings. One stored before ``leftover`` existed ran
+    with whole blocks only ("unused"); read back, it must not silently become today's default ("partial_block")
+    when it is replayed or rerun, and compare must not report the two as a settings difference."""
+    from workers.execution import worker_episode_spec
+
+    fresh = spec(methods=["nexus", "ada_nexus"])
+    assert fresh.method_params["nexus"]["leftover"] == "partial_block"
+    stored = fresh.model_dump(mode="json")
+    for method in ("nexus", "ada_nexus"):
+        del stored["method_params"][method]["leftover"]  # as an older release stored it
+    old = JobSpec.from_stored(stored)
+    assert {m: old.method_params[m]["leftover"] for m in ("nexus", "ada_nexus")} == {
+        "nexus": "unused",
+        "ada_nexus": "unused",
+    }
+    assert JobSpec.from_stored(fresh.model_dump(mode="json")).method_params["nexus"]["leftover"] == "partial_block"
+    episode = fresh.episode_config("t1", "nexus", "prefill_decode", "true_eviction", 0).model_dump(mode="json")
+    assert worker_episode_spec(episode).eviction.method_params["leftover"] == "partial_block"
+    del episode["eviction"]["method_params"]["leftover"]
+    assert worker_episode_spec(episode).eviction.method_params["leftover"] == "unused"

@@ -8,12 +8,14 @@ import pytest
 
 from workers.stats import (
     EXACT_MCNEMAR_BELOW,
+    MIN_BOOTSTRAP_UNITS,
     binomial_cdf,
     bootstrap_mean_ci,
     chi2_sf_1df,
     mcnemar,
     mcnemar_paired,
     pass_at_k,
+    sign_flip_test,
     wilson_interval,
     z_value,
 )
@@ -123,7 +125,40 @@ def test_bootstrap_mean_ci():
     # Normal approximation: 0.5 +- 1.96 * 0.05 = (0.402, 0.598).
     assert lo == pytest.approx(0.402, abs=0.015) and hi == pytest.approx(0.598, abs=0.015)
     assert bootstrap_mean_ci([0.3] * 10) == (0.3, 0.3)
-    assert bootstrap_mean_ci([0.7]) == (0.7, 0.7)
-    assert all(math.isnan(x) for x in bootstrap_mean_ci([]))
     narrow = bootstrap_mean_ci(data * 4, seed=1)  # 4x the data: about half the width
     assert (narrow[1] - narrow[0]) == pytest.approx((hi - lo) / 2, rel=0.15)
+
+
+def test_no_bootstrap_interval_from_too_few_units():
+    """One unit gave [x, x] and two gave [min, max]: intervals that are not intervals. Below the minimum there is
+    none, and the caller says so."""
+    assert MIN_BOOTSTRAP_UNITS == 10
+    for n in (0, 1, 2, MIN_BOOTSTRAP_UNITS - 1):
+        assert bootstrap_mean_ci([1.0 / 3] * n) is None
+    assert bootstrap_mean_ci([0.0, 1.0] * 5) is not None  # 10 units
+    assert bootstrap_mean_ci([0.2, 0.4], min_units=2) is not None
+    with pytest.raises(ValueError, match="at least 2 units"):
+        bootstrap_mean_ci([0.5], min_units=1)
+
+
+@pytest.mark.parametrize(("b", "c", "ties"), [(0, 0, 3), (3, 0, 0), (5, 1, 4), (7, 2, 0), (2, 9, 11), (12, 3, 1)])
+def test_sign_flip_on_one_seed_per_task_is_the_exact_mcnemar_test(b, c, ties):
+    """With one seed per task the per-task differences are +1 (only the method resolved), -1 (only the baseline)
+    and 0: flipping their signs is the exact binomial test on the discordant pairs."""
+    differences = [1.0] * b + [-1.0] * c + [0.0] * ties
+    result = sign_flip_test(differences)
+    assert result.p_value == pytest.approx(mcnemar(b, c, exact=True).p_value, abs=1e-12)
+    assert (result.units, result.nonzero, result.method) == (b + c + ties, b + c, "sign_flip_exact")
+
+
+def test_sign_flip_on_task_means():
+    """Several seeds per task: one mean difference per task. Worked by hand: differences 1, 0.5, 0.5 have sum 2;
+    of the 8 sign vectors, only all-plus and all-minus reach |sum| >= 2, so p = 2/8."""
+    assert sign_flip_test([1.0, 0.5, 0.5]).p_value == pytest.approx(0.25)
+    assert sign_flip_test([0.5, -0.5]).p_value == 1.0  # sum 0: every vector reaches it
+    assert sign_flip_test([0.0, 0.0]).p_value == 1.0
+    big = sign_flip_test([1 / 3] * 30, seed=4)  # 30 units: Monte Carlo, 2 of 2**30 vectors reach 10
+    assert big.method == "sign_flip_mc" and big.p_value == pytest.approx(1 / 20_001, rel=0.5)
+    assert big.p_value == sign_flip_test([1 / 3] * 30, seed=4).p_value  # seeded
+    with pytest.raises(ValueError, match="at least one"):
+        sign_flip_test([])

@@ -108,14 +108,25 @@ def test_markdown_and_table_show_the_density_rows_and_quality_beside_cost(table)
     )
     assert "| task | prefill_decode/true_eviction/dense | prefill_decode/true_eviction/d=0.1/snapkv |" in md
     text = render(table, "table", width=160)
-    assert "quality beside cost" in text and "density 0.5" in text and "KV peak" in text
+    assert "quality beside cost" in text and "density 0.5" in text
+    assert "KV held" in text and "KV held peak" in text and "KV alloc peak" in text
+    assert "KV held peak | KV alloc peak" in md
 
 
 def test_cost_summary_skips_what_a_backend_did_not_report():
     assert summarize_cost([None, EpisodeCost()]).episodes == 0
-    cost = summarize_cost([EpisodeCost(n_turns=2, peak_cache_bytes=10), EpisodeCost(n_turns=4, wall_s=3.0)])
-    assert (cost.episodes, cost.turns, cost.kv_peak_bytes, cost.kv_peak_max_bytes, cost.wall_s) == (2, 3.0, 10, 10, 3.0)
+    costs = [
+        EpisodeCost(n_turns=2, kv_peak_held_bytes=10, kv_peak_allocated_bytes=30, mean_kv_held_bytes=4.0),
+        EpisodeCost(n_turns=4, wall_s=3.0),  # stored before the KV figures existed, or by a backend without a cache
+        EpisodeCost(n_turns=3, kv_peak_held_bytes=20, kv_peak_allocated_bytes=50, mean_kv_held_bytes=8.0),
+    ]
+    cost = summarize_cost(costs)
+    assert (cost.episodes, cost.turns, cost.wall_s) == (3, 3.0, 3.0)
+    assert (cost.mean_kv_held_bytes, cost.mean_kv_peak_held_bytes) == (6.0, 15.0)  # the others' means, not /3
+    assert (cost.mean_kv_peak_allocated_bytes, cost.max_kv_peak_allocated_bytes) == (40.0, 50)
     assert cost.kept_fraction is None  # no turn reported its slots: not 0
+    none = summarize_cost([EpisodeCost(n_turns=1)])
+    assert [getattr(none, name) for name in COST_FIELDS if "kv" in name] == [None] * 4
     means = turn_means([("e", 100, {"mean": 10}, 40), ("e", None, {"mean": 30}, 60), ("e", 300, None, 0)])
     assert means == {"e": (200.0, pytest.approx((0.25 + 0.5) / 2))}
 
@@ -159,7 +170,8 @@ def test_dashboard_compares_a_sweep_and_its_downloads_are_the_clis(sweep, table)
     assert 'id="density-chart"' in html and 'id="cost-chart"' in html and 'id="tradeoff"' in html
     cell = re.search(r'<td class="cell"[^>]*data-method="nexus" data-density="0\.2"[^>]*>', html).group(0)
     want = table.rows[1].cells["nexus"].cost
-    assert f'data-cost-kv-mean-bytes="{want.kv_mean_bytes!r}"' in cell
+    assert f'data-cost-mean-kv-held-bytes="{want.mean_kv_held_bytes!r}"' in cell
+    assert f'data-cost-max-kv-peak-allocated-bytes="{float(want.max_kv_peak_allocated_bytes)!r}"' in cell
     assert f'data-cost-kept-fraction="{want.kept_fraction!r}"' in cell
     assert client.get(f"/compare.json?jobs={jobs}").json() == json.loads(render(table, "json"))
     assert client.get(f"/compare.csv?jobs={jobs}").text == to_csv(table)
@@ -189,3 +201,32 @@ def test_cancel_on_a_finished_job_changes_nothing_and_says_so(sweep):
     with sweep.db.session() as s:
         job = db_store.get_job(s, sweep.job_ids[0])
         assert job.status != "cancelled" and not job.error
+
+
+def test_episodes_stored_before_the_kv_figures_show_a_dash_never_0(tmp_path):
+    """A job stored before revision 0007: its turns have kv_allocated_bytes (then cache_bytes) and nothing else,
+    its episodes no peaks. Every KV column of compare's table, markdown and CSV shows "-" (or empty), never 0."""
+    from db import store as db_store
+    from tests.service import sweep_fixtures as sf
+
+    db = connect(sqlite_url(tmp_path / "old.db"))
+    spec = sf._spec(0.2, ["snapkv"])
+    with db.session() as s:
+        job = db_store.create_job(s, config=spec.model_dump(mode="json"), config_hash=spec.config_hash())
+        db_store.add_episodes(s, job.id, spec.episodes(["t1"]))
+        (episode_id,) = [e.id for e in db_store.episodes_for_job(s, job.id)]
+        job_id = job.id
+    old = {"logical_length": 400, "physical_after": {"min": 80, "mean": 80, "max": 80}, "kv_allocated_bytes": 4096}
+    sf._run(db, episode_id, [old, old], True, wall_s=5.0)
+    with db.session() as s:
+        table = compare_jobs(s, [job_id])
+    cost = table.rows[0].cells["snapkv"].cost
+    assert cost.episodes == 1 and cost.kept_fraction == pytest.approx(0.2)
+    assert [getattr(cost, name) for name in COST_FIELDS if "kv" in name] == [None] * 4
+    md = render(table, "markdown")
+    header = next(line for line in md.splitlines() if "KV held peak" in line)
+    line = next(line for line in md.splitlines() if line.startswith("| prefill_decode | true_eviction | 0.2 | snapkv"))
+    cells = dict(zip(header.strip("|").split(" | "), line.strip("|").split(" | "), strict=True))
+    assert [cells[k].strip() for k in ("KV held", "KV held peak", "KV alloc peak")] == ["-", "-", "-"]
+    (row,) = list(csv.DictReader(io.StringIO(to_csv(table))))
+    assert [row[name] for name in COST_FIELDS if "kv" in name] == ["", "", "", ""]
