@@ -26,6 +26,7 @@ from sqlalchemy.orm import Session
 
 from db.connection import begin_write
 from db.models import AGENT_EXIT_STATUSES, GRADE_STATUSES, Episode, Replay, ReplayStatus, Turn, utcnow
+from db.store import result_attempts
 
 #: the ReplayScore fields copied into a row's columns (``turns`` holds the per-turn dumps)
 SCORE_FIELDS = ("tokens", "nll_mean", "top1", "turns", "seconds")
@@ -113,11 +114,14 @@ def replays_for_jobs(session: Session, job_ids: Sequence[str]) -> list[Replay]:
 SOURCE_STATUSES = GRADE_STATUSES | AGENT_EXIT_STATUSES
 
 
-def replay_sources(session: Session, job_ids: Sequence[str], *, method: str) -> list[Episode]:
-    """The episodes a replay may score (``method``: the one whose trajectories are replayed, dense): each key's
-    result attempt (``db.store.result_attempts``: the first the agent drove alone that did not break; never an
-    interactive or steered one, never a resample) whose status is in :data:`SOURCE_STATUSES`. Replay rows of any
-    other episode (an attempt since superseded) are left out of every table."""
-    from db.store import result_attempts
+def is_replay_source(episode: Episode, method: str) -> bool:
+    """Whether ``episode``, a key's result attempt (``db.store.result_attempts``: the first the agent drove alone
+    that did not break; never an interactive or steered one, never a resample), is a trajectory of ``method`` (the
+    one replayed: dense) that a replay may score: its status is in :data:`SOURCE_STATUSES`."""
+    return episode.method == method and episode.status in SOURCE_STATUSES
 
-    return [e for e in result_attempts(session, job_ids) if e.method == method and e.status in SOURCE_STATUSES]
+
+def replay_sources(session: Session, job_ids: Sequence[str], *, method: str) -> list[Episode]:
+    """The episodes a replay may score (:func:`is_replay_source` among the jobs' result attempts). Replay rows of
+    any other episode (an attempt since superseded) are left out of every table."""
+    return [e for e in result_attempts(session, job_ids) if is_replay_source(e, method)]

@@ -569,7 +569,8 @@ def compare_jobs(
 
     jobs = [get_job(session, j) for j in job_ids]
     ids = [job.id for job in jobs]
-    episodes = [result_attempts(session, [j], include_interactive=include_interactive) for j in ids]
+    agent = [result_attempts(session, [j]) for j in ids]  # also what replays are sources of
+    episodes = [result_attempts(session, [j], include_interactive=True) for j in ids] if include_interactive else agent
     every = [e for per_job in episodes for e in per_job]
     costs = episode_costs(session, every)
     grading = [job_grades(job) for job in jobs]
@@ -584,7 +585,7 @@ def compare_jobs(
     notes += interactive_notes(interactive_attempts(session, ids), counted=[o for o in outcomes if o.interactive])
     notes += setting_notes(jobs) + grading_notes(every) + seed_notes(every)
     table = build_table(outcomes, job_ids=ids, confidence=confidence, seed=seed, notes=notes, resamples=resamples)
-    replays, superseded = current_replays(session, ids)
+    replays, superseded = current_replays(session, ids, [e for per_job in agent for e in per_job])
     table.replay = summarize_replays(outcomes_from_rows(replays), confidence=confidence, seed=seed)
     table.notes += replay_notes(table.replay, superseded=superseded)
     return table

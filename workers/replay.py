@@ -35,7 +35,7 @@ from agent_runner.config import ModelSpec, check_protocol
 from db import Database
 from db import store as db_store
 from db.models import ACTIVE_STATUSES, Replay
-from db.replays import record_replay, replay_sources, replays_for_jobs, turn_streams
+from db.replays import is_replay_source, record_replay, replay_sources, replays_for_jobs, turn_streams
 from nexus.config import EvictionConfig
 from nexus.methods import DENSE, check_method, check_scope
 from workers.execution import worker_episode_spec
@@ -138,14 +138,13 @@ def plan_replays(
         dense = [e for e in db_store.result_attempts(s, [job.id]) if e.method == DENSE]
         if not dense:
             raise ValueError(f"job {job.id} has no dense episode the agent ran: a replay scores a dense trajectory")
-        sources = {e.id for e in replay_sources(s, [job.id], method=DENSE)}
         have_dense = {
             (r.episode_id, r.protocol) for r in replays_for_jobs(s, [job.id]) if r.method == DENSE and r.status == "ok"
         }
         combos = [(m, sc, p) for m in methods for sc in (scopes[:1] if m == DENSE else scopes) for p in protocols]
         plan = ReplayPlan(job.id, None, [], combos, protocols)
         for episode in dense:
-            if episode.id not in sources:
+            if not is_replay_source(episode, DENSE):
                 why = (
                     f"still {episode.status}"
                     if episode.status in ACTIVE_STATUSES

@@ -163,11 +163,13 @@ def summarize_cell(
     return cell
 
 
-def current_replays(session: Any, job_ids: Sequence[str]) -> tuple[list[Any], int]:
-    """(the jobs' replay rows of current sources, how many rows were left out as replays of superseded attempts)."""
-    from db.replays import replay_sources, replays_for_jobs
+def current_replays(session: Any, job_ids: Sequence[str], results: Iterable[Any]) -> tuple[list[Any], int]:
+    """(the jobs' replay rows of current sources, how many rows were left out as replays of superseded attempts).
+    ``results``: the jobs' result attempts (``db.store.result_attempts``, the agent's own), which the caller has
+    loaded already; the sources are those of them ``db.replays.is_replay_source`` admits."""
+    from db.replays import is_replay_source, replays_for_jobs
 
-    sources = {e.id for e in replay_sources(session, job_ids, method=DENSE)}
+    sources = {e.id for e in results if is_replay_source(e, DENSE)}
     rows = replays_for_jobs(session, job_ids)
     current = [r for r in rows if r.episode_id in sources]
     return current, len(rows) - len(current)
