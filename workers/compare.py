@@ -102,6 +102,12 @@ class Outcome:
     grades: bool = True  # whether its job grades agent exits (JobSpec.grade); False: an exit is final, ungraded
 
     @property
+    def key(self) -> tuple[str, str, str, str, float | None, int]:
+        """What makes an outcome one sample of a cell across merged jobs: (task, method, scope, protocol, density,
+        seed); a job's attempt number and id are not part of it."""
+        return (self.task_id, self.method, self.scope, self.protocol, self.density, self.seed)
+
+    @property
     def interactive(self) -> bool:
         return is_interactive(self.driver)
 
@@ -278,9 +284,8 @@ def merge_jobs(outcomes_per_job: Sequence[Sequence[Outcome]]) -> tuple[list[Outc
     replaced = 0
     for outcomes in outcomes_per_job:
         for o in outcomes:
-            key = (o.task_id, o.method, o.scope, o.protocol, o.density, o.seed)
-            replaced += key in merged
-            merged[key] = o
+            replaced += o.key in merged
+            merged[o.key] = o
     notes = [f"{replaced} episode(s) ran in more than one job; the later job's result is used"] if replaced else []
     return list(merged.values()), notes
 
@@ -447,10 +452,8 @@ def build_table(
                 for method in methods:
                     key = (scope, protocol, None if method == DENSE else density, method)
                     mine = dense if method == DENSE else cell_outcomes(rows_in, key)
-                    keys = {(o.task_id, o.seed, o.scope, o.protocol) for o in mine}
-                    extra = [
-                        o for o in later if o.method == method and (o.task_id, o.seed, o.scope, o.protocol) in keys
-                    ]
+                    keys = {o.key for o in mine}
+                    extra = [o for o in later if o.key in keys]
                     cell = summarize_cell(
                         method,
                         mine,

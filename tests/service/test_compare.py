@@ -449,3 +449,13 @@ def test_compare_of_a_job_that_does_not_grade_says_ungraded(sqlite_db):
         cell = compare_jobs(s, [job_id]).rows[0].cells["dense"]
         assert st.get_job(s, job_id).status == "done"
     assert (cell.n, cell.pending, cell.ungraded) == (0, 0, 2) and cell_text(cell) == "2 ungraded"
+
+
+def test_a_resample_belongs_to_its_own_density_row_of_a_sweep():
+    """A sweep aligns jobs by density; a resample of the 0.1 job's key must not be shown apart in the 0.2 row."""
+    rows = [Outcome("t1", "nexus", "prefill_only", "true_eviction", 0, "unresolved", density=d) for d in (0.1, 0.2)]
+    later = [Outcome("t1", "nexus", "prefill_only", "true_eviction", 0, "resolved", attempt=2, density=0.1)]
+    table = build_table(rows, resamples=later)
+    by_density = {r.density: r.cells["nexus"] for r in table.rows}
+    assert (by_density[0.1].resamples, by_density[0.1].best_of_n) == (1, 1.0)
+    assert (by_density[0.2].resamples, by_density[0.2].best_of_n) == (0, None)
