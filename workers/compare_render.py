@@ -50,9 +50,9 @@ def _pct(x: float | None) -> str:
 def cell_text(cell: Cell, *, multiline: bool = False) -> str:
     """Human text of a cell: ``7/10 70.0% [39.7–89.2] p=0.508 (3:6, 10 pairs)`` or ``Pass@1 63.3% [..] pass@3
     90.0% p=0.03 (sign-flip, 12 tasks, 36 pairs)``, then what the cell counts apart."""
-    if cell.n == 0:
-        return ("\n" if multiline else " ").join(_apart(cell)) or "-"
     parts = quality_parts(cell)
+    if cell.n == 0:  # nothing counted: only what is counted apart, or "-"
+        return ("\n" if multiline else " ").join(parts)
     if cell.p_value is not None:
         parts.append(test_text(cell))
     if cell.at_limit:
