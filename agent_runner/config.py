@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from agent_runner.backends.expert import ExpertConfig
 from nexus.config import EvictionConfig
 from nexus.methods import check_method, check_scope
 
@@ -30,7 +31,7 @@ def check_protocol(name: str) -> str:
     return name
 
 
-BackendName = Literal["hf", "openai", "oracle"]
+BackendName = Literal["expert", "hf", "openai", "oracle"]
 #: a method / scope name, validated against ``nexus.methods`` (pydantic field types)
 MethodName = Annotated[str, AfterValidator(lambda name: check_method(name, noun="method"))]
 ScopeName = Annotated[str, AfterValidator(check_scope)]
@@ -178,6 +179,9 @@ class EpisodeSpec(_Config):
     sampling: SamplingConfig = SamplingConfig()
     agent: AgentConfig = AgentConfig()
     openai: dict[str, Any] = Field(default_factory=dict, description="OpenAIConfig fields for backend=openai")
+    expert: ExpertConfig = Field(
+        ExpertConfig(), description="backend=expert: how much it explores (agent_runner.backends.expert)"
+    )
     grade: bool = True
     grade_route: Literal["swebench", "r2e"] = Field(
         "swebench", description="R2E's SWE-bench rows: graded by swebench (official) or by R2E-Gym's in-loop reward"

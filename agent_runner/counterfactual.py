@@ -25,12 +25,21 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import torch
 from pydantic import BaseModel
 
 import nexus
+from agent_runner.action_scores import (
+    ActionSummary,
+    PlannedSpan,
+    SpanScore,
+    held_share,
+    score_spans,
+    snapshot_points,
+    summarize,
+)
 from agent_runner.config import check_protocol
 from agent_runner.records import LayerStats, TurnTokens
 
@@ -59,6 +68,7 @@ class TurnScore(BaseModel):
     kv_peak_allocated_bytes: int = 0
     chunks: int = 0  # forwards spent on the completion
     seconds: float = 0.0
+    spans: list[SpanScore] | None = None  # the call's spans (a replay of a text trajectory; action_scores)
 
 
 class ReplayScore(BaseModel):
@@ -70,6 +80,7 @@ class ReplayScore(BaseModel):
     tokens: int = 0
     nll_mean: float | None = None  # over every scored token of the episode
     top1: float | None = None
+    action: ActionSummary | None = None  # the spans pooled by kind (a replay of a text trajectory)
     seconds: float = 0.0
 
 
@@ -84,6 +95,11 @@ def contexts(turns: list[TurnTokens]) -> list[list[int]]:
         out.append(ctx)
         previous = ctx + list(turn.generated[:-1])
     return out
+
+
+def read_index(j: int) -> int:
+    """The feed index before which the cache predicting generated token j is read (see ``teacher_force``)."""
+    return max(j - 1, 0)
 
 
 Forward = Callable[[nexus.EvictableCache, list[int], bool], torch.Tensor]
@@ -110,8 +126,14 @@ def teacher_force(
     protocol: str,
     *,
     chunked: bool = True,
+    marks: Mapping[int, Sequence[int]] | None = None,
+    snapshot: Callable[[int, int, nexus.EvictableCache], None] | None = None,
 ) -> Iterator[tuple[int, nexus.EvictableCache, torch.Tensor, list[int], int]]:
-    """Yield (turn index, cache, logits [n, V], the n stored tokens they predict, forwards) per turn."""
+    """Yield (turn index, cache, logits [n, V], the n stored tokens they predict, forwards) per turn.
+
+    ``marks[t]``: generated-token indices j of turn t whose predicting cache ``snapshot(t, read_index(j), cache)``
+    reads: the cache after the prefill for j <= 1, else just before generated[j - 1] is fed (a chunk never
+    spans a mark, and any split between eviction events is exact)."""
     try:
         check_protocol(protocol)
     except ValueError as exc:
@@ -131,16 +153,111 @@ def teacher_force(
                 )
             feed = list(turn.append)
         cache.reset_peaks()  # the turn's peaks, from before its prefill
-        logits = [forward(cache, feed, False)]  # the prompt's last position predicts the first token
-        forwards = 1
-        rest = list(turn.generated[:-1])  # fed back as decoded tokens; the last one opens the next feed
-        with cache.decoding():
-            while rest:
-                n = min(cache.decode_chunk(len(rest)), MAX_CHUNK) if chunked else 1
-                logits.append(forward(cache, rest[:n], True))
-                rest, forwards = rest[n:], forwards + 1
+        first = forward(cache, feed, False)  # the prompt's last position predicts the first token
+        logits, forwards = decode_rest(
+            forward, cache, first, turn.generated, (marks or {}).get(t, ()), chunked, t, snapshot
+        )
         fed = len(ctxs[t]) + len(turn.generated) - 1
-        yield t, cache, torch.cat(logits), list(turn.generated), forwards
+        yield t, cache, logits, list(turn.generated), forwards
+
+
+def decode_rest(
+    forward: Forward,
+    cache: nexus.EvictableCache,
+    first: torch.Tensor,
+    generated: list[int],
+    marks: Sequence[int],
+    chunked: bool,
+    t: int,
+    snapshot: Callable[[int, int, nexus.EvictableCache], None] | None,
+) -> tuple[torch.Tensor, int]:
+    """Feed a turn's stored tokens back after its prompt (whose last logits are ``first`` [1, V]): logits [n, V]
+    for the n generated tokens, and the forwards spent (the prompt's included). See ``teacher_force``."""
+    logits, forwards = [first], 1
+    rest = list(generated[:-1])  # fed back as decoded tokens; the last one opens the next feed
+    # feed index i (rest[i] = generated[i]) is where the cache predicting generated[i + 1] is read
+    reads = sorted({read_index(j) for j in marks})
+    at = 0
+    with cache.decoding():
+        while rest:
+            if reads and reads[0] == at:
+                snapshot(t, reads.pop(0), cache)
+            n = min(cache.decode_chunk(len(rest)), MAX_CHUNK) if chunked else 1
+            if reads:
+                n = min(n, reads[0] - at)
+            logits.append(forward(cache, rest[:n], True))
+            rest, forwards, at = rest[n:], forwards + 1, at + n
+    return torch.cat(logits), forwards
+
+
+class Scorer:
+    """Accumulates one replay's ``TurnScore``s (and, with ``actions``, its span scores) turn by turn."""
+
+    def __init__(
+        self,
+        eviction: nexus.EvictionConfig,
+        protocol: str,
+        turns: list[TurnTokens],
+        chunked: bool,
+        actions: Sequence[Sequence[PlannedSpan]] | None,
+    ):
+        self.eviction, self.protocol, self.chunked, self.actions = eviction, protocol, chunked, actions
+        self.scores: list[TurnScore] = []
+        self.events = 0
+        self.started = time.perf_counter()
+        self.held: dict[tuple[int, int], list[float]] = {}  # (turn, generated index of a copy's start) -> per layer
+        self.context_lengths = [len(c) for c in contexts(turns)] if actions is not None else []
+
+    @property
+    def marks(self) -> dict[int, list[int]] | None:
+        return {t: snapshot_points(p) for t, p in enumerate(self.actions)} if self.actions is not None else None
+
+    def snapshot(self, t: int, at: int, cache: nexus.EvictableCache) -> None:
+        """Read, from ``cache``, the held share of the source of every copy of turn t read at feed index ``at``."""
+        for p in self.actions[t]:
+            if p.source is not None and read_index(p.first) == at:
+                self.held[t, p.first] = held_share(cache, *p.source)
+
+    def turn(self, t: int, cache, logits: torch.Tensor, targets: list[int], forwards: int, start: float) -> None:
+        if self.protocol == "full_context":
+            self.events = 0
+        target = torch.as_tensor(targets, device=logits.device)
+        # fp32 at least (bf16 logits are too coarse for an NLL), never a copy to fp64 of [n, vocab]
+        logp = torch.log_softmax(logits if logits.dtype in (torch.float32, torch.float64) else logits.float(), dim=-1)
+        nll = -logp.gather(1, target.view(-1, 1)).view(-1)
+        top1 = (logits.argmax(dim=-1) == target).double()
+        score = TurnScore(
+            index=t,
+            tokens=len(targets),
+            nll_mean=float(nll.mean()),
+            top1=float(top1.mean()),
+            eviction_events=len(cache.events) - self.events,
+            physical_after=LayerStats.of([cache.occupancy(i) for i in range(cache.num_layers)]),
+            **dataclasses.asdict(cache.memory()),
+            chunks=forwards - 1,
+            seconds=time.perf_counter() - start,
+        )
+        if self.actions is not None:
+            mine = {j: share for (u, j), share in self.held.items() if u == t}
+            score.spans = score_spans(self.actions[t], nll, top1, self.context_lengths[t], mine)
+        self.scores.append(score)
+        self.events = len(cache.events)
+
+    def result(self) -> ReplayScore:
+        scores = self.scores
+        tokens = sum(s.tokens for s in scores)
+        return ReplayScore(
+            method=self.eviction.method,
+            scope=self.eviction.scope,
+            protocol=self.protocol,
+            chunked=self.chunked,
+            turns=scores,
+            tokens=tokens,
+            nll_mean=sum(s.nll_mean * s.tokens for s in scores) / tokens if tokens else None,
+            top1=sum(s.top1 * s.tokens for s in scores) / tokens if tokens else None,
+            action=summarize([x for s in scores for x in s.spans or ()]) if self.actions is not None else None,
+            seconds=time.perf_counter() - self.started,
+        )
 
 
 def replay_episode(
@@ -151,48 +268,57 @@ def replay_episode(
     protocol: str,
     *,
     chunked: bool = True,
+    actions: Sequence[Sequence[PlannedSpan]] | None = None,
 ) -> ReplayScore:
-    """Score one stored trajectory under `eviction` and `protocol` (see the module docstring)."""
-    scores: list[TurnScore] = []
-    t0 = time.perf_counter()
-    events = 0
-    stream = teacher_force(forward, model_config, turns, eviction, protocol, chunked=chunked)
+    """Score one stored trajectory under `eviction` and `protocol` (see the module docstring). ``actions``: the
+    spans of each turn's call (``agent_runner.action_scores.plan_spans``), scored span by span too."""
+    scorer = Scorer(eviction, protocol, turns, chunked, actions)
+    stream = teacher_force(
+        forward, model_config, turns, eviction, protocol, chunked=chunked, marks=scorer.marks, snapshot=scorer.snapshot
+    )
     while True:
         start = time.perf_counter()
         try:
             t, cache, logits, targets, forwards = next(stream)
         except StopIteration:
             break
-        if protocol == "full_context":
-            events = 0
-        target = torch.as_tensor(targets, device=logits.device)
-        # fp32 at least (bf16 logits are too coarse for an NLL), never a copy to fp64 of [n, vocab]
-        logp = torch.log_softmax(logits if logits.dtype in (torch.float32, torch.float64) else logits.float(), dim=-1)
-        nll = -logp.gather(1, target.view(-1, 1)).view(-1)
-        top1 = (logits.argmax(dim=-1) == target).double()
-        scores.append(
-            TurnScore(
-                index=t,
-                tokens=len(targets),
-                nll_mean=float(nll.mean()),
-                top1=float(top1.mean()),
-                eviction_events=len(cache.events) - events,
-                physical_after=LayerStats.of([cache.occupancy(i) for i in range(cache.num_layers)]),
-                **dataclasses.asdict(cache.memory()),
-                chunks=forwards - 1,
-                seconds=time.perf_counter() - start,
-            )
-        )
-        events = len(cache.events)
-    tokens = sum(s.tokens for s in scores)
-    return ReplayScore(
-        method=eviction.method,
-        scope=eviction.scope,
-        protocol=protocol,
-        chunked=chunked,
-        turns=scores,
-        tokens=tokens,
-        nll_mean=sum(s.nll_mean * s.tokens for s in scores) / tokens if tokens else None,
-        top1=sum(s.top1 * s.tokens for s in scores) / tokens if tokens else None,
-        seconds=time.perf_counter() - t0,
-    )
+        scorer.turn(t, cache, logits, targets, forwards, start)
+    return scorer.result()
+
+
+@torch.no_grad()
+def replay_full_context_shared(
+    model: torch.nn.Module,
+    forward: Forward,
+    turns: list[TurnTokens],
+    evictions: Sequence[nexus.EvictionConfig],
+    *,
+    chunked: bool = True,
+    actions: Sequence[Sequence[PlannedSpan]] | None = None,
+) -> list[ReplayScore]:
+    """``replay_episode`` under full_context for several eviction settings at once, paying each turn's prefill once:
+    every turn starts from an empty cache, so its prefill computes the same keys, values, queries and logits
+    under every method (``nexus.shared_prefill``); only what each method keeps differs. The prefill is recorded
+    dense once per turn (extending the previous turn's recording by the part of the context that is new) and each
+    method's cache is built from it, then the turn's tokens are fed back per method. Returns one score per
+    eviction setting, equal to ``replay_episode``'s up to float rounding (tested)."""
+    from nexus.shared_prefill import record_prefill
+
+    ctxs = contexts(turns)
+    scorers = [Scorer(e, "full_context", turns, chunked, actions) for e in evictions]
+    device = next(model.parameters()).device
+    recorded = None
+    for t, turn in enumerate(turns):
+        if not turn.generated:
+            continue
+        ids = torch.as_tensor(ctxs[t], dtype=torch.long, device=device).view(1, -1)
+        # the history this turn starts with was recorded last turn: only the rest of the context is computed
+        recorded = record_prefill(model, ids, logits_to_keep=1, reuse=recorded)
+        first = recorded.logits[0, -1:]
+        for scorer in scorers:
+            start = time.perf_counter()
+            cache = recorded.cache_for(scorer.eviction)
+            marks = (scorer.marks or {}).get(t, ())
+            logits, forwards = decode_rest(forward, cache, first, turn.generated, marks, chunked, t, scorer.snapshot)
+            scorer.turn(t, cache, logits, list(turn.generated), forwards, start)
+    return [s.result() for s in scorers]

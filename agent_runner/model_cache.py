@@ -57,6 +57,10 @@ def backend_for(spec: EpisodeSpec, task: Task | None = None, *, episodes_per_gpu
     _ = spec.eviction.policy  # the method's own parameters, even for backends that ignore the cache
     if spec.backend == "oracle":
         return make_backend("oracle", task=task)
+    if spec.backend == "expert":
+        if spec.eviction.method != "dense":
+            raise ValueError("the expert backend serves dense reference runs only (method=dense)")
+        return make_backend("expert", task=task, config=spec.expert)
     if spec.backend == "openai":
         if spec.eviction.method != "dense":
             raise ValueError("the openai backend serves dense reference runs only (method=dense)")

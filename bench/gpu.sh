@@ -14,6 +14,10 @@
 #      0.1/0.2/0.3, needle / later-turn (both protocols) / nll, GPU_PROBE_SAMPLES samples (default 30) of
 #      GPU_PROBE_LENGTHS tokens (default 4096,8192)                                         -> probes.json, probes.md
 #      (the same tables docs/probes.md shows for smollm2-135m on a CPU; --dry-run: the tiny model, 2 samples)
+#   5. the agent's case on a GPU-sized model, when GPU_AGENT_MODEL names one (a local Qwen3-8B or DeepSWE-Preview
+#      path) and GPU_AGENT_DB a results file holding an expert job (the demonstrations, run where Docker is):
+#      `nexus-eval replay` of that job on the model, every method x scope x protocol at 0.1/0.2/0.3, then its
+#      compare tables (the action table: docs/agent_case.md)                          -> agent.db, agent.json, agent.md
 # Everything lands in one folder: $OUT if set (the device tool's), else bench/out/gpu-<UTC date>; the whole
 # log is gpu.log there. The script never runs past GPU_BENCH_BOX seconds (default 450): every step runs
 # under `timeout`, and decode.py shares what is left among the methods (a method that cannot finish its
@@ -32,7 +36,9 @@ PY=${PYTHON:-python3}
 BOX=${GPU_BENCH_BOX:-450}
 METHODS=${GPU_BENCH_METHODS:-"dense snapkv@prefill_only morphkv nexus"}
 PROBE_MODEL=${GPU_PROBE_MODEL:-}
-PARTS=${GPU_BENCH_PARTS:-"batch decode${PROBE_MODEL:+ probes}"}
+AGENT_MODEL=${GPU_AGENT_MODEL:-}
+PARTS=${GPU_BENCH_PARTS:-"batch decode${PROBE_MODEL:+ probes}${AGENT_MODEL:+ agent}"}
+ALL_METHODS="dense,snapkv,pyramidkv,ada_snapkv,ada_pyramidkv,h2o,morphkv,streaming_llm,nexus,ada_nexus"
 BATCH_BOX=${GPU_BENCH_BATCH_BOX:-180}
 DIR=${OUT:-bench/out/gpu-$(date -u +%Y%m%dT%H%M%SZ)}
 mkdir -p "$DIR"
@@ -99,11 +105,10 @@ if [[ " $PARTS " == *" decode "* ]]; then
 fi
 if [[ " $PARTS " == *" probes "* ]]; then
   echo "== 4. quality probes ($(left)s left)"
-  ALL="dense,snapkv,pyramidkv,ada_snapkv,ada_pyramidkv,h2o,morphkv,streaming_llm,nexus,ada_nexus"
   if [ "$DRY" = 1 ]; then
     PROBE=(--model tiny --variants dense,snapkv,nexus --samples 2 --lengths 256 --densities 0.5 --threads 1)
   else
-    PROBE=(--model "$PROBE_MODEL" --variants "$ALL" --scopes prefill_only,prefill_decode --densities 0.1,0.2,0.3
+    PROBE=(--model "$PROBE_MODEL" --variants "$ALL_METHODS" --scopes prefill_only,prefill_decode --densities 0.1,0.2,0.3
            --samples "${GPU_PROBE_SAMPLES:-30}" --lengths "${GPU_PROBE_LENGTHS:-4096,8192}")
   fi
   BUDGET=$(( $(left) - 15 ))
@@ -115,6 +120,32 @@ if [[ " $PARTS " == *" probes "* ]]; then
 order by created_at desc limit 1').fetchone()[0])" "$DIR/probes.db" 2>/dev/null)
   [ -n "$RUN" ] && $PY -m nexus_eval.cli probe show "$RUN" --db "$DIR/probes.db" --format markdown > "$DIR/probes.md"
   [ "$PRC" = 0 ] || { echo "WARNING: probe run exited with rc $PRC (stored results are in $DIR/probes.db)"; RC=$PRC; }
+fi
+if [[ " $PARTS " == *" agent "* ]]; then
+  echo "== 5. the agent's case ($(left)s left)"
+  # expert demonstrations (a job run where Docker is, e.g. `nexus-eval run -f examples/agent_case.yaml --tasks '*'`)
+  # travel as their SQLite results file; they are replayed here on the GPU-sized model, never re-run
+  if [ -z "${GPU_AGENT_DB:-}" ] || [ ! -f "${GPU_AGENT_DB:-}" ]; then
+    echo "skipped: GPU_AGENT_DB does not name a results file holding an expert job"
+  else
+    cp "$GPU_AGENT_DB" "$DIR/agent.db"
+    JOB=${GPU_AGENT_JOB:-$($PY -c "import json, sqlite3, sys; rows = sqlite3.connect(sys.argv[1]).execute('select id, \
+config from jobs order by created_at desc').fetchall(); print(next(i for i, c in rows if json.loads(c).get('backend') \
+== 'expert'))" "$DIR/agent.db" 2>/dev/null)}
+    if [ "$DRY" = 1 ]; then
+      AGENT=(--model tiny --device cpu --methods dense,snapkv,nexus --scopes prefill_only --densities 0.2)
+    else
+      AGENT=(--model "$GPU_AGENT_MODEL" --device cuda --methods "$ALL_METHODS" --scopes prefill_only,prefill_decode
+             --protocols true_eviction,full_context --densities 0.1,0.2,0.3)
+    fi
+    BUDGET=$(( $(left) - 15 ))
+    timeout --kill-after=10 "$BUDGET" $PY -m nexus_eval.cli replay "$JOB" "${AGENT[@]}" --db "$DIR/agent.db"
+    ARC=$?
+    # rows are stored as they finish: a replay cut by the time box still shows what it finished
+    $PY -m nexus_eval.cli compare "$JOB" --db "$DIR/agent.db" --format json > "$DIR/agent.json"
+    $PY -m nexus_eval.cli compare "$JOB" --db "$DIR/agent.db" --format markdown > "$DIR/agent.md"
+    [ "$ARC" = 0 ] || { echo "WARNING: replay exited with rc $ARC (stored rows are in $DIR/agent.db)"; RC=$ARC; }
+  fi
 fi
 echo "== done in $((SECONDS - START))s; files in $DIR:"
 ls -l "$DIR"

@@ -6,7 +6,9 @@
   "compare selected" form sends here.
 
 Every page shows the table, quality beside cost, the trade-off charts (:mod:`dashboard.tradeoff_charts`), the
-per-task grid and the notes; a download is byte for byte the CLI's ``--format json`` / ``csv``.
+per-task grid and the notes; with span-scored replays the action table and its split by distance
+(``_compare.html``'s ``action_table``), and a line per stand-in job's demonstrations; a download is byte for byte
+the CLI's ``--format json`` / ``csv``.
 """
 
 from __future__ import annotations

@@ -11,8 +11,8 @@ from dataclasses import replace
 from fastapi import FastAPI, HTTPException, Query
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 
-from dashboard import charts, list_queries, queries, streams
-from dashboard.context import Context, episode_id_of, job_id_of
+from dashboard import charts, copy_marks, list_queries, queries, streams
+from dashboard.context import Context, NotFound, episode_id_of, job_id_of
 from dashboard.render import render, svg
 
 NOT_STORED = "Retention map not stored for this episode."
@@ -34,6 +34,35 @@ def _episode(ctx: Context, episode_id: str) -> queries.EpisodeView:
     full_id = episode_id_of(ctx, episode_id)
     with ctx.read() as s:
         return queries.episode(s, full_id)
+
+
+def _episode_and_replays(
+    ctx: Context, episode_id: str, replay_id: int | None
+) -> tuple[queries.EpisodeView, queries.ReplaySection]:
+    full_id = episode_id_of(ctx, episode_id)
+    with ctx.read() as s:
+        view = queries.episode(s, full_id)
+        try:
+            return view, queries.episode_replays(s, full_id, replay_id)
+        except LookupError as exc:
+            raise NotFound(str(exc)) from None
+
+
+def replay_marks(
+    view: queries.EpisodeView, section: queries.ReplaySection
+) -> tuple[dict[int, copy_marks.Marked], list[copy_marks.CopyRow]]:
+    """The chosen replay's spans on the page: per turn that has them its assistant text marked (``span-T-N`` ids),
+    and a row per copy span for the "copies and their sources" table."""
+    marks: dict[int, copy_marks.Marked] = {}
+    anchors: dict[tuple[int, int], str] = {}
+    for t in view.turns:
+        spans = section.spans.get(t.index)
+        if spans is None:
+            continue
+        prefix = f"span-{t.index}-"
+        marks[t.index] = copy_marks.mark_text(t.text, spans, id_prefix=prefix)
+        anchors.update({(t.index, n): f"{prefix}{n}" for n in marks[t.index].shown})
+    return marks, copy_marks.copy_rows(section.spans, anchors)
 
 
 def retention(view: queries.EpisodeView) -> tuple[str, str, list[streams.TurnKept]]:
@@ -139,9 +168,10 @@ def register(app: FastAPI, ctx: Context) -> None:
             return JSONResponse(queries.progress(s, full_id), headers={"Cache-Control": "no-store"})
 
     @app.get("/episodes/{episode_id}", response_class=HTMLResponse)
-    def episode(episode_id: str) -> str:
-        view = _episode(ctx, episode_id)
+    def episode(episode_id: str, replay: int | None = Query(None, ge=0)) -> str:
+        view, replays = _episode_and_replays(ctx, episode_id, replay)
         chart, note, kept = retention(view)
+        marks, copies = replay_marks(view, replays)
         return render(
             "episode.html",
             view=view,
@@ -150,6 +180,10 @@ def register(app: FastAPI, ctx: Context) -> None:
             retention_chart=chart,
             retention_note=note,
             retention_turns=kept,
+            replays=replays,
+            marks=marks,
+            copies=copies,
+            action_line=copy_marks.action_line(replays.chosen.action) if replays.chosen else "",
         )
 
     @app.get("/episodes/{a}/vs/{b}", response_class=HTMLResponse)

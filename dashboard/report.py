@@ -5,7 +5,8 @@ The same templates, partials and charts as the server's compare page (``render(.
 with the stylesheet inlined and nothing that points anywhere: no link to the server, no script, no external
 URL, charts as inline SVG. It opens from a mail attachment or a file share years later as it did today, and
 describes itself: every job's full settings (its stored ``JobSpec``), the package versions and git revision it
-ran with. Beside the compare table: quality against cost and, for a sweep, against density
+ran with. Beside the compare table (with the action table and the demonstrations lines when the jobs have
+them, as on the compare page): quality against cost and, for a sweep, against density
 (:mod:`dashboard.tradeoff_charts`); the mean KV slots after eviction and the eviction events per turn,
 averaged over the episodes, one panel per scope x protocol row. A probe run's report is its
 run page (``dashboard.probe_pages``) made standalone: settings, provenance, the cell tables and a chart per probe.

@@ -335,6 +335,10 @@ class Replay(Base):
     top1: Mapped[float | None] = mapped_column(Float)  # share of stored tokens that were the model's argmax
     turns: Mapped[list[dict[str, Any]] | None] = mapped_column(JSONType)  # TurnScore dumps, one per scored turn
     seconds: Mapped[float | None] = mapped_column(Float)
+    # a text trajectory's replay: the model it was rendered into and scored on (part of config_key); NULL for a
+    # token-stream replay (the source's own model). ``action``: its ActionSummary (agent_runner.action_scores)
+    model: Mapped[str | None] = mapped_column(String(200))
+    action: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 

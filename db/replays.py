@@ -29,12 +29,14 @@ from db.models import AGENT_EXIT_STATUSES, GRADE_STATUSES, Episode, Replay, Repl
 from db.store import result_attempts
 
 #: the ReplayScore fields copied into a row's columns (``turns`` holds the per-turn dumps)
-SCORE_FIELDS = ("tokens", "nll_mean", "top1", "turns", "seconds")
+SCORE_FIELDS = ("tokens", "nll_mean", "top1", "turns", "seconds", "action")
 
 
-def config_key(config: dict[str, Any]) -> str:
-    """sha256 hex of the canonical JSON of an eviction config: equal settings, equal key."""
-    text = json.dumps(config, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+def config_key(config: dict[str, Any], model: str | None = None) -> str:
+    """sha256 hex of the canonical JSON of an eviction config (and, for a text trajectory's replay, the model it
+    was scored on): equal settings, equal key."""
+    keyed = config if model is None else {"config": config, "model": model}
+    text = json.dumps(keyed, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
@@ -62,14 +64,16 @@ def record_replay(
     error: str | None = None,
     score: dict[str, Any] | None = None,
     chunked: bool = True,
+    model: str | None = None,
 ) -> Replay:
     """Store one replay of ``source`` (replacing the row of the same configuration, if any).
 
     ``score``: a ``ReplayScore.model_dump(mode="json")`` for an ``ok`` replay (its ``tokens``, ``nll_mean``,
-    ``top1``, ``turns`` and ``seconds`` become columns); ``error`` says why for ``failed`` / ``skipped``."""
+    ``top1``, ``turns``, ``seconds`` and ``action`` become columns); ``error`` says why for ``failed`` / ``skipped``.
+    ``model``: the model a text trajectory was rendered into (None: the source's own token stream)."""
     ReplayStatus(status)  # a typo is an error here, not a CHECK failure halfway through a batch
     begin_write(session)
-    key = config_key(config)
+    key = config_key(config, model)
     session.execute(
         delete(Replay)
         .where(
@@ -92,6 +96,7 @@ def record_replay(
         config_key=key,
         config=config,
         chunked=chunked,
+        model=model,
         status=status,
         error=error,
         created_at=utcnow(),

@@ -11,7 +11,9 @@ that method would leave, without running the model again (``tests/nexus/test_sha
 retained positions, buffers and the following decode logits against real prefills for every method).
 
 Quality probes (``agent_runner.probes``) use it to pay one model forward per sample instead of one per
-method x scope x density cell.
+method x scope x density cell; the full-context replay (``agent_runner.counterfactual``) records each turn's
+prefill once for every method, extending the previous turn's recording (``reuse``) instead of recomputing the
+history it starts with.
 
     recorded = record_prefill(model, input_ids)        # one forward; recorded.logits: [B, T, V]
     cache = recorded.cache_for(EvictionConfig(method="snapkv", density=0.2))
@@ -49,6 +51,7 @@ class RecordedPrefill:
     model_config: object
     layers: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]]
     logits: torch.Tensor
+    ids: torch.Tensor | None = None  # [B, T] the ids recorded (what a later ``record_prefill(reuse=...)`` extends)
 
     @property
     def length(self) -> int:
@@ -63,11 +66,39 @@ class RecordedPrefill:
         return cache
 
 
+def shared_prefix(recorded: RecordedPrefill | None, input_ids: torch.Tensor) -> int:
+    """How many leading ids of `input_ids` [B, T] `recorded` holds (0 without a recording of its ids)."""
+    if recorded is None or recorded.ids is None or recorded.ids.shape[0] != input_ids.shape[0]:
+        return 0
+    n = min(recorded.ids.shape[1], input_ids.shape[1])
+    same = (recorded.ids[:, :n] == input_ids[:, :n]).all(dim=0)
+    return n if bool(same.all()) else int(same.long().argmin())
+
+
 @torch.no_grad()
-def record_prefill(model: torch.nn.Module, input_ids: torch.Tensor) -> RecordedPrefill:
-    """Run one dense prefill of `input_ids` [B, T] (the model `nexus.prepare`d) and record it."""
+def record_prefill(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    *,
+    logits_to_keep: int = 0,
+    reuse: RecordedPrefill | None = None,
+) -> RecordedPrefill:
+    """Run one dense prefill of `input_ids` [B, T] (the model `nexus.prepare`d) and record it. `logits_to_keep`: as
+    transformers reads it (0: the logits of every position; 1: the last position's only, [B, 1, V]).
+
+    `reuse`: an earlier recording whose ids start `input_ids` (a conversation re-prefilled one turn later). Under
+    causal attention a position's query, key and value depend on the positions before it only, so the shared
+    prefix's are taken from `reuse` and only the rest is computed, on top of a dense cache holding the prefix:
+    the same tensors as a whole prefill, up to float rounding (a prefix's matmuls run in other shapes). Its
+    `logits` then cover the new positions only, so `logits_to_keep` must be 1 (at least one id must be new)."""
+    keep = shared_prefix(reuse, input_ids)
+    if keep and (logits_to_keep != 1 or keep == input_ids.shape[1]):
+        keep = 0  # all logits asked for, or nothing new to run: a whole prefill
     recorder = _RecordingCache(model.config)
-    out = model(input_ids=input_ids, use_cache=True, **{cache_kwarg(model): recorder})
+    for layer_idx, (_, keys, values, _) in enumerate(reuse.layers if keep else ()):
+        recorder.update(keys[:, :, :keep], values[:, :, :keep], layer_idx)  # dense: holds every prefix position
+    kw = {cache_kwarg(model): recorder}
+    out = model(input_ids=input_ids[:, keep:], use_cache=True, logits_to_keep=logits_to_keep, **kw)
     if len(recorder.queries) != recorder.num_layers:
         raise ValueError(
             f"recorded {len(recorder.queries)} of {recorder.num_layers} layers: is the model nexus.prepare()d?"
@@ -75,5 +106,7 @@ def record_prefill(model: torch.nn.Module, input_ids: torch.Tensor) -> RecordedP
     layers = []
     for layer_idx, layer in enumerate(recorder.layers):
         queries, scaling = recorder.queries[layer_idx]
+        if keep:
+            queries = torch.cat([reuse.layers[layer_idx][0][:, :, :keep], queries], dim=2)
         layers.append((queries, layer.keys.clone(), layer.values.clone(), scaling))
-    return RecordedPrefill(model_config=model.config, layers=layers, logits=out.logits)
+    return RecordedPrefill(model_config=model.config, layers=layers, logits=out.logits, ids=input_ids.clone())

@@ -8,6 +8,7 @@ from __future__ import annotations
 import typer
 
 from nexus_eval.commands import (
+    agent_case,
     demo,
     episode,
     images,
@@ -51,6 +52,7 @@ _AREAS = (
     service_episodes,
     service_rerun,
     replay,
+    agent_case,
     probe,
     web,
 )

@@ -37,7 +37,17 @@ dense episodes reuses the dense episodes of another cell, and the cell says ``re
 
 When dense trajectories of the jobs were replayed (``nexus-eval replay``, ``workers.replay``), the table also
 carries one :class:`workers.replay_stats.ReplayCell` per replayed (scope, protocol, method): mean delta-NLL vs
-dense with a bootstrap interval over tasks, and top-1 agreement. Without replays nothing changes.
+dense with a bootstrap interval over tasks, and top-1 agreement. Without replays nothing changes. Replays that
+scored the spans of the agent's calls (``Replay.action``: text trajectories replayed with ``--model``) add the
+action table (:mod:`workers.action_stats`: copy top-1 per task then over tasks, ΔNLL vs dense, tests vs dense and
+SnapKV) and its split by how far back each copied source was.
+
+Demonstrations are not samples: a job whose stored spec has a backend of :data:`DEMONSTRATION_BACKENDS` (``expert``:
+a deterministic stand-in that applies the gold patch through the agent's tools) never puts an episode into a
+Pass@1 cell, a paired test or the per-task grid. The table carries one :class:`Demonstration` line per such job
+instead (``demonstrations (expert stand-in, not a Pass@1): 16/16 resolved``); its replays still make the replay and
+action tables, which is what the demonstrations are for. The ``oracle`` backend (a test double, also a stand-in) is
+kept as it was: the service's own tests and fixtures measure the table's arithmetic on oracle jobs.
 
 Everything here is a pure function over :class:`Outcome` rows (testable without a database), except
 :func:`compare_jobs`, the database entry point. ``workers.compare_render.render`` turns a table into text
@@ -66,6 +76,8 @@ from db.models import (
 )
 from nexus.methods import DENSE, METHODS, SCOPES
 from nexus.presets import stored_settings
+from workers.action_render import ACTION_CAPTION, DISTANCE_CAPTION, ActionLayout, layout
+from workers.action_stats import ActionCell, DistanceCell, summarize_rows
 from workers.cost import CellCost, EpisodeCost, episode_costs, summarize_cost
 from workers.replay_stats import ReplayCell, current_replays, outcomes_from_rows, replay_notes, summarize_replays
 from workers.stats import (
@@ -76,6 +88,12 @@ from workers.stats import (
     sign_flip_test,
     wilson_interval,
 )
+
+#: backends whose episodes are demonstrations, not a model's samples: never in a Pass@1 cell (see the module doc)
+DEMONSTRATION_BACKENDS = {"expert": "expert stand-in"}
+
+#: the summary's text when no compared job holds a model's samples (only demonstrations, or no episode at all)
+NO_SAMPLES = "No Pass@1 cell: none of the compared jobs has an agent episode (demonstrations are shown apart)."
 
 #: the interval a table's cells get (:func:`interval_rule`), and what its caption says of it
 WILSON = "wilson"
@@ -176,6 +194,60 @@ class Cell:
         return self.n > 0 and self.ci_low is None
 
 
+@dataclass
+class Demonstration:
+    """A job of a stand-in backend (:data:`DEMONSTRATION_BACKENDS`), summarized apart from every Pass@1 cell: its
+    result attempts' verdicts (``n`` counted as in a cell: verdicts and run failures), never a rate with an
+    interval, since a deterministic stand-in is not a sample of anything."""
+
+    job_id: str
+    backend: str
+    methods: list[str]
+    n: int = 0
+    resolved: int = 0
+    failures: int = 0  # timeout + infra_failure (inside n)
+    pending: int = 0
+    ungraded: int = 0
+    cancelled: int = 0
+
+    @property
+    def text(self) -> str:
+        label = DEMONSTRATION_BACKENDS.get(self.backend, self.backend)
+        apart = (
+            (self.failures, "run failure(s), in n"),
+            (self.pending, "pending"),
+            (self.ungraded, "ungraded"),
+            (self.cancelled, "cancelled"),
+        )
+        parts = [f"{self.resolved}/{self.n} resolved"] + [f"{n} {what}" for n, what in apart if n]
+        methods = ", ".join(self.methods) or "no episodes"
+        return f"demonstrations ({label}, not a Pass@1): job {self.job_id} ({methods}): " + ", ".join(parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "text": self.text}
+
+
+def demonstration(job: Any, outcomes: Sequence[Outcome]) -> Demonstration:
+    """The demonstrations line of ``job`` from its result attempts' outcomes."""
+    counted = [o for o in outcomes if o.counted]
+    return Demonstration(
+        job_id=job.id,
+        backend=(job.config or {}).get("backend", ""),
+        methods=_order((o.method for o in outcomes), METHODS),
+        n=len(counted),
+        resolved=sum(o.resolved for o in counted),
+        failures=sum(o.status in RUN_FAILURE_STATUSES for o in counted),
+        pending=sum(o.pending for o in outcomes),
+        ungraded=sum(o.ungraded for o in outcomes),
+        cancelled=sum(o.status == EpisodeStatus.cancelled for o in outcomes),
+    )
+
+
+def is_demonstration(job: Any) -> bool:
+    """Whether ``job`` (a ``db.models.Job``) ran a stand-in backend whose episodes are demonstrations."""
+    return (job.config or {}).get("backend") in DEMONSTRATION_BACKENDS
+
+
 #: a cell of the per-task grid: (scope, protocol, density, method); density None for dense
 GridKey = tuple[str, str, float | None, str]
 
@@ -205,6 +277,10 @@ class CompareTable:
     # same shape as grid (build_table fills both): the driver of each status's attempt
     drivers: dict[GridKey, dict[str, list[str]]] = field(default_factory=dict)
     replay: list[ReplayCell] = field(default_factory=list)  # counterfactual replays, when any were stored
+    # replays that scored the calls' spans (workers.action_stats): the action table and its split by distance
+    action: list[ActionCell] = field(default_factory=list)
+    action_by_distance: list[DistanceCell] = field(default_factory=list)
+    demonstrations: list[Demonstration] = field(default_factory=list)  # stand-in jobs: never in a Pass@1 cell
     interval: str = WILSON  # the interval every cell uses (interval_rule)
     # the outcomes the table was built from (not serialized): which episode is behind each grid status
     outcomes: list[Outcome] = field(default_factory=list, repr=False)
@@ -213,6 +289,16 @@ class CompareTable:
     def caption(self) -> str:
         """What the summary's numbers are, with the rules this table used (printed under it)."""
         return table_caption(self.interval)
+
+    @property
+    def no_samples(self) -> str:
+        """What the summary says instead of a table when no compared job has an agent episode ('' when one has)."""
+        return "" if self.rows else NO_SAMPLES
+
+    @property
+    def action_layout(self) -> ActionLayout | None:
+        """How every renderer lays out the action table (``None`` without one)."""
+        return layout(self.action, self.action_by_distance) if self.action else None
 
     @property
     def panels(self) -> list[tuple[str, str]]:
@@ -264,6 +350,13 @@ class CompareTable:
         }
         if self.replay:  # absent without replays: the table of a job never replayed stays as it was
             out["replay"] = [asdict(c) for c in self.replay]
+        if self.action:  # absent without span-scored replays (docs/numbers.md, "The action table")
+            out["action"] = [c.to_dict() for c in self.action]
+            out["action_by_distance"] = [d.to_dict() for d in self.action_by_distance]
+            out["action_caption"] = ACTION_CAPTION
+            out["action_distance_caption"] = DISTANCE_CAPTION
+        if self.demonstrations:
+            out["demonstrations"] = [d.to_dict() for d in self.demonstrations]
         return out
 
 
@@ -575,23 +668,58 @@ def compare_jobs(
     agent = [result_attempts(session, [j]) for j in ids]  # also what replays are sources of
     episodes = [result_attempts(session, [j], include_interactive=True) for j in ids] if include_interactive else agent
     every = [e for per_job in episodes for e in per_job]
-    costs = episode_costs(session, every)
     grading = [job_grades(job) for job in jobs]
+    demos = [is_demonstration(job) for job in jobs]  # stand-ins: a demonstrations line each, never a Pass@1 cell
+    samples = [e for per_job, demo in zip(episodes, demos, strict=True) if not demo for e in per_job]
+    costs = episode_costs(session, samples)
     outcomes, notes = merge_jobs(
-        [outcomes_from_episodes(e, costs, grades=g) for e, g in zip(episodes, grading, strict=True)]
+        [
+            outcomes_from_episodes(e, costs, grades=g)
+            for e, g, demo in zip(episodes, grading, demos, strict=True)
+            if not demo
+        ]
     )
     resamples = [
         o
-        for j, g in zip(ids, grading, strict=True)
+        for j, g, demo in zip(ids, grading, demos, strict=True)
+        if not demo
         for o in outcomes_from_episodes(resample_attempts(session, [j]), grades=g)
     ]
-    notes += interactive_notes(interactive_attempts(session, ids), counted=[o for o in outcomes if o.interactive])
-    notes += setting_notes(jobs) + grading_notes(every) + seed_notes(every)
+    sampled_ids = [j for j, demo in zip(ids, demos, strict=True) if not demo]
+    notes += interactive_notes(
+        interactive_attempts(session, sampled_ids), counted=[o for o in outcomes if o.interactive]
+    )
+    notes += setting_notes([job for job, demo in zip(jobs, demos, strict=True) if not demo])
+    notes += grading_notes(every) + seed_notes(samples)
     table = build_table(outcomes, job_ids=ids, confidence=confidence, seed=seed, notes=notes, resamples=resamples)
+    table.demonstrations = [
+        demonstration(job, outcomes_from_episodes(e, grades=g))
+        for job, e, g, demo in zip(jobs, episodes, grading, demos, strict=True)
+        if demo
+    ]
     replays, superseded = current_replays(session, ids, [e for per_job in agent for e in per_job])
     table.replay = summarize_replays(outcomes_from_rows(replays), confidence=confidence, seed=seed)
     table.notes += replay_notes(table.replay, superseded=superseded)
+    table.action, table.action_by_distance = summarize_rows(replays, confidence=confidence, seed=seed)
+    table.notes += demonstration_notes(table)
     return table
+
+
+def demonstration_notes(table: CompareTable) -> list[str]:
+    """What the table did with stand-in jobs, and with replays scored on several models."""
+    notes = []
+    if table.demonstrations:
+        named = ", ".join(d.job_id for d in table.demonstrations)
+        notes.append(
+            f"job(s) {named} ran a stand-in backend ({', '.join(sorted(DEMONSTRATION_BACKENDS))}): demonstrations, "
+            "not a model's samples, so none of their episodes is in a Pass@1 cell, a paired test or the per-task "
+            "grid; their replays are in the replay and action tables"
+        )
+    models = {c.model for c in table.replay}
+    if len(models) > 1:
+        shown = ", ".join(m or "the source's own stream" for m in sorted(models, key=lambda m: m or ""))
+        notes.append(f"replays were scored on several models ({shown}): each model's cells are apart")
+    return notes
 
 
 def interactive_notes(interactive: Sequence[Any], *, counted: Sequence[Outcome]) -> list[str]:
@@ -638,7 +766,7 @@ def seed_notes(episodes: Sequence[Any]) -> list[str]:
     stale = [
         e
         for e in episodes
-        if (e.config or {}).get("backend", "hf") != "oracle"
+        if (e.config or {}).get("backend", "hf") not in ("oracle", *DEMONSTRATION_BACKENDS)
         and "seed" in ((e.config or {}).get("agent") or {})
         and e.config["agent"]["seed"] != e.config.get("seed", e.seed)
     ]

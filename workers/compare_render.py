@@ -11,6 +11,15 @@
 A table with counterfactual replays (``CompareTable.replay``) gets more, and only then: ``json`` a top-level
 ``replay`` list, ``csv`` the :data:`REPLAY_COLUMNS` on every line (and a line for a replayed cell no episode
 row has), ``markdown`` / ``table`` a replay table after the summary (:func:`replay_text` per cell).
+
+A table whose replays scored the spans of the agent's calls (``CompareTable.action``, :mod:`workers.action_stats`)
+gets the action table, and only then: ``json`` the top-level ``action`` and ``action_by_distance`` lists (with
+``action_caption`` and ``action_distance_caption``), ``csv`` the :data:`ACTION_COLUMNS` on every line (each action
+cell on the line of its (scope, protocol, density, method) cell, or on a line of its own: one whose summary
+columns are blank; a line carries one when ``action_episodes`` is set), ``markdown`` / ``table`` (and the dashboard's
+partial) the action table (rows scope x protocol x density, columns methods, :func:`workers.action_render.cell_lines`
+per cell) and the split by distance after the replay table. A table of stand-in jobs' demonstrations
+(``CompareTable.demonstrations``) prints one line per job under the summary (``json``: ``demonstrations``).
 """
 
 from __future__ import annotations
@@ -23,7 +32,9 @@ from typing import Any
 
 from db.models import EpisodeStatus, is_interactive
 from nexus.methods import DENSE
-from workers.compare import TASK_BOOTSTRAP, WILSON, Cell, CompareTable, GridKey, Row
+from workers.action_render import ACTION_CAPTION, DISTANCE_CAPTION, ActionLayout, cell_lines, model_text
+from workers.action_stats import DISTANCE_BUCKETS, ActionCell, DistanceCell
+from workers.compare import NO_SAMPLES, TASK_BOOTSTRAP, WILSON, Cell, CompareTable, GridKey, Row
 from workers.cost import COST_FIELDS, human_bytes
 from workers.replay_stats import REPLAY_CAPTION, ReplayCell
 
@@ -157,6 +168,7 @@ REPLAY_COLUMNS = [
     "replay_unpaired",
     "replay_skipped",
     "replay_failed",
+    "replay_model",  # a text trajectory's replay: the model it was scored on ('' for the source's own stream)
 ]
 REPLAY_HEADER = [
     "scope",
@@ -188,6 +200,7 @@ def _replay_values(r: ReplayCell | None) -> list[Any]:
         r.unpaired,
         r.skipped,
         r.failed,
+        r.model or "",
     ]
 
 
@@ -202,7 +215,8 @@ def replay_text(r: ReplayCell) -> list[str]:
     episodes = str(r.episodes) + "".join(f" +{n} {w}" for n, w in ((r.skipped, "skipped"), (r.failed, "failed")) if n)
     nll = "-" if r.nll_mean is None else f"{r.nll_mean:.3f}"
     pairs = f"{r.n_pairs} ({r.pair_tasks})" + (f", {r.unpaired} unpaired" if r.unpaired else "")
-    return [r.scope, r.protocol, _density(r.density), r.method, episodes, str(r.tasks), nll, _pct(r.top1), delta, pairs]
+    method = r.method if r.model is None else f"{r.method} ({r.model})"  # a text trajectory's: the model scored on
+    return [r.scope, r.protocol, _density(r.density), method, episodes, str(r.tasks), nll, _pct(r.top1), delta, pairs]
 
 
 def _density(d: float | None) -> str:
@@ -235,7 +249,7 @@ TRADEOFF_HEADER = [
 def tradeoff_rows(table: CompareTable) -> list[list[str]]:
     """:data:`TRADEOFF_HEADER` cells, one line per cell of the table that has episodes (dense once per scope
     x protocol: it is the same in every density row)."""
-    replays = {(r.scope, r.protocol, r.density, r.method): r for r in table.replay}
+    replays = {(r.scope, r.protocol, r.density, r.method): r for r in _own_stream(table)}
     lines, seen = [], set()
     for row in table.rows:
         for method, c in row.cells.items():
@@ -266,10 +280,17 @@ def tradeoff_rows(table: CompareTable) -> list[list[str]]:
     return lines
 
 
+def _own_stream(table: CompareTable) -> list[ReplayCell]:
+    """The replay cells of the sources' own token streams (model ``None``): the only ΔNLL the trade-off table puts
+    beside a cell's Pass@1, since a text trajectory's replay measured another model."""
+    return [r for r in table.replay if r.model is None]
+
+
 def tradeoff_columns(table: CompareTable) -> tuple[list[str], list[list[str]]]:
-    """(header, lines) of the trade-off table; the ΔNLL column only when the table carries replays."""
+    """(header, lines) of the trade-off table; the ΔNLL column only when the table carries replays of the sources'
+    own streams."""
     header, lines = TRADEOFF_HEADER, tradeoff_rows(table)
-    if table.replay:
+    if _own_stream(table):
         return list(header), lines
     drop = header.index("ΔNLL vs dense")
     return [h for i, h in enumerate(header) if i != drop], [[v for i, v in enumerate(x) if i != drop] for x in lines]
@@ -290,21 +311,106 @@ def to_csv(table: CompareTable, *, grid: bool = False) -> str:
                 for i, (status, driver) in enumerate(table.seeds(key, task)):
                     writer.writerow([task, key[0], key[1], _num(key[2]), key[3], i, status, driver])
         return out.getvalue()
-    replays = {(r.scope, r.protocol, r.density, r.method): r for r in table.replay}
-    with_replays = bool(replays)
-    writer.writerow(SUMMARY_COLUMNS + (REPLAY_COLUMNS if with_replays else []))
-    shown = set()
+    with_replays, with_actions = bool(table.replay), bool(table.action)
+    writer.writerow(
+        SUMMARY_COLUMNS + (REPLAY_COLUMNS if with_replays else []) + (ACTION_COLUMNS if with_actions else [])
+    )
+    # each replay and action cell once: the first of its (scope, protocol, density, method) on that cell's line,
+    # any other (another model's) on a line of its own, whose summary columns are blank
+    replays: dict[GridKey, list[ReplayCell]] = {}
+    for r in table.replay:
+        replays.setdefault((r.scope, r.protocol, r.density, r.method), []).append(r)
+    actions: dict[GridKey, list[ActionCell]] = {}
+    for a in table.action:
+        actions.setdefault((a.scope, a.protocol, a.density, a.method), []).append(a)
+    splits = _distance_of(table)
+
+    def extra(key: GridKey) -> list[Any]:
+        waiting_r, waiting_a = replays.get(key), actions.get(key)
+        out = _replay_values(waiting_r.pop(0) if waiting_r else None) if with_replays else []
+        if with_actions:
+            out += _action_values(waiting_a.pop(0), splits) if waiting_a else [""] * len(ACTION_COLUMNS)
+        return out
+
     for row in table.rows:
         for method, c in row.cells.items():
             key = grid_key(row, method)
-            shown.add(key)
-            extra = _replay_values(replays.get(key)) if with_replays else []
-            writer.writerow([row.scope, row.protocol, _num(row.density), method, *_cell_values(c), *extra])
-    for (scope, protocol, density, method), r in replays.items():  # replayed cells without episodes of their own
-        if (scope, protocol, density, method) not in shown:
-            blanks = [""] * (len(SUMMARY_COLUMNS) - 5)
-            writer.writerow([scope, protocol, _num(density), method, _num(density), *blanks, *_replay_values(r)])
+            writer.writerow([row.scope, row.protocol, _num(row.density), method, *_cell_values(c), *extra(key)])
+    blanks = [""] * (len(SUMMARY_COLUMNS) - 5)
+    for key in list(dict.fromkeys([*replays, *actions])):  # replayed cells without a line of their own yet
+        scope, protocol, density, method = key
+        while replays.get(key) or actions.get(key):
+            writer.writerow([scope, protocol, _num(density), method, _num(density), *blanks, *extra(key)])
     return out.getvalue()
+
+
+def bucket_slug(label: str) -> str:
+    """A distance bucket's label as a column-name part: ``<1K`` -> ``lt1k``, ``1K-2K`` -> ``1k_2k``, ``>=4K`` ->
+    ``ge4k``."""
+    return label.replace(">=", "ge").replace("<", "lt").replace("-", "_").lower()
+
+
+#: the action cell's columns of the csv (only when the table has an action table); the split by distance as
+#: ``action_copy_top1_<bucket>``, ``action_spans_<bucket>``, ``action_tasks_<bucket>`` per :data:`DISTANCE_BUCKETS`
+ACTION_FIELDS = [
+    "model",
+    "episodes",
+    "paired",
+    "unpaired",
+    "tasks",
+    "spans",
+    "copy_tokens",
+    "copy_top1",
+    "copy_top1_ci_low",
+    "copy_top1_ci_high",
+    "copy_nll",
+    "delta_copy_nll",
+    "delta_copy_nll_ci_low",
+    "delta_copy_nll_ci_high",
+    "copy_exact",
+    "copy_held",
+    "new_top1",
+    "new_nll",
+    "new_tokens",
+    "p_vs_dense",
+    "tasks_vs_dense",
+    "p_vs_snapkv",
+    "tasks_vs_snapkv",
+    "spans_unlocated",
+]
+ACTION_COLUMNS = [f"action_{name}" for name in ACTION_FIELDS] + [
+    f"action_{what}_{bucket_slug(label)}"
+    for label, _, _ in DISTANCE_BUCKETS
+    for what in ("copy_top1", "spans", "tasks")
+]
+
+
+def _distance_of(table: CompareTable) -> dict[tuple[Any, ...], dict[str, DistanceCell]]:
+    out: dict[tuple[Any, ...], dict[str, DistanceCell]] = {}
+    for d in table.action_by_distance:
+        out.setdefault((d.method, d.scope, d.protocol, d.density, d.model), {})[d.bucket] = d
+    return out
+
+
+def _action_values(a: ActionCell, splits: dict[tuple[Any, ...], dict[str, DistanceCell]]) -> list[Any]:
+    """An action cell's values for :data:`ACTION_COLUMNS` (counts as they are, floats to 6 digits, '' for none)."""
+    low, high = a.copy_top1_ci or (None, None)
+    dlow, dhigh = a.delta_copy_nll_ci or (None, None)
+    ci = {
+        "copy_top1_ci_low": low,
+        "copy_top1_ci_high": high,
+        "delta_copy_nll_ci_low": dlow,
+        "delta_copy_nll_ci_high": dhigh,
+    }
+    values: list[Any] = []
+    for name in ACTION_FIELDS:
+        v = ci[name] if name in ci else getattr(a, name)
+        values.append((v or "") if name == "model" else v if isinstance(v, int) else _num(v))
+    split = splits.get((a.method, a.scope, a.protocol, a.density, a.model), {})
+    for label, _, _ in DISTANCE_BUCKETS:
+        d = split.get(label)
+        values += ["", 0, 0] if d is None else [_num(d.copy_top1), d.spans, d.tasks]
+    return values
 
 
 def _cell_values(c: Cell) -> list[Any]:
@@ -359,28 +465,59 @@ def _key_text(key: GridKey, sep: str) -> str:
 
 
 def to_markdown(table: CompareTable) -> str:
-    lines = ["| scope | protocol | density | " + " | ".join(table.methods) + " |"]
-    lines.append("|---|---|---|" + "---|" * len(table.methods))
-    for row in table.rows:
-        cells = [cell_text(row.cells[m]) for m in table.methods]
-        lines.append(f"| {row.scope} | {row.protocol} | {_density(row.density)} | " + " | ".join(cells) + " |")
-    lines += ["", table.caption]
-    lines += ["", "Quality beside cost (means per episode of the cell's counted episodes):", ""]
-    header, values = tradeoff_columns(table)
-    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(v) + " |" for v in values]
+    if table.rows:
+        lines = ["| scope | protocol | density | " + " | ".join(table.methods) + " |"]
+        lines.append("|---|---|---|" + "---|" * len(table.methods))
+        for row in table.rows:
+            cells = [cell_text(row.cells[m]) for m in table.methods]
+            lines.append(f"| {row.scope} | {row.protocol} | {_density(row.density)} | " + " | ".join(cells) + " |")
+        lines += ["", table.caption]
+    else:
+        lines = [NO_SAMPLES]
+    if table.demonstrations:
+        lines += [""] + [f"- {d.text}" for d in table.demonstrations]
+    if table.rows:
+        lines += ["", "Quality beside cost (means per episode of the cell's counted episodes):", ""]
+        lines += [_markdown_table(*tradeoff_columns(table))]
     if table.replay:
         lines += ["", f"Counterfactual replay: {REPLAY_CAPTION}.", ""]
         lines += ["| " + " | ".join(REPLAY_HEADER) + " |", "|" + "---|" * len(REPLAY_HEADER)]
         lines += ["| " + " | ".join(replay_text(r)) + " |" for r in table.replay]
-    lines += ["", "Per task (one symbol per seed): " + LEGEND, ""]
-    keys = list(table.grid)
-    lines.append("| task | " + " | ".join(_key_text(k, "/") for k in keys) + " |")
-    lines.append("|---|" + "---|" * len(keys))
-    for task in table.tasks:
-        lines.append(f"| {task} | " + " | ".join(_grid_cell(table, k, task) for k in keys) + " |")
+    action = table.action_layout
+    if action is not None:
+        lines += ["", f"{action.title}:", ""]
+        lines += [_markdown_table(action_header(action), action_lines(action, sep="; "))]
+        lines += ["", ACTION_CAPTION + ".", "", "Copy top-1 by distance:", ""]
+        lines += [_markdown_table(action.distance_header, action.distance_lines()), "", DISTANCE_CAPTION + "."]
+    if table.grid:
+        lines += ["", "Per task (one symbol per seed): " + LEGEND, ""]
+        keys = list(table.grid)
+        lines.append("| task | " + " | ".join(_key_text(k, "/") for k in keys) + " |")
+        lines.append("|---|" + "---|" * len(keys))
+        for task in table.tasks:
+            lines.append(f"| {task} | " + " | ".join(_grid_cell(table, k, task) for k in keys) + " |")
     lines += [""] + [f"Note: {n}" for n in table.notes]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _markdown_table(header: list[str], lines: list[list[str]]) -> str:
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(out + ["| " + " | ".join(v) + " |" for v in lines])
+
+
+def action_header(action: ActionLayout) -> list[str]:
+    """The action table's header: the row's label parts, then one column per method."""
+    return ["scope", "protocol", "density", *(["model"] if action.several_models else []), *action.methods]
+
+
+def action_lines(action: ActionLayout, *, sep: str) -> list[list[str]]:
+    """The action table's rows as text cells (a cell's lines joined by ``sep``)."""
+    out = []
+    for row in action.rows:
+        head = [row.scope, row.protocol, _density(row.density)]
+        head += [model_text(row.model)] if action.several_models else []
+        out.append(head + [sep.join(cell_lines(row.cells[m])) for m in action.methods])
+    return out
 
 
 #: under the trade-off table: what its cost columns are
@@ -394,6 +531,7 @@ TRADEOFF_CAPTION = (
 
 def rich_tables(table: CompareTable) -> list[Any]:
     """rich renderables: the summary table, the trade-off table, then one per-task grid per row."""
+    from rich.markup import escape
     from rich.table import Table
     from rich.text import Text
 
@@ -406,21 +544,41 @@ def rich_tables(table: CompareTable) -> list[Any]:
         summary.add_row(
             row.label.replace(" / ", "\n"), *(cell_text(row.cells[m], multiline=True) for m in table.methods)
         )
-    renderables: list[Any] = [summary]
-    tradeoff = Table(title="quality beside cost", caption=TRADEOFF_CAPTION)
-    header, values = tradeoff_columns(table)
-    for i, name in enumerate(header):
-        tradeoff.add_column(name, justify="left" if i < 4 else "right")
-    for v in values:
-        tradeoff.add_row(*v)
-    renderables.append(tradeoff)
+    renderables: list[Any] = [summary if table.rows else Text("\n".join([NO_SAMPLES, *table.notes]))]
+    renderables += [Text(d.text, style="bold") for d in table.demonstrations]
+    if table.rows:
+        tradeoff = Table(title="quality beside cost", caption=TRADEOFF_CAPTION)
+        header, values = tradeoff_columns(table)
+        for i, name in enumerate(header):
+            tradeoff.add_column(name, justify="left" if i < 4 else "right")
+        for v in values:
+            tradeoff.add_row(*v)
+        renderables.append(tradeoff)
     if table.replay:
         replay = Table(title="counterfactual replay", caption=REPLAY_CAPTION)
         for i, name in enumerate(REPLAY_HEADER):
             replay.add_column(name, justify="left" if i < 4 else "right")
-        for r in table.replay:
-            replay.add_row(*replay_text(r))
+        for r in table.replay:  # escaped: a variant's label, nexus[head_scores=per_head], is not rich markup
+            replay.add_row(*(escape(v) for v in replay_text(r)))
         renderables.append(replay)
+    action = table.action_layout
+    if action is not None:
+        header = action_header(action)
+        labels = len(header) - len(action.methods)
+        actions = Table(title=action.title, caption=ACTION_CAPTION, show_lines=True)
+        for i, name in enumerate(header):
+            actions.add_column(escape(name), justify="left" if i < labels else "center")
+        for line in action_lines(action, sep="\n"):
+            actions.add_row(*(escape(v) for v in line))
+        renderables.append(actions)
+        distance = Table(title="copy top-1 by distance", caption=DISTANCE_CAPTION)
+        for i, name in enumerate(action.distance_header):
+            distance.add_column(
+                name, justify="left" if i < len(action.distance_header) - len(DISTANCE_BUCKETS) else "right"
+            )
+        for line in action.distance_lines():
+            distance.add_row(*(escape(v) for v in line))
+        renderables.append(distance)
     for row in table.rows:
         title = f"per task: {row.label}"
         grid = Table(title=title, min_width=len(title) + 4)

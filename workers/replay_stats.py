@@ -3,7 +3,8 @@
 A replay row scores one dense trajectory under one (method, scope, protocol): the mean NLL of the stored
 completion tokens and the share that were still the model's argmax (top-1 agreement). Raw NLL says as much
 about the task as about the method, so the headline is the **delta-NLL vs dense**, paired by source episode:
-the method's replay NLL minus the dense replay NLL of the *same* episode under the *same* protocol. Dense
+the method's replay NLL minus the dense replay NLL of the *same* episode under the *same* protocol (and, for a text
+trajectory, scored on the *same* model: ``Replay.model``; each model gets cells of its own). Dense
 replayed under true_eviction reproduces the episode's own logits, so it is the baseline each method's damage
 is measured from (and dense vs itself is exactly 0).
 
@@ -14,18 +15,23 @@ NLL, top-1 and delta-NLL are all over the same episodes: those paired with a den
 replay without its dense baseline is counted in ``unpaired`` and in no mean. Only replays of current sources count
 (``db.replays.replay_sources``): a replay of an attempt that is no longer its key's result is left out, and a note
 says how many. Pure functions over :class:`ReplayOutcome`, except :func:`current_replays`, the database read.
+
+A row run under settings other than its job's own for the method (``replay --method-params``) is a **variant**: its
+cells are apart from the method's default ones and named by its label, ``nexus[head_scores=per_head]``
+(``workers.variants``, the one place that label is computed). Only plain ``dense`` rows are the baseline.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from agent_runner.config import PROTOCOLS
-from nexus.methods import DENSE, METHODS, SCOPES
+from nexus.methods import DENSE, SCOPES
 from workers.stats import MIN_BOOTSTRAP_UNITS, bootstrap_mean_ci
+from workers.variants import order_labels, row_labels
 
 
 @dataclass(frozen=True)
@@ -34,7 +40,7 @@ class ReplayOutcome:
 
     episode_id: str
     task_id: str
-    method: str
+    method: str  # the method, or a variant's label (workers.variants): nexus[head_scores=per_head]
     scope: str
     protocol: str
     status: str  # ok | failed | skipped
@@ -42,13 +48,14 @@ class ReplayOutcome:
     top1: float | None = None
     tokens: int | None = None
     density: float | None = None  # the replay's eviction density; None for dense
+    model: str | None = None  # a text trajectory's replay: the model it was scored on (None: the source's own)
 
 
 @dataclass
 class ReplayCell:
     """One (method, scope, protocol, density): ``episodes`` ok replays over ``tasks`` tasks; means over tasks."""
 
-    method: str
+    method: str  # the method, or a variant's label (workers.variants): a variant's rows are never a default's cell
     scope: str
     protocol: str
     density: float | None = None  # None for dense (it keeps every token)
@@ -64,18 +71,35 @@ class ReplayCell:
     n_pairs: int = 0  # episodes with both this replay and a dense replay under the same protocol
     pair_tasks: int = 0  # tasks among those pairs: the units of the interval
     unpaired: int = 0  # ok replays without a dense baseline: in no mean
+    model: str | None = None  # the model a text trajectory was scored on (None: the source's own token stream)
 
 
-def outcomes_from_rows(rows: Iterable[Any]) -> list[ReplayOutcome]:
-    """``db.models.Replay`` rows (oldest first) -> one outcome per (episode, method, scope, protocol, density).
+def outcomes_from_rows(rows: Iterable[Any], *, job_configs: Mapping[str, Any] | None = None) -> list[ReplayOutcome]:
+    """``db.models.Replay`` rows (oldest first) -> one outcome per (episode, label, scope, protocol, density, model);
+    the label is the method, or for a row run under settings other than its job's own a variant's label
+    (``workers.variants.row_labels``; ``job_configs``: ``{job id: Job.config}``, default read through the rows'
+    session), so a variant is never counted in the default's cell.
 
-    Rows of the same key that differ only in their other eviction settings (a preset changed between two runs)
-    are collapsed to the newest, so one episode is never counted twice in a cell."""
-    newest: dict[tuple[str, str, str, str, float | None], ReplayOutcome] = {}
-    for r in rows:
+    Rows of the same key that differ only in eviction settings the label does not name (the seed) are collapsed to
+    the newest, so one episode is never counted twice in a cell."""
+    rows = list(rows)
+    labels = row_labels(rows, job_configs)
+    newest: dict[tuple[str, str, str, str, float | None, str | None], ReplayOutcome] = {}
+    for r, label in zip(rows, labels, strict=True):
         density = None if r.method == DENSE else (r.config or {}).get("density")
-        newest[(r.episode_id, r.method, r.scope, r.protocol, density)] = ReplayOutcome(
-            r.episode_id, r.task_id, r.method, r.scope, r.protocol, r.status, r.nll_mean, r.top1, r.tokens, density
+        model = getattr(r, "model", None)
+        newest[(r.episode_id, label, r.scope, r.protocol, density, model)] = ReplayOutcome(
+            r.episode_id,
+            r.task_id,
+            label,
+            r.scope,
+            r.protocol,
+            r.status,
+            r.nll_mean,
+            r.top1,
+            r.tokens,
+            density,
+            model,
         )
     return list(newest.values())
 
@@ -93,37 +117,43 @@ def _task_mean(pairs: Iterable[tuple[str, float]]) -> list[float]:
     return [sum(v) / len(v) for _, v in sorted(by_task.items())]
 
 
-def _dense_baseline(outcomes: Sequence[ReplayOutcome]) -> dict[tuple[str, str, str], float]:
-    """Dense replay NLL by (episode, protocol, scope); scope ``""`` holds the first scope's value, the
-    fallback for a method replayed under a scope dense was not (dense evicts nothing: its scope is moot)."""
-    baseline: dict[tuple[str, str, str], float] = {}
+def _dense_baseline(outcomes: Sequence[ReplayOutcome]) -> dict[tuple[str, str, str | None, str], float]:
+    """Dense replay NLL by (episode, protocol, model, scope); scope ``""`` holds the first scope's value, the
+    fallback for a method replayed under a scope dense was not (dense evicts nothing: its scope is moot). A replay
+    scored on one model is never paired with a dense replay scored on another."""
+    baseline: dict[tuple[str, str, str | None, str], float] = {}
     rank = {s: i for i, s in enumerate(SCOPES)}
     dense = [o for o in outcomes if o.method == DENSE and o.status == "ok" and o.nll_mean is not None]
     for o in sorted(dense, key=lambda o: rank.get(o.scope, len(rank))):
-        baseline[(o.episode_id, o.protocol, o.scope)] = o.nll_mean  # type: ignore[assignment]
-        baseline.setdefault((o.episode_id, o.protocol, ""), o.nll_mean)  # type: ignore[arg-type]
+        baseline[(o.episode_id, o.protocol, o.model, o.scope)] = o.nll_mean  # type: ignore[assignment]
+        baseline.setdefault((o.episode_id, o.protocol, o.model, ""), o.nll_mean)  # type: ignore[arg-type]
     return baseline
 
 
 def summarize_replays(
     outcomes: Iterable[ReplayOutcome], *, confidence: float = 0.95, seed: int = 0
 ) -> list[ReplayCell]:
-    """One cell per (scope, protocol, density, method) present, ordered like ``compare``'s rows and columns
-    (dense, whose density is ``None``, first in its scope x protocol)."""
-    rows = list(outcomes)
-    baseline = _dense_baseline(rows)
+    """One cell per (model, scope, protocol, density, method) present, ordered like ``compare``'s rows and columns
+    (dense, whose density is ``None``, first in its scope x protocol); the source's own token stream (model
+    ``None``) first, then each model a text trajectory was scored on."""
+    every = list(outcomes)
+    baseline = _dense_baseline(every)
     cells = []
-    for scope in _order((o.scope for o in rows), SCOPES):
-        for protocol in _order((o.protocol for o in rows if o.scope == scope), PROTOCOLS):
-            here = [o for o in rows if (o.scope, o.protocol) == (scope, protocol)]
-            densities = sorted({o.density for o in here}, key=lambda d: -1.0 if d is None else d)
-            for density in densities:
-                at = [o for o in here if o.density == density]
-                for method in _order((o.method for o in at), METHODS):
-                    mine = [o for o in at if o.method == method]
-                    cell = summarize_cell(method, scope, protocol, mine, baseline, confidence=confidence, seed=seed)
-                    cell.density = density
-                    cells.append(cell)
+    for model in sorted({o.model for o in every}, key=lambda m: (m is not None, m or "")):
+        rows = [o for o in every if o.model == model]
+        for scope in _order((o.scope for o in rows), SCOPES):
+            for protocol in _order((o.protocol for o in rows if o.scope == scope), PROTOCOLS):
+                here = [o for o in rows if (o.scope, o.protocol) == (scope, protocol)]
+                densities = sorted({o.density for o in here}, key=lambda d: -1.0 if d is None else d)
+                for density in densities:
+                    at = [o for o in here if o.density == density]
+                    for method in order_labels(o.method for o in at):  # each method's variants after it
+                        mine = [o for o in at if o.method == method]
+                        cell = summarize_cell(
+                            method, scope, protocol, mine, baseline, confidence=confidence, seed=seed, model=model
+                        )
+                        cell.density = density
+                        cells.append(cell)
     return cells
 
 
@@ -132,20 +162,22 @@ def summarize_cell(
     scope: str,
     protocol: str,
     outcomes: Sequence[ReplayOutcome],
-    baseline: dict[tuple[str, str, str], float],
+    baseline: dict[tuple[str, str, str | None, str], float],
     *,
     confidence: float = 0.95,
     seed: int = 0,
+    model: str | None = None,
 ) -> ReplayCell:
-    """Statistics of one method's replays in one scope x protocol; ``baseline`` from :func:`_dense_baseline`."""
-    cell = ReplayCell(method, scope, protocol)
+    """Statistics of one method's replays in one scope x protocol, scored on ``model``; ``baseline`` from
+    :func:`_dense_baseline`."""
+    cell = ReplayCell(method, scope, protocol, model=model)
     ok = [o for o in outcomes if o.status == "ok" and o.nll_mean is not None]
     cell.skipped = sum(o.status == "skipped" for o in outcomes)
     cell.failed = sum(o.status == "failed" for o in outcomes)
     cell.episodes, cell.tasks = len(ok), len({o.task_id for o in ok})
     paired = []  # (outcome, dense NLL of the same episode and protocol)
     for o in ok:
-        dense = baseline.get((o.episode_id, protocol, scope), baseline.get((o.episode_id, protocol, "")))
+        dense = baseline.get((o.episode_id, protocol, model, scope), baseline.get((o.episode_id, protocol, model, "")))
         if dense is not None:
             paired.append((o, dense))
     cell.n_pairs, cell.unpaired = len(paired), len(ok) - len(paired)

@@ -5,7 +5,7 @@ job files for the common cases, each checked by ``tests/service/test_examples.py
 
     name: mini-dense-vs-nexus
     model: {name: Qwen/Qwen3-0.6B, revision: main}   # default: tiny (random weights, the real Qwen3 tokenizer)
-    backend: hf                      # hf | openai | oracle (oracle ignores the model)
+    backend: hf                      # hf | openai | oracle | expert (oracle and expert ignore the model)
     methods: [dense, snapkv, nexus]  # default: [dense, nexus]
     scopes: [prefill_only, prefill_decode]       # default: [prefill_decode]
     protocols: [true_eviction, full_context]     # default: [true_eviction]
@@ -58,6 +58,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
 
+from agent_runner.backends.expert import ExpertConfig
 from agent_runner.config import (
     PROTOCOLS,
     AgentConfig,
@@ -78,6 +79,7 @@ from nexus.presets import DEFAULT_PRESET, PRESETS, check_preset, resolve, split_
 _GLOB_CHARS = set("*?[")
 #: the job ``nexus-eval run`` submits when it is given no file (shipped in the package)
 QUICK_JOB_FILE = Path(__file__).resolve().parent / "jobs" / "quick.yaml"
+AGENT_CASE_JOB_FILE = Path(__file__).resolve().parent / "jobs" / "agent_case.yaml"
 #: the keys of a job's ``eviction`` mapping (density has its own top-level key)
 EVICTION_KEYS: tuple[str, ...] = tuple(name for name in SHARED_FIELDS if name != "density")
 _EVICTION_DEFAULTS = {name: EvictionConfig.__dataclass_fields__[name].default for name in EVICTION_KEYS}
@@ -196,6 +198,9 @@ class JobSpec(_Frozen):
     sampling: SamplingConfig = SamplingConfig()
     tasks: TaskSelection = TaskSelection(suite="mini")
     openai: dict[str, Any] = Field(default_factory=dict, description="OpenAIConfig fields for backend=openai")
+    expert: ExpertConfig = Field(
+        ExpertConfig(), description="backend=expert: how much it explores (agent_runner.backends.expert)"
+    )
     grade: bool = True
     grade_route: Literal["swebench", "r2e"] = Field(
         "swebench", description="R2E's SWE-bench rows: graded by swebench (official) or by R2E-Gym's in-loop reward"
@@ -388,6 +393,7 @@ class JobSpec(_Frozen):
             sampling=self.sampling,
             agent=self.limits,
             openai=dict(self.openai),
+            expert=self.expert,
             grade=self.grade,
             grade_route=self.grade_route,
         )

@@ -63,6 +63,7 @@ class Model(Protocol):
 
 
 BACKENDS: dict[str, str] = {
+    "expert": "agent_runner.backends.expert:ExpertModel",
     "hf": "agent_runner.backends.hf:HFBackend",
     "openai": "agent_runner.backends.openai:OpenAIBackend",
     "oracle": "agent_runner.backends.oracle:OracleModel",
@@ -90,9 +91,23 @@ def backend_class(name: str) -> type:
         raise ValueError(f"backend {name!r}: {module_name} has no class {class_name!r}") from exc
 
 
+def stand_in_completion(text: str, messages: list[Message]) -> Completion:
+    """A model stand-in's completion (oracle, expert): telemetry in whitespace words, since no tokenizer ran."""
+    prompt = sum(len(m.content.split()) for m in messages)
+    generated = len(text.split())
+    return Completion(
+        text=text,
+        tokens_generated=generated,
+        prompt_tokens=prompt,
+        tokens_appended=prompt,
+        logical_length=prompt + generated,
+        finish_reason="stop",
+    )
+
+
 def make_backend(name: str, **kwargs: Any) -> Model:
     """Build the backend registered under ``name`` with its constructor's keyword arguments."""
     return backend_class(name)(**kwargs)
 
 
-__all__ = ["BACKENDS", "Model", "ModelError", "backend_class", "make_backend"]
+__all__ = ["BACKENDS", "Model", "ModelError", "backend_class", "make_backend", "stand_in_completion"]

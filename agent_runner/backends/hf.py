@@ -31,15 +31,11 @@ import torch
 
 import nexus
 from agent_runner.backends import ModelError
-from agent_runner.chat_turns import user_turn_ids
+from agent_runner.chat_stream import ChatStream
 from agent_runner.config import ModelSpec, ProtocolName, SamplingConfig, check_protocol
 from agent_runner.engine import DecodeEngine, TurnDecoder, TurnTiming, forward_last, sync
-from agent_runner.model_host import ModelHost, load_host, render_chat
+from agent_runner.model_host import ModelHost, load_host
 from agent_runner.records import Completion, LayerStats, Message, TurnTokens
-
-
-def _as_dicts(messages: list[Message]) -> list[dict]:
-    return [{"role": m.role, "content": m.content} for m in messages]
 
 
 class HFBackend:
@@ -72,7 +68,8 @@ class HFBackend:
         self.engine = engine
         self._cache_kw = nexus.cache_kwarg(host.model)
         self._stop = set(host.stop_token_ids)
-        self._im_end = host.tokenizer.convert_tokens_to_ids("<|im_end|>")
+        self.chat = ChatStream(host.tokenizer)
+        self._im_end = self.chat.im_end
         self.reset(seed=0)
 
     # -- the Model protocol --------------------------------------------------------------------------------
@@ -80,10 +77,7 @@ class HFBackend:
         self.seed = seed
         self.generator = torch.Generator(device="cpu").manual_seed(seed)
         self.cache: nexus.EvictableCache | None = None
-        self.stream: list[int] = []  # every token fed to the cache (true_eviction), in order
-        self._consumed = 0  # messages already in the cache
-        self._last_text: str | None = None
-        self._pending: int | None = None  # last sampled token, fed at the start of the next call
+        self.chat.reset()
 
     def complete(
         self,
@@ -135,8 +129,7 @@ class HFBackend:
                 completion, generated = self._generate(feed, limit, forced)
         except torch.OutOfMemoryError as exc:
             raise ModelError(f"hf backend: out of memory at logical length {prompt_tokens}: {exc}") from exc
-        self._consumed = len(messages)
-        self._last_text = completion.text
+        self.chat.consumed, self.chat.last_text = len(messages), completion.text
         completion.prompt_tokens = prompt_tokens
         completion.tokens = stored.model_copy(update={"generated": generated})
         completion.history_mismatch = mismatch
@@ -151,37 +144,18 @@ class HFBackend:
         return nexus.retention_runs(self.cache)
 
     # -- what to feed ----------------------------------------------------------------------------------------
-    def _render(self, messages: list[dict]) -> list[int]:
-        return render_chat(self.host.tokenizer, messages)
+    @property
+    def stream(self) -> list[int]:
+        """Every token fed to the cache so far (true_eviction), in order."""
+        return self.chat.stream
+
+    @property
+    def _pending(self) -> int | None:
+        return self.chat.pending
 
     def _feed(self, messages: list[Message], *, fresh: bool) -> tuple[list[int], bool, int]:
-        """Token ids to feed this call, whether the caller edited the previous assistant text, and how many
-        tokens of the previous stream this turn's context starts with. fresh: the whole conversation is
-        rendered, for a new cache (full_context, or the first call)."""
-        if not messages or messages[-1].role != "user":
-            raise ValueError("the conversation must end with a user message")
-        if fresh:
-            previous, self.stream = self.stream, self._render(_as_dicts(messages))
-            keep = next((i for i, (a, b) in enumerate(zip(previous, self.stream, strict=False)) if a != b), None)
-            keep = min(len(previous), len(self.stream)) if keep is None else keep
-            return list(self.stream), False, keep
-        new = messages[self._consumed :]
-        if len(new) != 2 or new[0].role != "assistant" or new[1].role != "user":
-            raise ValueError(
-                f"true_eviction expects the previous conversation + one assistant and one user message, got "
-                f"{[m.role for m in new]} after {self._consumed} messages"
-            )
-        # close the assistant turn with the model's own tokens: the stop token it sampled (not yet fed),
-        # or <|im_end|> if it ran out of tokens
-        close = [self._pending] if self._pending is not None else []
-        if self._pending != self._im_end:
-            close.append(self._im_end)
-        nl = self.host.tokenizer.encode("\n", add_special_tokens=False)
-        user = user_turn_ids(self.host.tokenizer, new[1].content)
-        feed = close + nl + user
-        keep = len(self.stream)
-        self.stream += feed
-        return feed, new[0].content != self._last_text, keep
+        """See ``ChatStream.feed`` (one place for the backend and the replay of text trajectories)."""
+        return self.chat.feed(messages, fresh=fresh)
 
     # -- the decode loop --------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -221,12 +195,12 @@ class HFBackend:
             timing = self._run_alone(feed, decoder)
         tokens, finish = decoder.tokens, decoder.finish
         memory = cache.memory()
-        self.stream += tokens[:-1]  # every token but the last was fed back; the last opens the next feed
-        self._pending = tokens[-1]
         text_ids = tokens[:-1] if finish == "stop" else tokens
         decode_s = timing.decode_s
+        text = self.host.tokenizer.decode(text_ids, skip_special_tokens=False)
+        self.chat.generated(tokens, text, self.chat.consumed)  # every token but the last was fed back
         completion = Completion(
-            text=self.host.tokenizer.decode(text_ids, skip_special_tokens=False),
+            text=text,
             tokens_appended=len(feed),
             tokens_generated=len(tokens),
             logical_length=cache.logical_length,

@@ -21,7 +21,7 @@ import base64
 import textwrap
 from typing import Any
 
-from agent_runner.backends import ModelError
+from agent_runner.backends import ModelError, stand_in_completion
 from agent_runner.records import Completion, Message
 
 PATCH_B64_PATH = "/tmp/gold.patch.b64"
@@ -76,13 +76,4 @@ class OracleModel:
             self.observations.append(messages[-1].content)
         text = self.script[self._next]
         self._next += 1
-        prompt = sum(len(m.content.split()) for m in messages)
-        generated = len(text.split())
-        return Completion(
-            text=text,
-            tokens_generated=generated,
-            prompt_tokens=prompt,
-            tokens_appended=prompt,
-            logical_length=prompt + generated,
-            finish_reason="stop",
-        )
+        return stand_in_completion(text, messages)

@@ -33,7 +33,7 @@ MODEL = typer.Option(
     help="'tiny' (random weights), 'smollm2-135m' (a real trained model), a Hugging Face id or a local path "
     f"(job default: {_D.model.name})",
 )
-BACKEND = typer.Option(None, help=f"hf | oracle | openai (job default: {_D.backend})")
+BACKEND = typer.Option(None, help=f"hf | oracle | expert | openai (job default: {_D.backend})")
 METHODS = typer.Option(None, "--methods", help=f"comma-separated eviction methods (job default: {_csv(_D.methods)})")
 SCOPES = typer.Option(None, help=f"comma-separated: prefill_only,prefill_decode (job default: {_csv(_D.scopes)})")
 PROTOCOLS = typer.Option(None, help=f"comma-separated: true_eviction,full_context (job default: {_csv(_D.protocols)})")

@@ -1,8 +1,12 @@
 """``nexus-eval replay JOB``: score the job's dense trajectories under other methods' caches, in this process.
 
 No worker and no container: the stored token streams are teacher-forced through each method's cache on this
-machine's model (``workers.replay``), the rows go to the results database and ``compare`` shows them. Names
-and the job are checked before the model loads, so a typo costs nothing.
+machine's model (``workers.replay``), the rows go to the results database and ``compare`` shows them. With
+``--model NAME`` the trajectories' text is rendered into NAME's stream under each protocol instead, and each call
+is scored span by span (the agent's case: ``expert`` demonstrations, or any oracle / openai job). Names and the
+job are checked before the model loads, so a typo costs nothing. ``--method-params`` runs a method under other
+settings than the job's (``{"nexus": {"head_scores": "per_head"}}``, or a YAML/JSON file): a variant, whose rows
+``compare`` tables apart, named ``nexus[head_scores=per_head]``.
 """
 
 from __future__ import annotations
@@ -26,6 +30,20 @@ def replay(
         False, "--token-by-token", help="feed completions one token per forward (slow; chunks give the same logits)"
     ),
     device: str = typer.Option(None, "--device", help="the model's device here (default: the job's model device)"),
+    model: str = typer.Option(
+        None,
+        "--model",
+        help="render each trajectory's text into this model (e.g. smollm2-135m) and score its calls span by span; "
+        "needed for a backend that stores text only (expert, oracle, openai)",
+    ),
+    method_params: str = typer.Option(
+        None,
+        "--method-params",
+        help='per-method settings over the job\'s own, for this replay only: JSON (\'{"nexus": {"head_scores": '
+        '"per_head"}}\') or a YAML/JSON file; its rows are tabled apart as nexus\\[head_scores=per_head]',
+    ),
+    threads: int = typer.Option(1, min=1, help="torch CPU threads (on a small shared CPU 1 is the fastest)"),
+    tasks: str = typer.Option(None, "--tasks", help="comma-separated task ids or globs (default: every task)"),
     db: str = DB_OPTION,
 ) -> None:
     """Teacher-force the job's dense episodes through each method's cache; store NLL and top-1 per replay."""
@@ -41,8 +59,11 @@ def replay(
             methods=csv_list(methods) if methods else None,
             scopes=csv_list(scopes) if scopes else None,
             protocols=csv_list(protocols) if protocols else None,
-            densities=_densities(densities) if densities else None,
+            densities=parse_densities(densities) if densities else None,
             device=device,
+            model=model,
+            tasks=csv_list(tasks) if tasks else None,
+            method_params=_method_params(method_params) if method_params else None,
         )
     except (LookupError, ValueError) as exc:
         fail(str(exc))
@@ -50,9 +71,13 @@ def replay(
     for episode_id, task_id, why in plan.missing:
         console.print(f"[yellow]not replayed:[/yellow] dense episode {episode_id} ({task_id}): {why}")
     if not plan.items:
-        fail(f"nothing to replay in job {plan.job_id}: no dense episode has a stored token stream", code=1)
+        what = "a trajectory to render" if model else "a stored token stream (text trajectories: --model NAME)"
+        fail(f"nothing to replay in job {plan.job_id}: no dense episode has {what}", code=1)
+    import torch
+
+    torch.set_num_threads(threads)  # more threads than free cores makes this small-matrix work slower, not faster
     try:
-        summary = _run(console, database, plan, chunked=not token_by_token)
+        summary = run_with_progress(console, database, plan, chunked=not token_by_token)
     except ValueError as exc:  # the model host could not load
         fail(str(exc), code=1)
     Console().print(_table(summary))
@@ -61,26 +86,62 @@ def replay(
         raise typer.Exit(1)
 
 
-def _densities(text: str) -> list[float]:
+def parse_densities(text: str) -> list[float]:
     try:
         return [float(d) for d in csv_list(text)]
     except ValueError:
         fail(f"--densities: {text!r} is not a comma-separated list of numbers")
 
 
-def _run(console, database, plan, *, chunked: bool):  # type: ignore[no-untyped-def]
+def _method_params(text: str) -> dict:
+    """``--method-params``: a JSON mapping, or the path of a YAML/JSON file holding one."""
+    import json
+    from pathlib import Path
+
+    import yaml
+
+    stripped = text.strip()
+    if stripped.startswith("{"):
+        try:
+            data = json.loads(stripped)
+        except json.JSONDecodeError as exc:
+            fail(f"--method-params: not valid JSON: {exc}")
+    else:
+        path = Path(text).expanduser()
+        if not path.is_file():
+            fail(f"--method-params: {text!r} is neither a JSON mapping nor a file")
+        try:
+            data = yaml.safe_load(path.read_text(encoding="utf-8"))  # YAML reads JSON too
+        except (OSError, yaml.YAMLError) as exc:
+            fail(f"--method-params: cannot read {path}: {exc}")
+    if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
+        fail('--method-params: must map each method to its settings, e.g. {"nexus": {"head_scores": "per_head"}}')
+    return data
+
+
+def run_with_progress(console, database, plan, *, chunked: bool):  # type: ignore[no-untyped-def]
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from workers.replay import run_plan
 
+    def describe(result) -> str:  # type: ignore[no-untyped-def]
+        i = result.item
+        at = f"@{i.eviction['density']:g}" if i.method != "dense" else ""
+        return f"{i.method}{at}/{i.scope}/{i.protocol} {i.task_id}"
+
+    if not console.is_terminal:  # a pipe or a log file: one plain line per replay as it is stored
+        console.print(f"replay {plan.job_id}: {len(plan.items)} replays planned; loading the model")
+
+        def line(result, done, total):  # type: ignore[no-untyped-def]
+            console.print(f"[{done}/{total}] {result.status} {describe(result)}", soft_wrap=True)
+
+        return run_plan(database, plan, chunked=chunked, progress=line)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=False) as bar:
         task = bar.add_task(f"replay {plan.job_id}: loading the model", total=len(plan.items))
 
         def progress(result, done, total):  # type: ignore[no-untyped-def]
-            i = result.item
-            at = f"@{i.eviction['density']:g}" if i.method != "dense" else ""
-            bar.update(task, completed=done, description=f"replay {i.method}{at}/{i.scope}/{i.protocol} {i.task_id}")
+            bar.update(task, completed=done, description=f"replay {describe(result)}")
 
         return run_plan(database, plan, chunked=chunked, progress=progress)
 
@@ -99,6 +160,7 @@ def _problems(console, results, limit: int = 10) -> None:  # type: ignore[no-unt
 
 
 def _table(summary):  # type: ignore[no-untyped-def]
+    from rich.markup import escape
     from rich.table import Table
 
     from workers.compare_render import REPLAY_HEADER, replay_text
@@ -108,8 +170,8 @@ def _table(summary):  # type: ignore[no-untyped-def]
     table = Table(title=f"replay {summary.job_id}: {counts or 'nothing ran'}", caption=REPLAY_CAPTION)
     for i, name in enumerate(REPLAY_HEADER):
         table.add_column(name, justify="left" if i < 4 else "right")
-    for cell in summary.cells:
-        table.add_row(*replay_text(cell))
+    for cell in summary.cells:  # escaped: a variant's label, nexus[head_scores=per_head], is not rich markup
+        table.add_row(*(escape(v) for v in replay_text(cell)))
     return table
 
 

@@ -114,16 +114,32 @@ def run(
         jf.show(spec)
     from rich.console import Console
 
+    from nexus_eval.commands._preflight import print_failure_reasons
+    from workers.compare import compare_jobs
+    from workers.compare_render import render
+
+    console = Console(stderr=True)
+    database, job_id = run_here(spec, the_tasks, db, console, timeout=timeout)
+    with database.session() as s:
+        table = compare_jobs(s, [job_id])
+    typer.echo(render(table, fmt))
+    note = random_weights_note(spec)
+    if note:  # after the table it qualifies; on stderr when stdout is data (json, csv, markdown)
+        typer.echo(note, err=fmt != "table")
+    print_failure_reasons(database, job_id, console)
+
+
+def run_here(spec: Any, the_tasks: Any, db: str | None, console: Any, *, timeout: float | None = None):
+    """Submit ``spec`` over ``the_tasks`` and run it with an embedded worker on this machine: (database, job id)
+    once every episode ended. Exit 2 (nothing stored) when the machine cannot run it; exit 1 naming the episodes
+    when the job did not finish."""
     from nexus_eval.commands._job_progress import watch_job
     from nexus_eval.commands._preflight import build_or_fail, print_failure_reasons, refuse_unless_ready
     from nexus_eval.commands._progress import say
     from nexus_eval.readiness import preflight
-    from workers.compare import compare_jobs
-    from workers.compare_render import render
     from workers.embedded import EmbeddedWorker
     from workers.submit import submit as submit_job
 
-    console = Console(stderr=True)
     url = db_url(db)
     # every backend drives containers: refuse (exit 2, nothing stored) what cannot work here, and build
     # what is only missing (the base image, local task images) before the job exists
@@ -142,13 +158,7 @@ def run(
         print_failure_reasons(database, job_id, console)  # the episodes that did end, and why
         where = f" (worker log: {log_file})" if log_file else ""
         fail(f"job {job_id} did not finish{where}; `nexus-eval status {job_id}` shows where it stopped", 1)
-    with database.session() as s:
-        table = compare_jobs(s, [job_id])
-    typer.echo(render(table, fmt))
-    note = random_weights_note(spec)
-    if note:  # after the table it qualifies; on stderr when stdout is data (json, csv, markdown)
-        typer.echo(note, err=fmt != "table")
-    print_failure_reasons(database, job_id, console)
+    return database, job_id
 
 
 def random_weights_note(spec: Any) -> str | None:

@@ -26,8 +26,10 @@ def compare(
     Several jobs (a sweep over the budget) are aligned by method, scope, protocol and density; other setting
     differences are named in the notes. Each key counts its first agent attempt that did not break; later ones are
     resamples, shown apart as best of n; interactive reruns are kept apart (a note says how many) unless
-    --include-interactive. What each number means: docs/numbers.md. Given one probe run id instead, the probe
-    run's table."""
+    --include-interactive. A job of the expert stand-in holds demonstrations, never a Pass@1 cell: it gets one
+    line, and its replays (nexus-eval replay JOB --model NAME) the replay table and the action table (copy top-1
+    of the calls' copied values per method, ΔNLL vs dense, by distance). What each number means: docs/numbers.md.
+    Given one probe run id instead, the probe run's table."""
     from workers.compare import compare_jobs
     from workers.compare_render import FORMATS, render
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from workers.app import ServiceSettings
-from workers.spec import QUICK_JOB_FILE, JobSpec
+from workers.spec import AGENT_CASE_JOB_FILE, QUICK_JOB_FILE, JobSpec
 from workers.submit import load_tasks, plan_episodes
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -18,7 +18,7 @@ JOB_FILES = sorted(EXAMPLES.glob("*.yaml"))
 def test_the_readme_lists_every_example():
     readme = (EXAMPLES / "README.md").read_text()
     files = {p.name for p in EXAMPLES.iterdir() if p.name != "README.md"}
-    assert files == {"quick.yaml", "table3-swebench-verified.yaml", "deployment.env"}
+    assert files == {"quick.yaml", "agent_case.yaml", "table3-swebench-verified.yaml", "deployment.env"}
     for name in files:
         assert f"`{name}`" in readme, name
 
@@ -58,3 +58,10 @@ def test_the_deployment_settings_validate_and_stay_on_loopback():
     assert settings.db_url.startswith("postgresql+psycopg://") and "@127.0.0.1:" in settings.db_url
     assert (settings.episodes_per_gpu, settings.device) == (8, "cuda:0")
     assert settings.hard_time_limit_s > settings.soft_time_limit_s
+
+
+def test_the_agent_case_is_the_bundled_expert_job():
+    assert (EXAMPLES / "agent_case.yaml").resolve() == AGENT_CASE_JOB_FILE.resolve()
+    spec = JobSpec.from_yaml(AGENT_CASE_JOB_FILE)
+    assert spec.backend == "expert" and spec.methods == ["dense"]
+    assert len(plan_episodes(spec, load_tasks(spec))) == 2

@@ -1,0 +1,100 @@
+"""``nexus-eval agent-case``: the agent's case in one command, here (docs/agent_case.md).
+
+1. runs an expert job (``workers/jobs/agent_case.yaml`` by default: demonstrations of 2 ``mini`` tasks, each
+   solved through the agent's real tools in a real container, graded) with an embedded worker, as ``run`` does;
+2. replays its trajectories on a real model (``--model``, default smollm2-135m) under each method, scope,
+   protocol and density (``workers.replay`` with a model: the text rendered into that model's stream);
+3. prints the compare table: the demonstrations' line and the action table (copy top-1 with its interval, ΔNLL
+   against dense) and its split by how far back each copy's source was.
+
+Everything is stored in the results database (``--db``), so ``compare``, the dashboard and the report show it
+later. Names are checked before anything runs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from nexus_eval.commands import _job_flags as jf
+from nexus_eval.commands._common import DB_OPTION, csv_list, fail
+
+#: what the first command replays: the paper's method, its Ada variant and the two baselines it is read against
+DEFAULT_METHODS = "dense,snapkv,streaming_llm,nexus,ada_nexus"
+
+
+def agent_case(
+    file: Path = typer.Option(None, "--file", "-f", help="an expert job file (default: the bundled agent case)"),
+    tasks: str = jf.TASKS,
+    model: str = typer.Option("smollm2-135m", "--model", help="the model the demonstrations are replayed on"),
+    methods: str = typer.Option(DEFAULT_METHODS, "--methods", help="comma-separated methods to replay under"),
+    scopes: str = typer.Option("prefill_only", "--scopes", help="comma-separated scopes"),
+    protocols: str = typer.Option("true_eviction,full_context", "--protocols", help="comma-separated protocols"),
+    densities: str = typer.Option("0.2", "--densities", help="comma-separated densities, e.g. 0.1,0.2,0.3"),
+    threads: int = typer.Option(1, min=1, help="torch CPU threads (on a small shared CPU 1 is the fastest)"),
+    db: str = DB_OPTION,
+    fmt: str = typer.Option("table", "--format", help="table | json | csv | markdown"),
+) -> None:
+    """Expert demonstrations of a few mini tasks in real containers, replayed on a real model under each method
+    and protocol; print the action table (what an agent must copy, and how much of it each method keeps)."""
+    from rich.console import Console
+
+    from nexus_eval.commands.replay import parse_densities, run_with_progress
+    from nexus_eval.commands.service import run_here
+    from workers.compare import compare_jobs
+    from workers.compare_render import render
+    from workers.replay import plan_replays
+    from workers.spec import AGENT_CASE_JOB_FILE
+
+    overrides = jf.job_overrides(tasks=tasks)
+    spec, the_tasks = jf.load_job(file or AGENT_CASE_JOB_FILE, overrides, what="nothing was run")
+    if spec.backend == "hf":
+        fail("agent-case replays demonstrations: give a job whose backend is expert (or oracle / openai)")
+    wanted = {
+        "methods": csv_list(methods),
+        "scopes": csv_list(scopes),
+        "protocols": csv_list(protocols),
+        "densities": parse_densities(densities),
+    }
+    try:  # every name, and a model that is set up here, before anything runs
+        from agent_runner.config import check_protocol
+        from agent_runner.model_host import weights_source
+        from nexus.methods import check_method, check_scope
+
+        for name in wanted["methods"]:
+            check_method(name, noun="method")
+        for name in wanted["scopes"]:
+            check_scope(name)
+        for name in wanted["protocols"]:
+            check_protocol(name)
+        if not all(0 < d <= 1 for d in wanted["densities"]):
+            raise ValueError(f"densities must be in (0, 1], got {densities!r}")
+        weights_source(model)
+    except ValueError as exc:
+        fail(str(exc))
+    console = Console(stderr=True, highlight=False)
+    database, job_id = run_here(spec, the_tasks, db, console)
+    try:
+        plan = plan_replays(database, job_id, model=model, **wanted)
+    except (LookupError, ValueError) as exc:
+        fail(str(exc))
+    for episode_id, task_id, why in plan.missing:
+        console.print(f"[yellow]not replayed:[/yellow] episode {episode_id} ({task_id}): {why}")
+    import torch
+
+    torch.set_num_threads(threads)  # more threads than free cores makes this small-matrix work slower, not faster
+    try:
+        summary = run_with_progress(console, database, plan, chunked=True)
+    except ValueError as exc:  # the model could not load
+        fail(str(exc), code=1)
+    with database.session() as s:
+        table = compare_jobs(s, [job_id])
+    typer.echo(render(table, fmt))
+    if summary.counts["failed"]:
+        console.print(f"[red]{summary.counts['failed']} replays failed[/red]: `nexus-eval replay {job_id}` reruns them")
+        raise typer.Exit(1)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("agent-case")(agent_case)
