@@ -207,10 +207,8 @@ class Scorer:
         self.started = time.perf_counter()
         self.held: dict[tuple[int, int], list[float]] = {}  # (turn, generated index of a copy's start) -> per layer
         self.context_lengths = [len(c) for c in contexts(turns)] if actions is not None else []
-
-    @property
-    def marks(self) -> dict[int, list[int]] | None:
-        return {t: snapshot_points(p) for t, p in enumerate(self.actions)} if self.actions is not None else None
+        # per turn, the generated indices at which a copy begins (where the cache is read)
+        self.marks = {t: snapshot_points(p) for t, p in enumerate(actions)} if actions is not None else None
 
     def snapshot(self, t: int, at: int, cache: nexus.EvictableCache) -> None:
         """Read, from ``cache``, the held share of the source of every copy of turn t read at feed index ``at``."""

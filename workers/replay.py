@@ -54,13 +54,22 @@ __all__ = [
 _EVICTION = TypeAdapter(EvictionConfig)
 
 
-def _check_names(methods: Sequence[str] | None, scopes: Sequence[str] | None, protocols: Sequence[str] | None):
+def check_settings(
+    methods: Sequence[str] | None,
+    scopes: Sequence[str] | None,
+    protocols: Sequence[str] | None,
+    densities: Sequence[float] | None = None,
+) -> None:
+    """ValueError naming the first unknown method, scope or protocol, or a density outside (0, 1]."""
     for m in methods or ():
         check_method(m, noun="method")
     for s in scopes or ():
         check_scope(s)
     for p in protocols or ():
         check_protocol(p)
+    for d in densities or ():
+        if not 0 < d <= 1:
+            raise ValueError(f"density must be in (0, 1], got {d!r}")
 
 
 def _job_spec(job: Any, methods: Sequence[str], method_params: Mapping[str, Any] | None = None) -> JobSpec:
@@ -117,10 +126,7 @@ def plan_replays(
     task). ``LookupError`` for an unknown job, ``ValueError`` for a bad name, density or setting
     or a job without dense episodes. Loads no model; imports no torch unless ``method_params`` is given (its
     policies are built to check the values)."""
-    _check_names(methods, scopes, protocols)
-    for d in densities or ():
-        if not 0 < d <= 1:
-            raise ValueError(f"density must be in (0, 1], got {d!r}")
+    check_settings(methods, scopes, protocols, densities)
     with db.session() as s:
         job = db_store.get_job(s, job_id)
         methods = list(methods or (job.config or {}).get("methods") or [])

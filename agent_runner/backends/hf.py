@@ -129,7 +129,7 @@ class HFBackend:
                 completion, generated = self._generate(feed, limit, forced)
         except torch.OutOfMemoryError as exc:
             raise ModelError(f"hf backend: out of memory at logical length {prompt_tokens}: {exc}") from exc
-        self.chat.consumed, self.chat.last_text = len(messages), completion.text
+        self.chat.generated(generated, completion.text, len(messages))  # every token but the last was fed back
         completion.prompt_tokens = prompt_tokens
         completion.tokens = stored.model_copy(update={"generated": generated})
         completion.history_mismatch = mismatch
@@ -198,7 +198,6 @@ class HFBackend:
         text_ids = tokens[:-1] if finish == "stop" else tokens
         decode_s = timing.decode_s
         text = self.host.tokenizer.decode(text_ids, skip_special_tokens=False)
-        self.chat.generated(tokens, text, self.chat.consumed)  # every token but the last was fed back
         completion = Completion(
             text=text,
             tokens_appended=len(feed),

@@ -44,7 +44,7 @@ def agent_case(
     from nexus_eval.commands.service import run_here
     from workers.compare import compare_jobs
     from workers.compare_render import render
-    from workers.replay import plan_replays
+    from workers.replay import check_settings, plan_replays
     from workers.spec import AGENT_CASE_JOB_FILE
 
     overrides = jf.job_overrides(tasks=tasks)
@@ -58,18 +58,9 @@ def agent_case(
         "densities": parse_densities(densities),
     }
     try:  # every name, and a model that is set up here, before anything runs
-        from agent_runner.config import check_protocol
         from agent_runner.model_host import weights_source
-        from nexus.methods import check_method, check_scope
 
-        for name in wanted["methods"]:
-            check_method(name, noun="method")
-        for name in wanted["scopes"]:
-            check_scope(name)
-        for name in wanted["protocols"]:
-            check_protocol(name)
-        if not all(0 < d <= 1 for d in wanted["densities"]):
-            raise ValueError(f"densities must be in (0, 1], got {densities!r}")
+        check_settings(**wanted)
         weights_source(model)
     except ValueError as exc:
         fail(str(exc))
