@@ -212,12 +212,14 @@ class EpisodeSpec(_Config):
         check_openai_fields(self.openai)
         return self
 
-    def grade_config(self, job: str = "grade", episode: str | None = None):
+    def grade_config(self, job: str = "grade", episode: str | None = None, ceilings=None):
         """The grading settings this episode asks for (``env.grading.GradeConfig``); ``job`` and ``episode``
-        label the grading container (the service's ids, so a gone grader's container can be found and reaped)."""
+        label the grading container (the service's ids, so a gone grader's container can be found and reaped);
+        ``ceilings``: the operator's ``env.grading.limits.GradingCeilings`` (None: the defaults)."""
         from env.grading import GradeConfig
 
-        return GradeConfig(r2e_swebench_route=self.grade_route, job=job, episode=episode)
+        config = GradeConfig(r2e_swebench_route=self.grade_route, job=job, episode=episode)
+        return config if ceilings is None else config.model_copy(update={"ceilings": ceilings})
 
     def task_source(self) -> dict[str, str | None]:
         """Where the task comes from, as ``env.tasks.load_source``'s keywords (a file, else a suite)."""

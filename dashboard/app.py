@@ -9,30 +9,33 @@ Errors are HTML pages (JSON under ``/api/``) that never show a traceback.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
+from urllib.parse import parse_qsl, urlencode
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from dashboard import compare_pages, pages, probe_pages
-from dashboard.auth import COOKIE, Access
+from dashboard.auth import COOKIE, LOOPBACK_HOSTS, MIN_TOKEN_LENGTH, Access, HostCheck
 from dashboard.context import Context, NotFound, job_id_of
 from dashboard.readonly import open_readonly
 from dashboard.render import STATIC, render
 
 log = logging.getLogger(__name__)
+CSP = (
+    # everything is served from here: no inline or foreign script, no eval (live.js never evaluates text).
+    # Charts' <image> tiles are data: URIs and SVG charts carry inline styles
+    "default-src 'self'; img-src 'self' data:; style-src 'self' 'unsafe-inline'; script-src 'self'; "
+    "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+)
 SECURITY_HEADERS = {
-    # everything is served from here: no inline or foreign script. Charts' <image> tiles are data: URIs and SVG
-    # charts carry inline styles; 'unsafe-eval' only because browser test drivers (Playwright's wait_for_function)
-    # evaluate their predicates with eval; live.js never evaluates text
-    "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; style-src 'self' 'unsafe-inline'; "
-    "script-src 'self' 'unsafe-eval'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+    "Content-Security-Policy": CSP,
     "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "same-origin",  # never to another site (a ?token= URL); same-origin keeps Origin on forms
+    "Referrer-Policy": "same-origin",  # never to another site; same-origin keeps Origin on forms
 }
 TITLES = {400: "Bad request", 401: "Token needed", 403: "Forbidden", 404: "Not found", 405: "Method not allowed"}
 
@@ -58,15 +61,30 @@ def _default_celery(db_url: str) -> Callable[[], Any]:
     return make
 
 
-def create_app(db_url: str, *, token: str | None, public: bool, celery_app: Callable[[], Any] | None = None) -> FastAPI:
+def create_app(
+    db_url: str,
+    *,
+    token: str | None,
+    public: bool,
+    allowed_hosts: Iterable[str] = LOOPBACK_HOSTS,
+    celery_app: Callable[[], Any] | None = None,
+) -> FastAPI:
     """The dashboard over the results database at ``db_url``.
 
     ``public``: the server listens beyond loopback, so every request needs ``token`` (required then).
+    ``token``: at least ``MIN_TOKEN_LENGTH`` characters (ValueError otherwise), or None: no write actions.
+    ``allowed_hosts``: the host names (or addresses) the ``Host`` header may name besides the loopback ones,
+    which are always allowed; any port. ``serve`` passes ``dashboard.auth.allowed_hosts_for(--host,
+    --allowed-host...)``. Any other ``Host`` gets a 400 (DNS rebinding). ValueError for an empty name or a
+    pattern (no wildcards).
     ``celery_app``: builds the Celery app the write actions enqueue/revoke through (default: the environment's,
     as the CLI builds it). Raises ``dashboard.readonly.DatabaseUnavailable`` when the database cannot be read.
     """
     if public and not token:
         raise ValueError("a dashboard reachable from the network needs a token")
+    if token is not None and len(token) < MIN_TOKEN_LENGTH:
+        raise ValueError(f"the dashboard's token must be at least {MIN_TOKEN_LENGTH} characters long")
+    hosts = HostCheck.of(allowed_hosts)
     ctx = Context(db_url, open_readonly(db_url), celery_app or _default_celery(db_url))
     access = Access(token, public)
     app = FastAPI(title="nexus-eval dashboard", docs_url=None, redoc_url=None, openapi_url=None)
@@ -75,15 +93,23 @@ def create_app(db_url: str, *, token: str | None, public: bool, celery_app: Call
 
     @app.middleware("http")
     async def guard(request: Request, call_next: Callable[[Request], Any]) -> Response:
-        decision = access.decide(request)
-        if decision.status is not None:
-            response = error_page(request, decision.status, decision.reason)
-        else:
-            response = await call_next(request)
-            if decision.set_cookie and token:
-                response.set_cookie(COOKIE, token, httponly=True, samesite="strict", path="/")
+        response = await _guarded(request, call_next)
         response.headers.update(SECURITY_HEADERS)
         return response
+
+    async def _guarded(request: Request, call_next: Callable[[Request], Any]) -> Response:
+        refused = hosts.refuses(request)  # first: a DNS-rebinding page learns nothing, not even a 401
+        if refused is not None:
+            return PlainTextResponse(refused, status_code=400)
+        decision = access.decide(request)
+        if decision.status is not None:
+            return error_page(request, decision.status, decision.reason)
+        if decision.set_cookie and token:  # a valid ?token=: out of the address bar, into the cookie
+            response = RedirectResponse(_without_token(request), status_code=303)
+            response.headers["Cache-Control"] = "no-store"
+            response.set_cookie(COOKIE, token, httponly=True, samesite="strict", path="/")
+            return response
+        return await call_next(request)
 
     @app.exception_handler(NotFound)
     async def not_found(request: Request, exc: NotFound) -> Response:
@@ -109,6 +135,14 @@ def create_app(db_url: str, *, token: str | None, public: bool, celery_app: Call
     probe_pages.register(app, ctx)
     _register_actions(app, ctx)
     return app
+
+
+def _without_token(request: Request) -> str:
+    """The request's own path and query without its ``token`` parameter(s), as a same-site redirect target."""
+    raw = request.scope.get("raw_path") or request.url.path.encode()
+    path = "/" + raw.decode("latin-1").lstrip("/")  # never "//host/...": that would leave this site
+    query = [(k, v) for k, v in parse_qsl(request.url.query, keep_blank_values=True) if k != "token"]
+    return f"{path}?{urlencode(query)}" if query else path
 
 
 def _register_actions(app: FastAPI, ctx: Context) -> None:

@@ -18,6 +18,7 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.orm import Session, sessionmaker
 
 from db.connection import SQLITE_BUSY_TIMEOUT_MS, head_revision
+from db.urls import masked
 
 
 class DatabaseUnavailable(RuntimeError):
@@ -31,7 +32,7 @@ def readonly_engine(url: str) -> Engine:
     if backend == "sqlite":
         path = parsed.database or ""
         if path in ("", ":memory:"):
-            raise DatabaseUnavailable(f"in-memory SQLite ({url!r}) has no results to show; give a file")
+            raise DatabaseUnavailable(f"in-memory SQLite ({masked(url)!r}) has no results to show; give a file")
         if not Path(path).is_file():
             raise DatabaseUnavailable(
                 f"no results database at {path}: run a job first (`nexus-eval run`), or point --db at one"
@@ -54,7 +55,7 @@ def readonly_engine(url: str) -> Engine:
         return create_engine(
             parsed, pool_pre_ping=True, connect_args={"options": "-c default_transaction_read_only=on"}
         )
-    raise DatabaseUnavailable(f"unsupported database URL {url!r}: use a SQLite file or postgresql+psycopg://")
+    raise DatabaseUnavailable(f"unsupported database URL {masked(url)!r}: use a SQLite file or postgresql+psycopg://")
 
 
 def check_schema(engine: Engine) -> None:
@@ -64,7 +65,7 @@ def check_schema(engine: Engine) -> None:
     with the fix, is kinder."""
     from alembic.runtime.migration import MigrationContext
 
-    where = engine.url.render_as_string(hide_password=True)
+    where = masked(engine.url.render_as_string(hide_password=False))
     try:
         with engine.connect() as connection:
             if not inspect(connection).has_table("jobs"):
@@ -73,7 +74,8 @@ def check_schema(engine: Engine) -> None:
     except DatabaseUnavailable:
         raise
     except Exception as exc:  # cannot connect, no permission, ...: the driver's words say why
-        raise DatabaseUnavailable(f"cannot read {where}: {type(exc).__name__}: {exc}") from None
+        said = str(exc).replace(engine.url.render_as_string(hide_password=False), where)
+        raise DatabaseUnavailable(f"cannot read {where}: {type(exc).__name__}: {said}") from None
     head = head_revision()
     if current != head:
         raise DatabaseUnavailable(

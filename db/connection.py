@@ -28,6 +28,8 @@ from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
+from db.urls import masked
+
 DEFAULT_DB_PATH = Path("runs") / "nexus-eval.db"
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 MIGRATIONS_DIR = Path(__file__).with_name("migrations")
@@ -93,7 +95,7 @@ def make_engine(url: str | None = None, *, echo: bool = False) -> Engine:
         return engine
     if parsed.get_backend_name() == "postgresql" and parsed.get_driver_name() not in ("psycopg", ""):
         raise ValueError(
-            f"unsupported PostgreSQL driver {parsed.get_driver_name()!r} in {url!r}: use postgresql+psycopg://"
+            f"unsupported PostgreSQL driver {parsed.get_driver_name()!r} in {masked(url)!r}: use postgresql+psycopg://"
         )
     if parsed.get_backend_name() == "postgresql" and parsed.get_driver_name() == "":
         parsed = parsed.set(drivername="postgresql+psycopg")
@@ -197,7 +199,7 @@ def connect(url: str | None = None, *, upgrade: bool = True, echo: bool = False)
     if parsed.get_backend_name() == "sqlite" and parsed.database in (None, "", ":memory:"):
         # Every pooled connection would get its own empty in-memory database: nothing would persist.
         raise ValueError(
-            f"in-memory SQLite ({url!r}) is not supported; give a file, e.g. {sqlite_url('nexus-eval.db')}"
+            f"in-memory SQLite ({masked(url)!r}) is not supported; give a file, e.g. {sqlite_url('nexus-eval.db')}"
         )
     if upgrade:
         migrate(url)

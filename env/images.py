@@ -217,8 +217,17 @@ def _docker_build(client, context: str, tag: str, *, network_mode: str | None, w
 # ----------------------------------------------------------------------------------------- task images
 
 
-def _task_dockerfile(base: str, setup: list[str]) -> str:
-    # setup runs before the commit so its products are part of the base state, not of the agent's diff
+def _task_dockerfile(base: str, setup: list[str], *, task_id: str = "?") -> str:
+    # setup runs before the commit so its products are part of the base state, not of the agent's diff. Each
+    # line is one RUN instruction: a line break in it would add instructions of its own (an `ADD https://...`
+    # the daemon fetches outside network_mode none, a new `FROM`), so such a line is refused here too, not only
+    # when the task is loaded.
+    from env.task_rows import setup_line_problem
+
+    for number, line in enumerate(setup, start=1):
+        why = setup_line_problem(line)
+        if why:
+            raise ImageBuildFailed(f"task {task_id}: setup line {number} {why}: {line!r:.120}")
     setup_runs = "".join(f"RUN {line}\n" for line in setup)
     return (
         f"FROM {base}\n"
@@ -290,6 +299,7 @@ def ensure_task_image(task: Task, client: docker.DockerClient | None = None, *, 
         raise ImageBuildFailed(f"local task {task.instance_id}: {task.local_dir}/repo is not a directory")
     if not image_exists(client, base_tag):
         raise ImageMissing(f"base image {base_tag} is missing; build it with `nexus-eval images build-base`")
+    dockerfile = _task_dockerfile(base_tag, list(task.setup), task_id=task.instance_id)  # refuses a bad setup line
     base_id = client.images.get(base_tag).id
     tag = task_image_tag(task, base_id)
     if image_exists(client, tag):
@@ -301,7 +311,7 @@ def ensure_task_image(task: Task, client: docker.DockerClient | None = None, *, 
             symlinks=True,
             ignore=shutil.ignore_patterns(".git", "__pycache__", "*.pyc", ".pytest_cache"),
         )
-        Path(ctx, "Dockerfile").write_text(_task_dockerfile(base_tag, list(task.setup)))
+        Path(ctx, "Dockerfile").write_text(dockerfile)
         Path(ctx, ".dockerignore").write_text("repo/**/.git\n")
         _docker_build(
             client,

@@ -9,11 +9,14 @@ snapshot of the tree so the final diff holds only the agent's changes.
 * R2E's SWE-bench images: `/run_tests.sh` (the eval script, which holds the test patch) is deleted.
 * SWE-bench images and local tasks carry no grading material in the agent's tree.
 
+Then, for every layout, `/testbed/.git` is reduced to HEAD's commit (`env.repo_scrub.scrub_history`): no
+later commit (the fix) stays reachable or present through refs, tags, the reflog, stashes or loose packs.
 The snapshot (`Sandbox.snapshot`) is taken after these steps, so none of them shows in the patch.
 """
 
 from __future__ import annotations
 
+from env.repo_scrub import scrub_history
 from env.sandbox import Sandbox, SandboxError
 
 R2E_NATIVE_AGENT_SETUP = """
@@ -26,10 +29,12 @@ R2E_SWEBENCH_AGENT_SETUP = "rm -f /run_tests.sh; true"
 
 
 def prepare_agent_sandbox(box: Sandbox, task) -> str:
-    """Hide the grading material of `task`'s layout from `box`, then snapshot /testbed; returns the tree id."""
+    """Hide the grading material of `task`'s layout from `box`, reduce /testbed's git history to its base
+    commit, then snapshot /testbed; returns the tree id. Failures raise SandboxError."""
     setup = {"r2e": R2E_NATIVE_AGENT_SETUP, "r2e_swebench": R2E_SWEBENCH_AGENT_SETUP}.get(task.kind)
     if setup:
         result = box.run(setup, timeout=300, workdir="/")
         if result.exit_code != 0 or result.timed_out:
             raise SandboxError(f"preparing the {task.kind} layout failed: {result.output[-800:]}")
+    scrub_history(box, "/testbed")
     return box.snapshot("/testbed")

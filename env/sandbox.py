@@ -10,6 +10,14 @@ container (the whole process group dies), plus a host-side guard. Every process 
 `NEXUS_EXEC=<id>` in its environment; after a timeout every process still carrying it is killed, which also
 catches children that left the process group with `setsid`. Output is streamed and capped: the first and
 last `max_output_bytes / 2` are kept with a marker in between, so a 1 GB print costs no host memory.
+`run_to_file` (a grading run's log) writes the output to a file in the container and streams it back keeping
+its first FILE_OUTPUT_HEAD_BYTES and last FILE_OUTPUT_TAIL_BYTES (1 + 7 MiB), with the same marker.
+
+Disk: `max_file_bytes` sets RLIMIT_FSIZE on every process in the container (a ulimit, so it holds on every
+storage driver): no single file grows past it, the writer gets SIGXFSZ. `disk_size` asks the engine for a
+total quota on the container's writable layer (`storage_opt size`), which only some storage drivers support
+(overlay2 on xfs mounted with pquota, btrfs, zfs, devicemapper); elsewhere starting the container fails with a
+SandboxError that says so. See docs/sandbox.md.
 
 Environment (`SandboxConfig.path`, `.user`): by default every command gets SANDBOX_PATH (the agent's) on top
 of the image's other ENV, in `/testbed`, as the image's USER. `path="image"` keeps the image's environment
@@ -27,6 +35,7 @@ import tarfile
 import threading
 import time
 import uuid
+from collections import deque
 from pathlib import Path, PurePosixPath
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -51,6 +60,10 @@ SANDBOX_PATH = ":".join(
 IMAGE_ENV = "image"  # SandboxConfig.path: keep the image's own environment
 LABEL_PREFIX = "nexus-eval"
 TRUNCATION_MARK = "\n[... output truncated: {dropped} bytes omitted from the middle ...]\n"
+# What `run_to_file` keeps of a file's output (a grading run's log): the head, and a generous tail, where test
+# runners print their results and summaries. The middle is dropped with TRUNCATION_MARK.
+FILE_OUTPUT_HEAD_BYTES = 1024**2
+FILE_OUTPUT_TAIL_BYTES = 7 * 1024**2
 
 
 class SandboxError(RuntimeError):
@@ -90,6 +103,22 @@ class SandboxConfig(BaseModel):
     network: bool = Field(
         False, description="attach the engine's default bridge network; off by default (network_mode none)"
     )
+    max_file_bytes: int | None = Field(
+        None,
+        ge=1024**2,
+        description=(
+            "RLIMIT_FSIZE (ulimit fsize) of every process in the container: no file can grow past it (the writer "
+            "gets SIGXFSZ); holds on every storage driver. None: no limit"
+        ),
+    )
+    disk_size: str | None = Field(
+        None,
+        pattern=r"^[0-9]+(\.[0-9]+)?[bkmgtBKMGT]?[bB]?$",
+        description=(
+            "a total quota on the container's writable layer (docker `--storage-opt size=`); needs a storage "
+            "driver that supports it (overlay2 on xfs with pquota, btrfs, zfs, devicemapper). None: no quota"
+        ),
+    )
 
     @field_validator("path")
     @classmethod
@@ -126,32 +155,69 @@ class ExecResult(BaseModel):
 
 
 class _CappedBuffer:
-    """Keeps the first and last `cap/2` bytes of a stream and counts what was dropped between them."""
+    """Keeps the first `head` bytes (default `cap/2`) and the last `cap - head` bytes of a stream and counts
+    what was dropped between them. Memory stays within the cap plus one chunk, whatever the stream's size."""
 
-    def __init__(self, cap: int) -> None:
-        self.half = cap // 2
+    def __init__(self, cap: int, *, head: int | None = None) -> None:
+        self.head_cap = cap // 2 if head is None else min(head, cap)
+        self.tail_cap = cap - self.head_cap
         self.head = bytearray()
-        self.tail = bytearray()
-        self.dropped = 0
+        self._tail: deque[bytes] = deque()
+        self._tail_len = 0
+        self._dropped = 0
 
     def add(self, chunk: bytes) -> None:
-        room = self.half - len(self.head)
+        room = self.head_cap - len(self.head)
         if room > 0:
             self.head += chunk[:room]
             chunk = chunk[room:]
         if not chunk:
             return
-        self.tail += chunk
-        overflow = len(self.tail) - self.half
-        if overflow > 0:
-            del self.tail[:overflow]
-            self.dropped += overflow
+        self._tail.append(bytes(chunk))
+        self._tail_len += len(chunk)
+        # whole chunks that the newer ones already replace go; the cut inside the oldest kept one is in `tail`
+        while self._tail and self._tail_len - len(self._tail[0]) >= self.tail_cap:
+            gone = self._tail.popleft()
+            self._tail_len -= len(gone)
+            self._dropped += len(gone)
+
+    @property
+    def tail(self) -> bytes:
+        data = b"".join(self._tail)
+        return data[len(data) - self.tail_cap :] if len(data) > self.tail_cap else data
+
+    @property
+    def dropped(self) -> int:
+        return self._dropped + max(0, self._tail_len - self.tail_cap)
 
     def text(self) -> tuple[str, bool]:
         decode = lambda b: bytes(b).decode("utf-8", errors="replace")  # noqa: E731
         if not self.dropped:
             return decode(self.head + self.tail), False
         return decode(self.head) + TRUNCATION_MARK.format(dropped=self.dropped) + decode(self.tail), True
+
+
+class _ChunkReader(io.RawIOBase):
+    """A read-only file over an iterator of byte chunks (docker-py's archive stream), never holding more than
+    one chunk."""
+
+    def __init__(self, chunks) -> None:
+        self._chunks = iter(chunks)
+        self._view = memoryview(b"")
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        while not self._view:
+            chunk = next(self._chunks, None)
+            if chunk is None:
+                return 0
+            self._view = memoryview(chunk)
+        n = min(len(buffer), len(self._view))
+        buffer[:n] = self._view[:n]
+        self._view = self._view[n:]
+        return n
 
 
 def episode_labels(job: str, episode: str, ttl_s: int) -> dict[str, str]:
@@ -208,6 +274,10 @@ class Sandbox:
         own = {} if config.image_env else {"working_dir": "/", "environment": {"PATH": config.command_path}}
         if config.user is not None:
             own["user"] = config.user
+        if config.max_file_bytes is not None:
+            own["ulimits"] = [docker.types.Ulimit(name="fsize", soft=config.max_file_bytes, hard=config.max_file_bytes)]
+        if config.disk_size is not None:
+            own["storage_opt"] = {"size": config.disk_size}
         container = None
         try:
             container = client.containers.create(
@@ -232,6 +302,13 @@ class Sandbox:
             if container is not None:
                 with contextlib.suppress(docker.errors.DockerException):
                     container.remove(force=True)
+            if config.disk_size is not None and re.search(r"storage[- _]?opt", str(exc), flags=re.I):
+                raise SandboxError(
+                    f"SandboxConfig.disk_size={config.disk_size!r} (a per-container disk quota, docker --storage-opt "
+                    "size) needs a storage driver that supports it: overlay2 on an xfs backing file system mounted "
+                    "with pquota, or btrfs, zfs, devicemapper; this engine refused it, so leave disk_size unset "
+                    f"(max_file_bytes bounds each file on every driver). The engine said: {exc}"
+                ) from exc
             raise SandboxError(f"container from {image} failed to start: {exc}") from exc
         box = cls(client, container, config)
         try:
@@ -318,16 +395,48 @@ class Sandbox:
         output, truncated = buffer.text()
         return ExecResult(output=output, exit_code=exit_code, timed_out=timed_out, truncated=truncated, seconds=seconds)
 
-    def run_to_file(self, cmd: str, *, timeout: float | None = None, workdir: str | None = "/testbed") -> ExecResult:
-        """`run`, with the output written to a file in the container and read back whole (no cap): for
-        logs that are evidence, such as a grading run's. The shell's own messages, if any, follow it."""
+    def run_to_file(
+        self,
+        cmd: str,
+        *,
+        timeout: float | None = None,
+        workdir: str | None = "/testbed",
+        head_bytes: int = FILE_OUTPUT_HEAD_BYTES,
+        tail_bytes: int = FILE_OUTPUT_TAIL_BYTES,
+    ) -> ExecResult:
+        """`run`, with the output written to a file in the container and streamed back keeping its first
+        `head_bytes` and last `tail_bytes` (a marker says how many bytes were dropped between them): for logs
+        that are evidence, such as a grading run's, whose results are at the end. The file can grow only to
+        `max_file_bytes` (then the writer gets SIGXFSZ). The shell's own messages, if any, follow it."""
         out = f"/tmp/.nexus-output-{uuid.uuid4().hex}.log"
         result = self.run(f"( {cmd} ) > {out} 2>&1", timeout=timeout, workdir=workdir)
         try:
-            full = self.read_file(out).decode("utf-8", errors="replace") if self.exists(out) else ""
+            text, cut = self.read_file_capped(out, head_bytes=head_bytes, tail_bytes=tail_bytes)
+        except FileNotFoundError:
+            text, cut = "", False
         finally:
             self.run(f"rm -f {out}", timeout=30, workdir="/")
-        return result.model_copy(update={"output": full + result.output})
+        return result.model_copy(update={"output": text + result.output, "truncated": result.truncated or cut})
+
+    def read_file_capped(self, path: str, *, head_bytes: int, tail_bytes: int) -> tuple[str, bool]:
+        """One regular file as text (UTF-8, bad bytes replaced), streamed through `get_archive` keeping its
+        first `head_bytes` and last `tail_bytes` with TRUNCATION_MARK between them; True when some was
+        dropped. Host memory stays within the two caps whatever the file's size. FileNotFoundError if absent."""
+        import docker
+
+        try:
+            chunks, _stat = self.container.get_archive(path)
+        except docker.errors.NotFound:
+            raise FileNotFoundError(f"{path} does not exist in container {self.container.short_id}") from None
+        buffer = _CappedBuffer(head_bytes + tail_bytes, head=head_bytes)
+        with tarfile.open(fileobj=io.BufferedReader(_ChunkReader(chunks), 1024**2), mode="r|") as tar:
+            member = tar.next()
+            if member is None or not member.isfile():
+                raise IsADirectoryError(f"{path} is not a regular file")
+            handle = tar.extractfile(member)
+            while block := handle.read(1024**2):
+                buffer.add(block)
+        return buffer.text()
 
     def _kill_tagged(self, exec_tag: str) -> None:
         """KILL every process whose environment carries this command's tag (escapees of setsid too)."""

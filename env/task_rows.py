@@ -18,7 +18,9 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+
+from env.grading.limits import GradingCeilings, limit_problems
 
 TaskKind = Literal["swebench", "r2e_swebench", "r2e", "local"]
 
@@ -30,6 +32,20 @@ R2E_ISSUE_TAGS = re.compile(r"\[ISSUE\](.*)\[/ISSUE\]", re.DOTALL)
 # Repositories whose tests reach out to the internet (requests' tests call httpbin.org); a row may say
 # otherwise with its own `needs_network`.
 NETWORK_REPOS = frozenset({"psf/requests"})
+# A setup line becomes one Dockerfile `RUN` line (env.images): a line break would start a new instruction
+# (`ADD http://...`, fetched by the daemon outside the build's network_mode none, or a new `FROM`), so no
+# control character but tab may appear in it, nor a trailing backslash (it would join the next line).
+SETUP_FORBIDDEN = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]|\\\s*$")
+
+
+def setup_line_problem(line: str) -> str | None:
+    """Why `line` cannot be a setup line (one Dockerfile RUN instruction), or None."""
+    match = SETUP_FORBIDDEN.search(line)
+    if match is None:
+        return None
+    if match.group(0).startswith("\\"):
+        return "ends with a backslash, which would join the next Dockerfile line to it"
+    return f"holds the control character {match.group(0)!r} (a setup line must be a single line; only tab is allowed)"
 
 
 class TaskError(ValueError):
@@ -43,7 +59,9 @@ class TaskError(ValueError):
 
 
 class GradingLimits(BaseModel):
-    """A task's own grading limits; unset fields take the grader's defaults (see docs/tasks.md)."""
+    """A task's own grading limits; unset fields take the grader's defaults (see docs/tasks.md). Each must stay
+    within the operator's ceilings (`env.grading.limits.GradingCeilings`), checked by the loaders and again
+    when the task is graded."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -116,6 +134,16 @@ class Task(BaseModel):
         # Some dumps store "3.0" as a float; keep the text form the harness keys on.
         return str(value) if isinstance(value, int | float) and not isinstance(value, bool) else value
 
+    @field_validator("setup")
+    @classmethod
+    def _single_lines(cls, value: list[str], info: ValidationInfo) -> list[str]:
+        for number, line in enumerate(value, start=1):
+            why = setup_line_problem(line)
+            if why:
+                task = info.data.get("instance_id", "?")
+                raise ValueError(f"task {task}: setup line {number} {why}: {line!r:.120}")
+        return value
+
     @field_validator("instance_id", "repo")
     @classmethod
     def _not_blank(cls, value: str) -> str:
@@ -134,16 +162,22 @@ class Task(BaseModel):
         return bool(self.eval_script and self.log_parser and self.eval_type)
 
 
-def validate_fields(source: str, fields: dict[str, Any]) -> Task:
-    """Build a Task, turning pydantic's error into a TaskError that names the source and the field."""
+def validate_fields(source: str, fields: dict[str, Any], *, ceilings: GradingCeilings | None = None) -> Task:
+    """Build a Task, turning pydantic's error into a TaskError that names the source and the field; a `grading`
+    block over the operator's `ceilings` (None: `env.grading.limits.DEFAULT_CEILINGS`) is a TaskError too."""
     try:
-        return Task(**fields)
+        task = Task(**fields)
     except ValidationError as exc:
         errors = exc.errors()
         locs = [".".join(str(p) for p in e["loc"]) for e in errors]
         messages = [e["msg"].removeprefix("Value error, ") + f" (got {e['input']!r:.80})" for e in errors]
         also = "".join(f"; also field '{loc}': {msg}" for loc, msg in zip(locs[1:], messages[1:], strict=True))
         raise TaskError(source, messages[0] + also, field=locs[0] or None) from None
+    problems = limit_problems(task.instance_id, task.grading, ceilings)
+    if problems:
+        also = "".join(f"; also {p}" for p in problems[1:])
+        raise TaskError(source, f"{problems[0]}{also}", field=f"grading.{problems[0].field}")
+    return task
 
 
 def row_kind(row: dict[str, Any]) -> TaskKind:
@@ -376,8 +410,9 @@ SWEBENCH_REQUIRED = ("instance_id", "repo", "base_commit", "problem_statement", 
 SWEBENCH_OPTIONAL = ("version", "eval_script", "log_parser", "eval_type", "image_assets", "converted_by")
 
 
-def task_from_row(row: dict[str, Any], *, source: str = "<row>") -> Task:
-    """Map one dataset row (SWE-bench classic or 5.x, R2E SWE-bench or R2E-native) onto a Task."""
+def task_from_row(row: dict[str, Any], *, source: str = "<row>", ceilings: GradingCeilings | None = None) -> Task:
+    """Map one dataset row (SWE-bench classic or 5.x, R2E SWE-bench or R2E-native) onto a Task; its `grading`
+    block must stay within `ceilings` (None: the default ceilings, `env.grading.limits`)."""
     if not isinstance(row, dict):
         raise TaskError(source, f"a task row must be an object, got {type(row).__name__}")
     kind = row_kind(row)
@@ -397,4 +432,4 @@ def task_from_row(row: dict[str, Any], *, source: str = "<row>") -> Task:
         if row.get(key):
             fields[key] = row[key]
     fields["needs_network"] = bool(row.get("needs_network", fields["repo"] in NETWORK_REPOS))
-    return validate_fields(source, {**fields, "kind": kind, "source_row": dict(row)})
+    return validate_fields(source, {**fields, "kind": kind, "source_row": dict(row)}, ceilings=ceilings)

@@ -13,6 +13,10 @@ Row kinds (see docs/tasks.md):
 Sources: a `.json` / `.jsonl` / `.parquet` file, a local task folder, a folder of task folders (a suite), or a
 Hugging Face dataset name (through `datasets.load_dataset`). Bad input raises `TaskError` naming the file and
 field; nothing is silently dropped.
+
+Every loader takes `ceilings` (`env.grading.limits.GradingCeilings`, the operator's ceilings on a task's own
+`grading` limits; None: the defaults): a task asking for more is a `TaskError` naming the task, the field,
+the value and the ceiling (in a file or dataset, that row is skipped like any other bad row).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from env.grading.limits import DEFAULT_CEILINGS, GradingCeilings
 from env.task_rows import (
     DEFAULT_TEST_CMD,
     R2E_SWEBENCH_IMAGE,
@@ -37,8 +42,10 @@ from env.task_rows import (
 )
 
 __all__ = [
+    "DEFAULT_CEILINGS",
     "DEFAULT_TEST_CMD",
     "R2E_SWEBENCH_IMAGE",
+    "GradingCeilings",
     "Task",
     "TaskError",
     "TaskKind",
@@ -77,8 +84,8 @@ LOCAL_OPTIONAL = ("version", "test_cmd", "setup", "grading", "hints_text", "crea
 LOCAL_FORBIDDEN = ("base_commit", "docker_image", "image")
 
 
-def load_local_task(task_dir: str | Path) -> Task:
-    """Load one local task folder (`task.json` + `repo/`)."""
+def load_local_task(task_dir: str | Path, *, ceilings: GradingCeilings | None = None) -> Task:
+    """Load one local task folder (`task.json` + `repo/`); its `grading` block must stay within `ceilings`."""
     task_dir = Path(task_dir).resolve()
     task_file = task_dir / TASK_FILE
     if not task_file.is_file():
@@ -130,18 +137,18 @@ def load_local_task(task_dir: str | Path) -> Task:
             field=f"{REPO_DIR}/",
         )
     fields = {key: data[key] for key in LOCAL_REQUIRED + ("version", "test_cmd", "setup", "grading") if key in data}
-    return validate_fields(str(task_file), {**fields, "kind": "local", "local_dir": task_dir})
+    return validate_fields(str(task_file), {**fields, "kind": "local", "local_dir": task_dir}, ceilings=ceilings)
 
 
-def load_task_folder(folder: str | Path) -> list[Task]:
+def load_task_folder(folder: str | Path, *, ceilings: GradingCeilings | None = None) -> list[Task]:
     """Load a suite: every sub-folder of `folder` is a local task (hidden folders are skipped)."""
     folder = Path(folder).resolve()
     if (folder / TASK_FILE).is_file():
-        return [load_local_task(folder)]
+        return [load_local_task(folder, ceilings=ceilings)]
     task_dirs = sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith((".", "_")))
     if not task_dirs:
         raise TaskError(folder, f"no task folders (each needs {TASK_FILE} and {REPO_DIR}/)")
-    return _unique(folder, [load_local_task(d) for d in task_dirs])
+    return _unique(folder, [load_local_task(d, ceilings=ceilings) for d in task_dirs])
 
 
 def _unique(source: str | Path, tasks: list[Task]) -> list[Task]:
@@ -194,12 +201,14 @@ class TaskList(list):
         self.skipped: list[TaskError] = list(skipped)
 
 
-def _rows_to_tasks(source: str | Path, rows: Iterable[tuple[str, Any]]) -> TaskList:
+def _rows_to_tasks(
+    source: str | Path, rows: Iterable[tuple[str, Any]], *, ceilings: GradingCeilings | None = None
+) -> TaskList:
     """Map each row; a row with bad fields is logged and skipped, the rest load (none loading is an error)."""
     tasks, skipped = [], []
     for label, row in rows:
         try:
-            tasks.append(task_from_row(row, source=label))
+            tasks.append(task_from_row(row, source=label, ceilings=ceilings))
         except TaskError as exc:
             skipped.append(exc)
             log.warning("skipping a task row: %s", exc)
@@ -210,7 +219,7 @@ def _rows_to_tasks(source: str | Path, rows: Iterable[tuple[str, Any]]) -> TaskL
     return TaskList(_unique(source, tasks), skipped)
 
 
-def _load_hf(name: str, split: str) -> TaskList:
+def _load_hf(name: str, split: str, *, ceilings: GradingCeilings | None = None) -> TaskList:
     """A Hugging Face dataset by name (e.g. `R2E-Gym/SWE-Bench-Verified`), through `datasets`."""
     import datasets
 
@@ -218,30 +227,32 @@ def _load_hf(name: str, split: str) -> TaskList:
         dataset = datasets.load_dataset(name, split=split)
     except Exception as exc:  # offline, unknown name, unknown split: all surface as a TaskError
         raise TaskError(name, f"cannot load Hugging Face dataset (split {split!r}): {exc}") from None
-    return _rows_to_tasks(name, ((f"{name}[{split}] row {i}", dict(row)) for i, row in enumerate(dataset)))
+    rows = ((f"{name}[{split}] row {i}", dict(row)) for i, row in enumerate(dataset))
+    return _rows_to_tasks(name, rows, ceilings=ceilings)
 
 
-def load_tasks(source: str | Path, *, split: str = "test") -> list[Task]:
+def load_tasks(source: str | Path, *, split: str = "test", ceilings: GradingCeilings | None = None) -> list[Task]:
     """Load tasks from a JSON/JSONL/parquet file, a local task folder or suite, a bundled suite's name, or a
     Hugging Face dataset name. `split` applies only to Hugging Face datasets (R2E-Gym's sets are `train`).
 
     For files and datasets the result is a :class:`TaskList`: rows with bad fields are skipped and listed in
     its `skipped` (each a TaskError naming the row and field); a file that cannot be read at all raises.
+    `ceilings` bounds each task's own `grading` limits (None: the defaults).
     """
     path = Path(source).expanduser()
     if path.is_dir():
-        return load_task_folder(path)
+        return load_task_folder(path, ceilings=ceilings)
     if path.is_file():
         if path.suffix.lower() not in FILE_SUFFIXES:
             raise TaskError(path, f"unsupported file type (use {', '.join(FILE_SUFFIXES)})")
-        return _rows_to_tasks(path, list(_read_rows(path)))
+        return _rows_to_tasks(path, list(_read_rows(path)), ceilings=ceilings)
     text = str(source)
     if isinstance(source, str) and source in known_suites():
-        return load_task_folder(SUITES_DIR / source)
+        return load_task_folder(SUITES_DIR / source, ceilings=ceilings)
     looks_like_path = isinstance(source, Path) or text.startswith((".", "/", "~")) or text.endswith(FILE_SUFFIXES)
     if looks_like_path or text.count("/") > 1:
         raise TaskError(text, "no such file or folder")
-    return _load_hf(text, split)
+    return _load_hf(text, split, ceilings=ceilings)
 
 
 def known_suites() -> list[str]:
@@ -251,13 +262,13 @@ def known_suites() -> list[str]:
     return sorted(p.name for p in SUITES_DIR.iterdir() if p.is_dir() and not p.name.startswith((".", "_")))
 
 
-def load_suite(name_or_path: str | Path) -> list[Task]:
+def load_suite(name_or_path: str | Path, *, ceilings: GradingCeilings | None = None) -> list[Task]:
     """A bundled suite by name (`"mini"` -> env/suites/mini/) or any folder of local tasks."""
     if isinstance(name_or_path, str) and name_or_path in known_suites():
-        return load_task_folder(SUITES_DIR / name_or_path)
+        return load_task_folder(SUITES_DIR / name_or_path, ceilings=ceilings)
     path = Path(name_or_path).expanduser()
     if path.is_dir():
-        return load_task_folder(path)
+        return load_task_folder(path, ceilings=ceilings)
     raise TaskError(
         str(name_or_path),
         f"unknown suite (bundled: {', '.join(known_suites()) or 'none'}; or pass a folder of local tasks)",
@@ -268,20 +279,34 @@ class TaskNotFound(LookupError, ValueError):
     """No task with that id in the source (a LookupError for the service, a ValueError for the CLI)."""
 
 
-def load_source(*, suite: str | Path | None = None, file: str | Path | None = None, split: str = "test") -> list[Task]:
+def load_source(
+    *,
+    suite: str | Path | None = None,
+    file: str | Path | None = None,
+    split: str = "test",
+    ceilings: GradingCeilings | None = None,
+) -> list[Task]:
     """The tasks of exactly one source: a bundled suite or task folder (``suite``), or a task file or Hugging
-    Face dataset (``file``, with ``split``)."""
+    Face dataset (``file``, with ``split``); ``ceilings`` bounds each task's own grading limits."""
     if (suite is None) == (file is None):
         raise ValueError("give exactly one task source: a suite or a file")
-    return load_suite(suite) if suite is not None else load_tasks(file, split=split)  # type: ignore[arg-type]
+    if suite is not None:
+        return load_suite(suite, ceilings=ceilings)
+    return load_tasks(file, split=split, ceilings=ceilings)  # type: ignore[arg-type]
 
 
 def find_task(
-    task_id: str, *, suite: str | Path | None = None, file: str | Path | None = None, split: str = "test"
+    task_id: str,
+    *,
+    suite: str | Path | None = None,
+    file: str | Path | None = None,
+    split: str = "test",
+    ceilings: GradingCeilings | None = None,
 ) -> Task:
     """The task ``task_id`` of one source (see :func:`load_source`); :class:`TaskNotFound` names the source and
     some of the ids it does have."""
-    return pick_task(load_source(suite=suite, file=file, split=split), task_id, source=str(file or suite))
+    tasks = load_source(suite=suite, file=file, split=split, ceilings=ceilings)
+    return pick_task(tasks, task_id, source=str(file or suite))
 
 
 def pick_task(tasks: list[Task], task_id: str, *, source: str) -> Task:

@@ -10,6 +10,9 @@ in-container timeout. Observation text is R2E-Gym's (`Observation.__str__` + `Do
   `Execution output of [execute_bash]:` and the output; over 80 lines keeps the first and last 40 lines.
 * other tools: `Execution output of [<tool>]:` and the output (the editor clips itself at 10,000 chars).
 * finish / submit: `<<< Finished >>>`; no call at all: `NO_FUNCTION_CALL_REMINDER`.
+* a parameter name that is not a plain option name (`PARAMETER_NAME_RE`; R2E-Gym pastes names into the
+  shell line unquoted): `Execution output of [<tool>]:` and an `ERROR: bad parameter name ...` line;
+  nothing runs.
 
 tests/env/test_tool_differential.py plays the same calls through R2E-Gym's published scripts and compares the
 observations; the few deliberate differences and their reasons are in docs/sandbox.md.
@@ -64,6 +67,10 @@ NO_FUNCTION_CALL_REMINDER = (
 )
 FINISHED_OBSERVATION = "<<< Finished >>>"
 _ANSI = re.compile(r"\x1b\[[0-9;]*m|\r")
+# A parameter name becomes the option `--<name>` of the tool script. Names outside this pattern are refused
+# before anything runs (R2E-Gym put them into the shell line unquoted). Unknown names that fit it still
+# reach the script, whose argparse error is the observation, as in R2E-Gym.
+PARAMETER_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,63}")
 
 
 class ToolCall(BaseModel):
@@ -173,14 +180,22 @@ TOOL_SPECS: list[dict[str, Any]] = [
 ]
 
 
+def bad_parameter_names(call: ToolCall) -> list[str]:
+    """The parameter names of `call` that are not plain option names (`PARAMETER_NAME_RE`)."""
+    return [key for key in call.arguments if not PARAMETER_NAME_RE.fullmatch(key)]
+
+
 def render_command_line(call: ToolCall) -> str:
-    """R2E-Gym's rendering: tool name, `command` positional if present, then `--key 'value'` pairs."""
+    """R2E-Gym's rendering: tool name, `command` positional if present, then `--key 'value'` pairs.
+
+    R2E-Gym pastes the key into the shell line as it is; here `--key` is shell-quoted too (a no-op for the
+    plain names `ToolBox.call` lets through), so no key can add shell syntax whoever calls this."""
     parts = [shlex.quote(call.name)]
     if "command" in call.arguments:
         parts.append(shlex.quote(call.arguments["command"]))
     for key, value in call.arguments.items():
         if key != "command":
-            parts += [f"--{key}", shlex.quote(str(value))]
+            parts += [shlex.quote(f"--{key}"), shlex.quote(str(value))]
     return " ".join(parts)
 
 
@@ -244,6 +259,14 @@ class ToolBox:
             text = (
                 f"Execution output of [{name}]:\nERROR: unknown function '{name}'. "
                 f"Available functions: {', '.join(TOOL_NAMES)}."
+            )
+            return ToolResult(observation=text, seconds=time.monotonic() - started)
+        bad = bad_parameter_names(call)
+        if bad:
+            shown = ", ".join(repr(key if len(key) <= 60 else key[:57] + "...") for key in bad)
+            text = (
+                f"Execution output of [{name}]:\nERROR: bad parameter name {shown}: a parameter name is letters, "
+                "digits, '_' and '-', starting with a letter or '_'. Nothing was run."
             )
             return ToolResult(observation=text, seconds=time.monotonic() - started)
         path = str_replace_path(call)

@@ -142,20 +142,23 @@ def _few(names: list[str], n: int = 3) -> str:
 
 def broker_check(url: str | None, *, required: bool = True) -> Check:
     """The embedded SQLite broker needs nothing; a Redis broker must answer a PING within 2 s. (`doctor` passes
-    ``required=False``: `run` always uses the embedded broker; `submit` and `worker` need this one.)"""
+    ``required=False``: `run` always uses the embedded broker; `submit` and `worker` need this one.) The row
+    shows the URL with its password masked (``db.urls.masked``)."""
     if not url:
         return Check("broker", True, required, "embedded SQLite broker beside the database ($NEXUS_EVAL_BROKER unset)")
+    shown = _safe(url)
     if not url.startswith(("redis://", "rediss://")):
-        return Check("broker", True, required, f"{url}: not checked (only redis:// brokers are)")
+        return Check("broker", True, required, f"{shown}: not checked (only redis:// brokers are)")
     import redis
 
     fix = "start Redis there (e.g. `docker compose up -d redis`), or unset NEXUS_EVAL_BROKER and use `nexus-eval run`"
     try:
         redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=2).ping()
     except Exception as exc:  # redis raises ConnectionError, TimeoutError, AuthenticationError, ...
-        detail = f"Redis at {url} does not answer: {exc}" + ("" if required else " (submit and worker need it)")
+        said = str(exc).replace(url, shown)
+        detail = f"Redis at {shown} does not answer: {said}" + ("" if required else " (submit and worker need it)")
         return Check("broker", False, required, detail, fix)
-    return Check("broker", True, required, f"Redis at {url} answers")
+    return Check("broker", True, required, f"Redis at {shown} answers")
 
 
 def database_check(url: str) -> Check:
@@ -172,6 +175,7 @@ def _database(url: str) -> tuple[Check, str | None]:
     from db.connection import MIGRATIONS_DIR, current_revision, head_revision
 
     fix = "set NEXUS_EVAL_DB (or --db) to a writable SQLite path or a reachable postgresql+psycopg:// URL"
+    readable = url
     try:
         parsed = make_url(url)
         if parsed.get_backend_name() == "sqlite":
@@ -186,7 +190,9 @@ def _database(url: str) -> tuple[Check, str | None]:
         readable = parsed.render_as_string(hide_password=False)
         revision = current_revision(readable)
     except Exception as exc:  # any driver error means "not reachable"; the message says which
-        return Check("database", False, True, f"{_safe(url)}: {type(exc).__name__}: {exc}".splitlines()[0], fix), None
+        # a parse or driver error may quote the URL it was given: never with its password
+        said = str(exc).replace(readable, _safe(readable)).replace(url, _safe(url))
+        return Check("database", False, True, f"{_safe(url)}: {type(exc).__name__}: {said}".splitlines()[0], fix), None
     head = head_revision()
     if revision == head:
         return Check("database", True, True, f"{_safe(url)} (schema at {head})"), readable
@@ -269,12 +275,10 @@ def _clock(at: datetime, now: datetime) -> str:
 
 
 def _safe(url: str) -> str:
-    from sqlalchemy.engine import make_url
+    """``url`` as a row may show it: its password masked (``db.urls.masked``)."""
+    from db.urls import masked
 
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:  # not a URL at all: show it as given
-        return url
+    return masked(url)
 
 
 def gpu_check() -> Check:

@@ -18,6 +18,13 @@ Where things live, from the environment (see :class:`ServiceSettings`):
 - ``NEXUS_EVAL_RESULT_BACKEND``: defaults to the Redis broker's URL, or ``db+sqlite:///.../celery-results.db``
   for the embedded broker.
 
+What a job may make the worker send, and where (``backend: openai``; the operator's choice, never the job's):
+
+- ``NEXUS_EVAL_OPENAI_HOSTS``: comma-separated hosts (or globs) a job's ``openai.base_url`` may name; default
+  loopback only (``agent_runner.backends.openai.DEFAULT_HOSTS``).
+- ``NEXUS_EVAL_OPENAI_KEY_ENVS``: comma-separated variable names (or globs) a job's ``openai.api_key_env`` may
+  name, whose value is sent as the Bearer key; default ``OPENAI_API_KEY,*_API_KEY`` (``DEFAULT_KEY_ENVS``).
+
 Reliability settings (the reasons are in docs/service.md): late acks, prefetch 1, reject on worker loss, a
 broker visibility timeout above the hard time limit (otherwise Redis redelivers a long episode while it is
 still running), soft and hard time limits, ``task_track_started`` and ``result_extended``.
@@ -33,7 +40,15 @@ from celery import Celery
 from kombu import Exchange, Queue
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
+from agent_runner.backends.openai import (
+    DEFAULT_HOSTS,
+    DEFAULT_KEY_ENVS,
+    HOSTS_VARIABLE,
+    KEY_ENVS_VARIABLE,
+    AllowedEndpoints,
+)
 from db.connection import default_url
+from env.grading.limits import DEFAULT_CEILINGS, GradingCeilings
 from workers.heartbeat import LIVENESS, Liveness
 
 QUEUES = ("gpu", "grade", "default")
@@ -65,6 +80,16 @@ _VARIABLES = {
     "db_retry_s": "NEXUS_EVAL_DB_RETRY",
     "engine_wait_s": "NEXUS_EVAL_ENGINE_WAIT",
 }
+#: the operator's grading ceilings (``env.grading.limits.GradingCeilings`` fields) and their variables
+_CEILING_VARIABLES = {
+    "memory": "NEXUS_EVAL_GRADING_MAX_MEMORY",
+    "pids": "NEXUS_EVAL_GRADING_MAX_PIDS",
+    "cpus": "NEXUS_EVAL_GRADING_MAX_CPUS",
+    "timeout_s": "NEXUS_EVAL_GRADING_MAX_TIMEOUT",
+    "allow_network": "NEXUS_EVAL_GRADING_NETWORK",
+}
+#: the environment variable of each setting read as a comma-separated list
+_LIST_VARIABLES = {"openai_key_envs": KEY_ENVS_VARIABLE, "openai_hosts": HOSTS_VARIABLE}
 
 
 def _say(error: dict) -> str:
@@ -73,7 +98,8 @@ def _say(error: dict) -> str:
     if not error.get("loc"):
         return message  # a check across settings names them itself
     field = str(error["loc"][0])
-    where = f"{field} (${_VARIABLES[field]})" if field in _VARIABLES else field
+    variable = _VARIABLES.get(field) or _LIST_VARIABLES.get(field)
+    where = f"{field} (${variable})" if variable else field
     return f"{where}={error.get('input')!r}: {message}"
 
 
@@ -110,6 +136,45 @@ class ServiceSettings(BaseModel):
     device: str | None = Field(
         None, description="this worker host's device for the model (cuda:1 ...); None: the job's ModelSpec.device"
     )
+    openai_key_envs: tuple[str, ...] = Field(
+        DEFAULT_KEY_ENVS,
+        description="variables (names or globs) a job's openai.api_key_env may name: their value is sent as the key",
+    )
+    openai_hosts: tuple[str, ...] = Field(
+        DEFAULT_HOSTS, description="hosts (names or globs) a job's openai.base_url may send requests to"
+    )
+
+    grading_ceilings: GradingCeilings | None = Field(
+        None,
+        description="the most a task row's `grading` block may ask for; None: the defaults, the test-run limit "
+        "held under soft_time_limit_s",
+    )
+
+    @field_validator("openai_key_envs", "openai_hosts", mode="before")
+    @classmethod
+    def _names(cls, value: object) -> object:
+        """A comma-separated string (the variable) or a sequence; each entry stripped, empty ones dropped."""
+        if isinstance(value, str):
+            value = value.split(",")
+        if isinstance(value, list | tuple):
+            return tuple(str(v).strip() for v in value if str(v).strip())
+        return value
+
+    @field_validator("openai_key_envs")
+    @classmethod
+    def _key_patterns(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        bad = [v for v in value if not all(c.isalnum() or c in "_*?[]!" for c in v)]
+        if bad:
+            raise ValueError(f"{bad} are not variable names or globs of them (letters, digits, _, * ? [ ])")
+        return value
+
+    @field_validator("openai_hosts")
+    @classmethod
+    def _host_patterns(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        bad = [v for v in value if any(c in v for c in "/@?# ")]
+        if bad:
+            raise ValueError(f"{bad} are not host names (give hosts only, without scheme, path or credentials)")
+        return tuple(v.lower() for v in value)
 
     @field_validator("episodes_per_gpu", mode="before")
     @classmethod
@@ -136,6 +201,14 @@ class ServiceSettings(BaseModel):
             )
         if self.sweep_s > self.stale_after_s:
             raise ValueError(f"sweep_s ({self.sweep_s}) must not exceed stale_after_s ({self.stale_after_s})")
+        if self.grading_ceilings is None:  # the default ceiling, held under this worker's own time limit
+            timeout = min(DEFAULT_CEILINGS.timeout_s, 0.9 * self.soft_time_limit_s)
+            self.grading_ceilings = DEFAULT_CEILINGS.model_copy(update={"timeout_s": timeout})
+        elif self.grading_ceilings.timeout_s >= self.soft_time_limit_s:
+            raise ValueError(
+                f"grading_ceilings.timeout_s ($NEXUS_EVAL_GRADING_MAX_TIMEOUT={self.grading_ceilings.timeout_s}) must "
+                f"be below soft_time_limit_s ({self.soft_time_limit_s}), or a task's test run outlives its worker"
+            )
         if self.visibility_timeout_s is not None and self.visibility_timeout_s <= self.hard_time_limit_s:
             raise ValueError(
                 f"visibility_timeout_s ({self.visibility_timeout_s}) must exceed hard_time_limit_s "
@@ -149,7 +222,9 @@ class ServiceSettings(BaseModel):
         they are read), then ``overrides`` (a command's flags: ``db_url``, ``episodes_per_gpu``, ``device``)
         on top; every value validated. The variables: BROKER, RESULT_BACKEND, DB, EPISODES_PER_GPU, DEVICE,
         SOFT_TIME_LIMIT, HARD_TIME_LIMIT, VISIBILITY_TIMEOUT, STALE_AFTER, HEARTBEAT, SWEEP, DB_RETRY, ENGINE_WAIT,
-        INFRA_RETRIES (docs/service.md, "Faults")."""
+        INFRA_RETRIES (docs/service.md, "Faults"); OPENAI_KEY_ENVS, OPENAI_HOSTS (comma-separated names or globs;
+        unset or empty: the defaults); GRADING_MAX_MEMORY, GRADING_MAX_PIDS, GRADING_MAX_CPUS, GRADING_MAX_TIMEOUT,
+        GRADING_NETWORK (the grading ceilings; unset: the defaults)."""
         env = os.environ if environ is None else environ
         values: dict[str, object] = {
             "broker_url": env.get("NEXUS_EVAL_BROKER") or None,
@@ -157,6 +232,15 @@ class ServiceSettings(BaseModel):
             "device": env.get("NEXUS_EVAL_DEVICE") or None,
             "db_url": default_url(env),
         }
+        values.update({field: env[var] for field, var in _LIST_VARIABLES.items() if env.get(var, "").strip()})
+        ceilings = {field: env[var].strip() for field, var in _CEILING_VARIABLES.items() if env.get(var, "").strip()}
+        if ceilings:
+            try:
+                values["grading_ceilings"] = GradingCeilings(**ceilings)
+            except ValidationError as exc:
+                bad = exc.errors()[0]
+                var = _CEILING_VARIABLES.get(str(bad["loc"][0]), "NEXUS_EVAL_GRADING_*") if bad["loc"] else ""
+                raise ValueError(f"${var}={bad.get('input')!r}: {bad['msg'].removeprefix('Value error, ')}") from None
         for field, var in _VARIABLES.items():
             if not env.get(var):
                 continue
@@ -171,6 +255,11 @@ class ServiceSettings(BaseModel):
             return cls(**{**values, **overrides})
         except ValidationError as exc:
             raise ValueError("; ".join(_say(e) for e in exc.errors())) from None
+
+    @property
+    def openai_allowed(self) -> AllowedEndpoints:
+        """Where this process lets an openai job send requests, and which key (``execute_episode``, the CLI)."""
+        return AllowedEndpoints(self.openai_key_envs, self.openai_hosts)
 
     @property
     def liveness(self) -> Liveness:

@@ -47,8 +47,17 @@ RUN_EPISODE = "nexus.run_episode"
 GRADE_EPISODE = "nexus.grade_episode"
 RESUME_JOB = "nexus.resume_job"
 _DB: dict[str, Database] = {}
-_DB_LOCK = threading.Lock()  # a multi-episode (threads pool) worker asks from several threads at once
-_TASKS = TaskCache()  # this process's task sources, each loaded once (episodes and grades alike)
+_DB_LOCK = threading.Lock()  # a multi-episode (threads pool) worker asks from several threads at once (also _TASKS)
+_TASKS: TaskCache | None = None  # this process's task sources, each loaded once (episodes and grades alike)
+
+
+def _tasks(app: Celery) -> TaskCache:
+    """The process's one ``TaskCache``, under the worker's grading ceilings (made on first use, after the fork)."""
+    global _TASKS
+    with _DB_LOCK:
+        if _TASKS is None:
+            _TASKS = TaskCache(app.conf.nexus_settings.grading_ceilings)
+        return _TASKS
 
 
 def database(app: Celery) -> Database:
@@ -130,13 +139,14 @@ def episode_task(self: Task, episode_id: str) -> dict[str, Any]:
         outcome = execute_episode(
             database(self.app),
             episode_id,
-            tasks=_TASKS,
+            tasks=_tasks(self.app),
             celery_task_id=self.request.id,
             soft_deadline_s=soft - min(0.1 * soft, 300.0),
             liveness=settings.liveness,
             episodes_per_gpu=settings.episodes_per_gpu,
             device=settings.device,
             hooks=EpisodeHooks(progress=_progress_reporter(self), time_limits=(SoftTimeLimitExceeded,)),
+            allowed=settings.openai_allowed,
         )
     except (EngineDown, DatabaseUnavailable) as exc:
         raise _requeue(f"episode {episode_id}", exc) from exc
@@ -159,7 +169,7 @@ def grade_task(self: Task, episode_id: str) -> dict[str, Any]:
     try:
         wait_for_engine(settings.engine_wait_s, what=f"grade of {episode_id}")
         status = grade_stored_episode(
-            database(self.app), episode_id, tasks=_TASKS, liveness=settings.liveness, engine_check=engine_down
+            database(self.app), episode_id, tasks=_tasks(self.app), liveness=settings.liveness, engine_check=engine_down
         )
     except (EngineDown, DatabaseUnavailable) as exc:
         raise _requeue(f"grade of {episode_id}", exc) from exc

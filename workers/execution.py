@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from agent_runner.backends.openai import AllowedEndpoints, OpenAIConfig
 from agent_runner.config import EpisodeSpec
 from db import Database
 from db import store as db_store
@@ -100,6 +101,14 @@ _COMPLETION_COLUMNS = {
 }
 
 
+def check_episode_endpoint(spec: EpisodeSpec, allowed: AllowedEndpoints) -> None:
+    """``backend=openai``: the episode's endpoint as this worker's operator allows it (``ServiceSettings``
+    ``openai_key_envs`` / ``openai_hosts``), checked again here because the stored job may predate the check or
+    come from a host with other settings. ValueError naming the field, before any request or container."""
+    if spec.backend == "openai":
+        allowed.check(OpenAIConfig(**spec.openai))
+
+
 def turn_row(turn: TurnRecord) -> dict[str, Any]:
     """A ``TurnRecord`` -> the ``db.models.Turn`` columns ``record_turn`` takes, the record stored whole: the
     fields queried by SQL are columns, every other field of the turn and of its completion goes into ``extra``
@@ -153,6 +162,7 @@ def execute_episode(
     episodes_per_gpu: int = 1,
     device: str | None = None,
     hooks: EpisodeHooks = EpisodeHooks(),
+    allowed: AllowedEndpoints = AllowedEndpoints(),
 ) -> ExecutionOutcome:
     """Claim, run and finish ``episode_id``. Never raises for episode failures (they become statuses).
 
@@ -164,6 +174,8 @@ def execute_episode(
     is raised: the caller requeues its message; nothing was acknowledged into nothing).
     ``episodes_per_gpu``: > 1 decodes this episode together with the process's other episodes (a multi-episode
     worker; see ``agent_runner.model_cache.backend_for``). ``device``: the worker host's device for the model.
+    ``allowed``: where the worker lets an openai episode send requests (``ServiceSettings.openai_allowed``);
+    an openai episode whose endpoint they refuse ends as ``infra_failure`` naming why, before any request.
     """
     started = time.monotonic()
     timings: dict[str, float] = {}
@@ -218,6 +230,7 @@ def execute_episode(
         from agent_runner.episode import run_episode
 
         spec = worker_episode_spec(config, device=device)
+        check_episode_endpoint(spec, allowed)
         with Heartbeat(db, claim, every_s=liveness.heartbeat_s):
             result = run_episode(
                 spec,
@@ -329,8 +342,10 @@ def grade_stored_episode(
             if patch is None:
                 raise RuntimeError("the agent stage left no patch (the diff could not be taken)")
             spec = EpisodeSpec.model_validate(config)
-            labels = spec.grade_config(job=job_id, episode=episode_id)  # a gone grader's box is found by them
-            graded = grade((tasks or TaskCache()).task(spec), patch, config=labels)
+            tasks = tasks or TaskCache()
+            # the labels find a gone grader's box; the ceilings are the operator's, as when the task was loaded
+            labels = spec.grade_config(job=job_id, episode=episode_id, ceilings=tasks.ceilings)
+            graded = grade(tasks.task(spec), patch, config=labels)
         except Exception as exc:  # grading infrastructure broke: recorded, the agent's patch stays for a regrade
             graded, failure = None, f"grading failed: {type(exc).__name__}: {exc}"
         else:

@@ -59,6 +59,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
 
 from agent_runner.backends.expert import ExpertConfig
+from agent_runner.backends.openai import AllowedEndpoints, OpenAIConfig
 from agent_runner.config import (
     PROTOCOLS,
     AgentConfig,
@@ -139,11 +140,12 @@ class TaskSelection(_Frozen):
             raise JobSpecError("<task selection>", errors)
         return [t for t in available if any(t == p or (_is_glob(p) and fnmatch.fnmatchcase(t, p)) for p in self.ids)]
 
-    def load(self) -> list[Any]:
-        """Load the source's tasks (``env.tasks.Task`` objects) and apply the selection."""
+    def load(self, ceilings: Any = None) -> list[Any]:
+        """Load the source's tasks (``env.tasks.Task`` objects) under the operator's grading ``ceilings``
+        (``env.grading.limits.GradingCeilings``; None: the defaults) and apply the selection."""
         from env.tasks import load_source
 
-        tasks = load_source(suite=self.suite, file=self.file, split=self.split)
+        tasks = load_source(suite=self.suite, file=self.file, split=self.split, ceilings=ceilings)
         chosen = set(self.select([t.instance_id for t in tasks]))
         return [t for t in tasks if t.instance_id in chosen]
 
@@ -273,9 +275,15 @@ class JobSpec(_Frozen):
         if not isinstance(data, dict):
             raise JobSpecError(source, [("", f"a job spec must be a mapping, got {type(data).__name__}")])
         try:
-            return cls.model_validate(data)
+            spec = cls.model_validate(data)
         except ValidationError as exc:
             raise JobSpecError(source, [(_loc(e["loc"]), _message(e)) for e in exc.errors()]) from None
+        if spec.backend == "openai":  # a new job's endpoint (a stored one is checked again by its worker)
+            try:
+                spec.openai_config()
+            except ValidationError as exc:
+                raise JobSpecError(source, [(_loc(("openai", *e["loc"])), _message(e)) for e in exc.errors()]) from None
+        return spec
 
     @classmethod
     def from_stored(cls, config: Mapping[str, Any]) -> JobSpec:
@@ -327,6 +335,24 @@ class JobSpec(_Frozen):
                 errors.append((f"method_params.{method}", str(exc)))
         if errors:
             raise JobSpecError(source, errors)
+
+    def openai_config(self) -> OpenAIConfig:
+        """``backend=openai``: the endpoint settings as the backend reads them (pydantic's ValidationError when
+        ``openai`` holds what ``OpenAIConfig`` refuses: an unknown field, a base_url with credentials or a query)."""
+        return OpenAIConfig(**self.openai)
+
+    def check_endpoint(self, allowed: AllowedEndpoints, *, source: str = "<spec>") -> None:
+        """``backend=openai``: refuse an endpoint the operator's allow-lists do not allow (``JobSpecError`` naming
+        ``openai.base_url`` / ``openai.api_key_env``; ``agent_runner.backends.openai.check_endpoint``). Other
+        backends send nothing anywhere: nothing to check."""
+        if self.backend != "openai":
+            return
+        try:
+            allowed.check(self.openai_config())
+        except ValidationError as exc:
+            raise JobSpecError(source, [(_loc(("openai", *e["loc"])), _message(e)) for e in exc.errors()]) from None
+        except ValueError as exc:
+            raise JobSpecError(source, [(f"openai.{getattr(exc, 'field', '')}".rstrip("."), str(exc))]) from None
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json", exclude_none=True), sort_keys=False)

@@ -15,13 +15,15 @@ from workers.spec import JobSpec, JobSpecError
 if TYPE_CHECKING:
     from celery import Celery
 
+    from env.grading.limits import GradingCeilings
     from env.tasks import Task
 
 
-def load_tasks(spec: JobSpec) -> list[Task]:
-    """The job's tasks; ``JobSpecError`` for a bad selection (an unknown id, a missing suite)."""
+def load_tasks(spec: JobSpec, ceilings: GradingCeilings | None = None) -> list[Task]:
+    """The job's tasks; ``JobSpecError`` for a bad selection (an unknown id, a missing suite) or a row over the
+    operator's grading ``ceilings`` (``ServiceSettings.grading_ceilings``; None: the defaults)."""
     try:
-        return spec.tasks.load()
+        return spec.tasks.load(ceilings)
     except JobSpecError:
         raise
     except (ValueError, OSError, LookupError) as exc:

@@ -13,13 +13,18 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from agent_runner.config import EpisodeSpec
+    from env.grading.limits import GradingCeilings
     from env.tasks import Task
 
 
 class TaskCache:
-    """Loaded task sources keyed by (suite, file, split); safe to share between a worker's threads."""
+    """Loaded task sources keyed by (suite, file, split); safe to share between a worker's threads.
 
-    def __init__(self) -> None:
+    ``ceilings``: the operator's ceilings on a task row's own grading limits (``ServiceSettings.grading_ceilings``;
+    None: the defaults), applied when a source is loaded and again when its tasks are graded."""
+
+    def __init__(self, ceilings: GradingCeilings | None = None) -> None:
+        self.ceilings = ceilings
         self._sources: dict[tuple[str | None, str | None, str | None], list[Task]] = {}
         self._lock = threading.Lock()
 
@@ -33,6 +38,6 @@ class TaskCache:
         key = (source["suite"], source["file"], source["split"])
         with self._lock:  # one load per source even when several episodes start at once
             if key not in self._sources:
-                self._sources[key] = load_source(**source)
+                self._sources[key] = load_source(**source, ceilings=self.ceilings)
             tasks = self._sources[key]
         return pick_task(tasks, spec.task_id, source=str(source["file"] or source["suite"]))

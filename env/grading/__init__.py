@@ -12,8 +12,11 @@ Each task is graded by the tool its row belongs to (docs/tasks.md, "How a task i
 
 The grading container starts from the task's image with nothing of the agent's container but the patch;
 the log is framed by the host (`hostlog`) and holds everything needed to re-derive the verdict
-(`regrade`). Limits come from `GradeConfig`, then the task's own `grading` limits; the commands' environment
-(PATH and ENV, user, working directory) is the route's tool's own (`official.SANDBOX`, `r2e.SANDBOX`).
+(`regrade`). Limits come from `GradeConfig`, then the task's own `grading` limits, which must stay within the
+operator's `GradeConfig.ceilings` (`limits.GradingCeilings`; a task over them is an `infra_failure` and nothing
+runs); the commands' environment (PATH and ENV, user, working directory) is the route's tool's own
+(`official.SANDBOX`, `r2e.SANDBOX`). The test run's log is read back capped (`Sandbox.run_to_file`: its head
+and a generous tail), and no file in the grading container can grow past `SandboxConfig.max_file_bytes`.
 """
 
 from __future__ import annotations
@@ -25,14 +28,18 @@ from pydantic import BaseModel, Field
 
 from env.grading import hostlog, official, r2e
 from env.grading.hostlog import LOG_HEADER
+from env.grading.limits import DEFAULT_CEILINGS, GradingCeilings, GradingLimitError, check_limits
 from env.grading.official import patch_files
 from env.grading.r2e import export_patch_filtered, parse_r2e_pytest
 from env.sandbox import Sandbox, SandboxConfig, SandboxError
 
 __all__ = [
     "LOG_HEADER",
+    "DEFAULT_CEILINGS",
     "GradeConfig",
     "GradeResult",
+    "GradingCeilings",
+    "GradingLimitError",
     "Status",
     "export_patch_filtered",
     "grade",
@@ -47,12 +54,22 @@ __all__ = [
 Status = Literal["resolved", "unresolved", "empty_patch", "patch_failed", "timeout", "infra_failure"]
 Route = Literal["swebench", "r2e-swebench", "r2e-native"]
 DEFAULT_TIMEOUT_S = {"swebench": 1800.0, "r2e-swebench": 1200.0, "r2e-native": 1200.0}
+# No single file in a grading container (the test run's log included) may grow past this: the writer gets
+# SIGXFSZ. Far above any real test log (the read-back keeps 8 MiB of it) or test artefact.
+GRADING_MAX_FILE_BYTES = 1024**3
+
+
+def _grading_sandbox() -> SandboxConfig:
+    return SandboxConfig(memory="4g", pids=1024, cpus=2.0, max_file_bytes=GRADING_MAX_FILE_BYTES)
 
 
 class GradeConfig(BaseModel):
-    """Defaults for every grading run; a task's own `grading` limits override them."""
+    """Defaults for every grading run; a task's own `grading` limits override them, within `ceilings`."""
 
-    sandbox: SandboxConfig = Field(default_factory=lambda: SandboxConfig(memory="4g", pids=1024, cpus=2.0))
+    sandbox: SandboxConfig = Field(default_factory=_grading_sandbox)
+    ceilings: GradingCeilings = Field(
+        DEFAULT_CEILINGS, description="the operator's ceilings on a task's own `grading` limits (env.grading.limits)"
+    )
     test_timeout_s: float | None = Field(
         None, gt=0, description="the test run's limit; None: the route's (swebench 1800 s, R2E-Gym 1200 s)"
     )
@@ -104,11 +121,14 @@ def _grader(task, route: Route) -> tuple[str, str]:
 
 
 def _limits(task, config: GradeConfig, route: Route) -> tuple[SandboxConfig, float]:
+    """The grading container's limits and the test run's: GradeConfig's, then the task's own. A task whose own
+    limits pass `config.ceilings` raises GradingLimitError (a ValueError) naming the field and the ceiling."""
+    check_limits(task.instance_id, task.grading, config.ceilings)
     own = task.grading.model_dump(include={"memory", "cpus", "pids", "network"}, exclude_none=True)
     # the environment is the route's tool's, whatever GradeConfig.sandbox says: swebench's harness keeps the
     # image's (ENV, PATH included) as root; R2E-Gym puts its DOCKER_PATH over it as the image's USER.
     own.update(official.SANDBOX if route == "swebench" else r2e.SANDBOX)
-    sandbox = config.sandbox.model_copy(update=own)
+    sandbox = SandboxConfig.model_validate({**config.sandbox.model_dump(), **own})  # validated, unlike model_copy
     timeout = task.grading.timeout_s or config.test_timeout_s or DEFAULT_TIMEOUT_S[route]
     return sandbox, timeout
 
@@ -134,9 +154,9 @@ def _grade(task, patch: str | None, config: GradeConfig) -> GradeResult:
     started = time.monotonic()
     route = route_of(task, config)
     log = hostlog.HostLog(task=task.instance_id, route=route)
-    sandbox_config, timeout = _limits(task, config, route)
     spec = None
     try:
+        sandbox_config, timeout = _limits(task, config, route)
         if route == "swebench" and task.image_assets and not sandbox_config.network:
             raise ValueError("the task's image_assets are fetched from the internet and grading has no network")
         image = ensure_task_image(task)
@@ -166,12 +186,16 @@ def _grade(task, patch: str | None, config: GradeConfig) -> GradeResult:
 def regrade(task, log: str, patch: str | None, *, config: GradeConfig | None = None) -> GradeResult:
     """Re-derive the status from a stored grading log (no container, no Docker needed)."""
     config = config or GradeConfig()
-    log = hostlog.unpack(log)
+    log, cut = hostlog.unpack_bounded(log)
     if patch is not None and not patch.strip():
         grader, version = grader_of(task, config)
         return GradeResult(
             status="empty_patch", grader=grader, grader_version=version, log=log, error="the patch is empty"
         )
+    if cut:  # its sections' END frames may be in the part not unpacked: no verdict can be trusted
+        grader, version = grader_of(task, config)
+        error = f"the stored log unpacks to more than {hostlog.UNPACK_MAX_BYTES} bytes; it was cut there"
+        return GradeResult(status="infra_failure", grader=grader, grader_version=version, log=log, error=error)
     return _evaluate(task, log, patch, config)
 
 

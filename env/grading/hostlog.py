@@ -4,11 +4,15 @@ The first line carries a random token. Every command the grader runs is framed b
 `<token> BEGIN <name>` / `<token> END <name> rc=N timed_out=0|1` lines that the host writes around the
 command's output, with the exit code from the Docker daemon. The token never enters the container, so
 nothing the patched code prints can fake a frame, an exit code or a section; readers take the LAST frame
-of each name. A section's body is the command's whole output (the test run's log is read back from a file,
-never capped).
+of each name. A section's body is the command's output, capped: the test run's log is read back from a file
+keeping its first 1 MiB and last 7 MiB (`env.sandbox.FILE_OUTPUT_HEAD_BYTES` / `FILE_OUTPUT_TAIL_BYTES`, the
+test results are at its end), other commands' their first and last `max_output_bytes / 2`, each with a
+marker saying how many bytes were dropped from the middle.
 
 Logs can be large (a verbose install prints megabytes before the tests): `pack` gzips a log above 256 KiB
-into text that `unpack` reverses, so the database column stays text and small logs stay readable.
+into text that `unpack` reverses, so the database column stays text and small logs stay readable. `unpack`
+inflates at most `UNPACK_MAX_BYTES` (32 MiB, several times the largest log `grade` writes), so a stored gzip
+bomb cannot exhaust a reader's memory; past it the text ends with `UNPACK_TRUNCATION_MARK`.
 """
 
 from __future__ import annotations
@@ -17,11 +21,16 @@ import base64
 import gzip
 import re
 import secrets
+import zlib
 from dataclasses import dataclass, field
+
+from env.sandbox import FILE_OUTPUT_HEAD_BYTES, FILE_OUTPUT_TAIL_BYTES
 
 LOG_HEADER = "NEXUS-EVAL GRADE LOG v2"
 PACKED_PREFIX = "nexus-eval-gzip-base64:"
 PACK_ABOVE_BYTES = 256 * 1024
+UNPACK_MAX_BYTES = 4 * (FILE_OUTPUT_HEAD_BYTES + FILE_OUTPUT_TAIL_BYTES)
+UNPACK_TRUNCATION_MARK = "\n[... stored log truncated: it unpacks past {limit} bytes; the rest is not read ...]\n"
 
 
 @dataclass
@@ -92,9 +101,20 @@ def pack(log: str) -> str:
     return PACKED_PREFIX + base64.b64encode(gzip.compress(raw, compresslevel=6)).decode("ascii")
 
 
-def unpack(stored: str | None) -> str:
+def unpack_bounded(stored: str | None, *, max_bytes: int = UNPACK_MAX_BYTES) -> tuple[str, bool]:
+    """(the log as `pack` got it, False), or, for a packed log inflating past `max_bytes`, (its first
+    `max_bytes` followed by UNPACK_TRUNCATION_MARK, True): at most `max_bytes` are ever inflated."""
     if not stored:
-        return ""
-    if stored.startswith(PACKED_PREFIX):
-        return gzip.decompress(base64.b64decode(stored[len(PACKED_PREFIX) :])).decode("utf-8", errors="replace")
-    return stored
+        return "", False
+    if not stored.startswith(PACKED_PREFIX):
+        return stored, False
+    inflate = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)  # the gzip container `pack` writes
+    raw = inflate.decompress(base64.b64decode(stored[len(PACKED_PREFIX) :]), max_bytes)
+    cut = len(raw) >= max_bytes and bool(inflate.decompress(inflate.unconsumed_tail, 1))
+    text = raw.decode("utf-8", errors="replace")
+    return (text + UNPACK_TRUNCATION_MARK.format(limit=max_bytes), True) if cut else (text, False)
+
+
+def unpack(stored: str | None, *, max_bytes: int = UNPACK_MAX_BYTES) -> str:
+    """The stored log as text (`unpack_bounded`'s text: bounded, with a marker where it was cut)."""
+    return unpack_bounded(stored, max_bytes=max_bytes)[0]

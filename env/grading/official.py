@@ -7,8 +7,10 @@
 * The run (`run_eval`): the model patch goes through swebench's own apply chain (`GIT_APPLY_CMDS`, the tree
   reset between attempts, then the already-applied check), the eval script is written to `/eval.sh` and run
   with `/bin/bash` under the timeout (swebench's 1800 s by default), its merged output going to a file that
-  is read back whole. The environment is the harness's (`SANDBOX`, `APPLY_WORKDIR`): the image's own ENV
-  with PATH untouched, as root, the apply commands in /testbed and the eval script in the image's WORKDIR.
+  is read back keeping its first 1 MiB and last 7 MiB (`Sandbox.run_to_file`): the test results, the end
+  marker and the exit-code line are at the end. The environment is the harness's (`SANDBOX`,
+  `APPLY_WORKDIR`): the image's own ENV with PATH untouched, as root, the apply commands in /testbed and the
+  eval script in the image's WORKDIR.
 * The verdict (`verdict`): swebench's `get_eval_report` on that log. On top, our anti-spoof veto: the
   genuine script prints each test-output marker once; a log where the tested code printed a start or end
   marker, or a second exit-code line, is not trusted (swebench reads the first markers it finds).

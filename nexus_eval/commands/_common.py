@@ -20,8 +20,10 @@ DB_OPTION = typer.Option(None, "--db", help="results database URL or SQLite path
 def fail(message: str, code: int = 2) -> NoReturn:
     """Print ``error: message`` on stderr and exit with ``code`` (2: bad input, 1: the work failed)."""
     from rich.console import Console
+    from rich.markup import escape
 
-    Console(stderr=True).print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
+    # the message quotes user data (ids, paths, file text): '[/x]' in it is text, not rich markup
+    Console(stderr=True).print(f"[red]error:[/red] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 

@@ -17,6 +17,7 @@ from nexus_eval.commands._common import csv_list, fail
 from workers.spec import JobSpec  # pydantic only, no torch
 
 if TYPE_CHECKING:
+    from agent_runner.backends.openai import AllowedEndpoints
     from env.tasks import Task
 
 _D = JobSpec()  # each flag's help names the job default it overrides, read from the one place it is defined
@@ -103,27 +104,40 @@ def job_overrides(
 
 def job_from_flags(file: Path | None, overrides: dict[str, Any], *, what: str) -> JobSpec:
     """The job of ``file`` (None: the job defaults) with ``overrides``, every method's settings checked by
-    building its policy. Exit 2 naming the file, the overrides and the field (``what`` ends the message:
-    "nothing was submitted")."""
+    building its policy, and an openai job's endpoint checked against this machine's allow-lists
+    (``ServiceSettings.openai_hosts`` / ``openai_key_envs``). Exit 2 naming the file, the overrides and the
+    field (``what`` ends the message: "nothing was submitted"). ``submit``, ``run`` and ``episode`` (and their
+    ``--show``) all come through here, before anything is stored or enqueued."""
     from workers.spec import JobSpecError
 
+    source = str(file or "<defaults>")
     try:
         spec = JobSpec.load(file, overrides)
-        spec.check_with_library(source=str(file or "<defaults>"))
+        spec.check_with_library(source=source)
+        if spec.backend == "openai":  # only then: a job that sends nothing needs no service settings
+            spec.check_endpoint(_allowed(), source=source)
     except JobSpecError as exc:
         fail(f"{exc}\n{what}")
     return spec
 
 
+def _allowed() -> AllowedEndpoints:
+    """This process's allow-lists (``ServiceSettings.from_env``); exit 2 naming a bad setting."""
+    from nexus_eval.commands._common import service_settings
+
+    return service_settings().openai_allowed
+
+
 def load_job(file: Path | None, overrides: dict[str, Any], *, what: str) -> tuple[JobSpec, list[Task]]:
     """:func:`job_from_flags` and its tasks, loaded once (the selection checked, for the preflight and the
     fan-out); exit 2 on any error, before anything is stored."""
+    from nexus_eval.commands._common import service_settings
     from workers.spec import JobSpecError
     from workers.submit import load_tasks, plan_episodes
 
     spec = job_from_flags(file, overrides, what=what)
     try:
-        tasks = load_tasks(spec)
+        tasks = load_tasks(spec, service_settings().grading_ceilings)
         plan_episodes(spec, tasks)  # a bad task selection is an error before anything is stored
     except JobSpecError as exc:
         fail(f"{exc}\n{what}")

@@ -148,7 +148,9 @@ def run_here(spec: Any, the_tasks: Any, db: str | None, console: Any, *, timeout
     build_or_fail(checks, console)
     database = open_db(url)
     job_id, n = submit_job(database, spec, the_tasks, app=celery_app(url, embedded=True))
-    say(console, f"job {job_id} ({spec.name or 'unnamed'}): {n} episodes; embedded worker on {url}")
+    from db.urls import masked
+
+    say(console, f"job {job_id} ({spec.name or 'unnamed'}): {n} episodes; embedded worker on {masked(url)}")
     log_file = None
     if url.startswith("sqlite:///"):
         log_file = Path(url.removeprefix("sqlite:///")).with_name(f"worker-{job_id}.log")

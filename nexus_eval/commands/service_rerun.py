@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from nexus_eval.commands._common import DB_OPTION, celery_app, csv_list, fail, open_db
+from nexus_eval.commands._common import DB_OPTION, celery_app, csv_list, fail, open_db, service_settings
 
 
 def rerun(
@@ -25,7 +25,7 @@ def rerun(
     """Rerun a job's episodes with the chosen statuses (enqueued), or one episode interactively."""
     database = open_db(db)
     if interactive:
-        _interactive(database, target, from_turn)
+        _interactive(database, target, from_turn, service_settings(db).openai_allowed)
         return
     if from_turn:
         fail("--from-turn needs --interactive")
@@ -50,7 +50,7 @@ def rerun(
         )
 
 
-def _interactive(database, episode: str, from_turn: int) -> None:
+def _interactive(database, episode: str, from_turn: int, allowed) -> None:
     from rich.console import Console
 
     from agent_runner.backends.forced_prefix import ForcedPrefix
@@ -93,7 +93,7 @@ def _interactive(database, episode: str, from_turn: int) -> None:
         intervene=operator.intervene,
         open_environment=operator.open_environment(DockerEnvironment.open),
     )
-    outcome = execute_episode(database, new_id, hooks=hooks)
+    outcome = execute_episode(database, new_id, hooks=hooks, allowed=allowed)
     if not outcome.ran:
         fail(f"could not run {new_id}: {outcome.reason}", 1)
     for note in (line for prefix in prefixes for line in prefix.notes):

@@ -26,28 +26,31 @@ def validate(
 ) -> None:
     """Grade every task's gold patch and its base state in fresh containers; exit 1 if any is invalid."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
     from env.grading import GradeConfig
     from env.tasks import TaskError, load_local_task, load_suite, load_tasks
     from env.validate import validate_tasks
+    from nexus_eval.commands._common import service_settings
 
     console = Console(stderr=True)
     if sum(x is not None for x in (suite, path, file)) != 1:
         console.print("[red]error:[/red] give exactly one of --suite NAME, --path DIR or --file ROWS")
         raise typer.Exit(2)
+    ceilings = service_settings().grading_ceilings  # the operator's, as a worker would load the rows
     try:
         if suite is not None:
-            tasks = load_suite(suite)
+            tasks = load_suite(suite, ceilings=ceilings)
         elif file is not None:
-            tasks = load_tasks(file, split=split)
+            tasks = load_tasks(file, split=split, ceilings=ceilings)
             for skipped in getattr(tasks, "skipped", []):
-                console.print(f"[yellow]skipped:[/yellow] {skipped}")
+                console.print(f"[yellow]skipped:[/yellow] {escape(str(skipped))}")
         elif (path / "task.json").is_file():
-            tasks = [load_local_task(path)]
+            tasks = [load_local_task(path, ceilings=ceilings)]
         else:
-            tasks = load_suite(path)
+            tasks = load_suite(path, ceilings=ceilings)
     except TaskError as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from None

@@ -27,6 +27,7 @@ def convert(
     Rows that already carry an eval_script are written unchanged. Failed rows are listed at the end (exit 1).
     """
     from rich.console import Console
+    from rich.markup import escape
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from env.swebench_legacy import LegacySwebenchError, convert_classic_rows
@@ -51,7 +52,9 @@ def convert(
         bar = progress.add_task(f"converting {len(rows)} rows with swebench 4.1.0", total=len(rows))
 
         def advanced(index: int, ok: bool) -> None:
-            progress.update(bar, advance=1, description=f"converted {rows[index].get('instance_id', index)}")
+            progress.update(
+                bar, advance=1, description=f"converted {escape(str(rows[index].get('instance_id', index)))}"
+            )
 
         try:
             result = convert_classic_rows(
@@ -66,13 +69,14 @@ def convert(
             out.write(json.dumps(row, default=str) + "\n")
     converted = len(result.rows) - result.passed_through
     console.print(
-        f"wrote {len(result.rows)} rows to {out_path}: {converted} converted ({result.cached} from the cache), "
+        f"wrote {len(result.rows)} rows to {escape(str(out_path))}: {converted} converted "
+        f"({result.cached} from the cache), "
         f"{result.passed_through} already 5.x rows passed through, {len(result.errors)} failed",
         highlight=False,
         soft_wrap=True,
     )
     for error in result.errors:
-        line = f"[red]failed:[/red] row {error.index} {error.instance_id}: {error.reason}"
+        line = f"[red]failed:[/red] row {error.index} {escape(f'{error.instance_id}: {error.reason}')}"
         console.print(line, highlight=False, soft_wrap=True)
     if result.errors:
         raise typer.Exit(1)

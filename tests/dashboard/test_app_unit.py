@@ -25,7 +25,7 @@ from db.models import Episode
 from tests.service.db_fixtures import pg_db_fixture  # noqa: F401  (fixture)
 from workers.compare import compare_jobs
 
-TOKEN = "unit-test-token"
+TOKEN = "unit-test-token-5d1b"  # 16+ characters, as create_app requires
 PATCH = "diff --git a/x.py b/x.py\n--- a/x.py\n+++ b/x.py\n@@ -1 +1 @@\n-a = 1\n+a = 2\n"
 RETENTION = {"logical_length": 40, "kv_heads": 2, "layers": [[[2, 10], [1, 20], [0, 10]], [[2, 40]]]}
 
@@ -129,7 +129,9 @@ class FakeCelery:
 
 
 def client(filled: Fixture, *, public: bool = False, token: str | None = TOKEN, **kw) -> TestClient:
-    app = create_app(filled.url, token=token, public=public, celery_app=kw.pop("celery", FakeCelery))
+    # TestClient sends `Host: testserver`: allow it as an operator would allow a proxy's name
+    app = create_app(filled.url, token=token, public=public, allowed_hosts=["testserver"],
+                     celery_app=kw.pop("celery", FakeCelery))  # fmt: skip
     return TestClient(app, **kw)
 
 
@@ -188,8 +190,8 @@ def test_public_dashboard_needs_the_token_for_everything(filled):
         assert c.get(path).status_code == 401
     assert c.get("/jobs", headers={"Authorization": "Bearer wrong"}).status_code == 401
     assert c.get("/jobs", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200
-    signed = c.get(f"/jobs?token={TOKEN}")
-    assert signed.status_code == 200
+    signed = c.get(f"/jobs?token={TOKEN}", follow_redirects=False)
+    assert signed.status_code == 303 and signed.headers["location"] == "/jobs"  # the token leaves the address
     cookie = signed.headers["set-cookie"]
     assert cookie.startswith(f"{COOKIE}=") and "httponly" in cookie.lower() and "samesite=strict" in cookie.lower()
     assert c.get("/static/style.css").status_code == 200  # the cookie now signs later requests
@@ -257,7 +259,7 @@ def test_postgresql_pages_read_in_read_only_transactions(pg_db):
     with pg_db.session() as s:
         job = db_store.create_job(s, config={}, config_hash="h", name="pg", package_versions={}, git_revision="")
         job_id = job.id
-    app = create_app(pg_db.url, token=None, public=False)
+    app = create_app(pg_db.url, token=None, public=False, allowed_hosts=["testserver"])
     assert f'data-job="{job_id}"' in TestClient(app).get("/jobs").text
     app.state.ctx.dispose()
     engine = readonly_engine(pg_db.url)

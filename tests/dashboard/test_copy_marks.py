@@ -318,7 +318,8 @@ def stored(tmp_path_factory) -> Stored:
 
 
 def _client(stored: Stored) -> TestClient:
-    return TestClient(create_app(stored.url, token="t", public=False, celery_app=FakeCelery))
+    app = create_app(stored.url, token="t" * 16, public=False, allowed_hosts=["testserver"], celery_app=FakeCelery)
+    return TestClient(app)
 
 
 def _marks_of_turn(page: str, index: int) -> _Marks:

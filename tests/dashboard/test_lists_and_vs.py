@@ -153,7 +153,7 @@ def filled(tmp_path_factory) -> Filled:
 
 def client(url: str, celery: FakeCelery | None = None) -> TestClient:
     fake = celery or FakeCelery()
-    return TestClient(create_app(url, token=TOKEN, public=False, celery_app=lambda: fake))
+    return TestClient(create_app(url, token=TOKEN, public=False, allowed_hosts=["testserver"], celery_app=lambda: fake))
 
 
 def _rows(page: str, table: str, attr: str) -> list[str]:
@@ -448,7 +448,7 @@ def test_postgresql_lists_and_streams(pg_db):
     job, (nexus, dense) = _job(pg_db, "pg Sweep_1", keys)
     _run(pg_db, nexus, ("t1", "nexus", "true_eviction"), "resolved")
     _run(pg_db, dense, ("t1", "dense", "true_eviction"), "unresolved")
-    app = create_app(pg_db.url, token=None, public=False)
+    app = create_app(pg_db.url, token=None, public=False, allowed_hosts=["testserver"])
     c = TestClient(app)
     assert _rows(c.get("/jobs?q=sweep_").text, "jobs", "data-job") == [job]  # ILIKE, "_" a plain character
     assert _rows(c.get("/jobs?q=sweep%25").text, "jobs", "data-job") == []

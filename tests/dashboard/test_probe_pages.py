@@ -75,7 +75,7 @@ def probes(tmp_path_factory) -> Probes:
 
 
 def client(p: Probes) -> TestClient:
-    return TestClient(create_app(p.url, token=None, public=False))
+    return TestClient(create_app(p.url, token=None, public=False, allowed_hosts=["testserver"]))
 
 
 def _expected(p: Probes, run_id: str) -> dict:

@@ -25,7 +25,7 @@ def db(tmp_path, monkeypatch):
 
 
 def jobs_page(db) -> str:
-    client = TestClient(create_app(db.url, token=None, public=False))
+    client = TestClient(create_app(db.url, token=None, public=False, allowed_hosts=["testserver"]))
     done = client.get("/jobs")
     assert done.status_code == 200
     return done.text

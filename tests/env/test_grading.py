@@ -276,16 +276,20 @@ def test_export_patch_filtered_keeps_str_replaced_python_files():
 
 def test_task_grading_limits_override_the_defaults_and_routes_pick_their_own():
     from env.grading import _limits, route_of
+    from env.grading.limits import GradingCeilings
     from env.task_rows import task_from_row
     from tests.env.test_tasks import r2e_row, swebench_row
+
+    open_net = GradingCeilings(allow_network=True)  # a network is the operator's to allow, never the row's
 
     plain = task_from_row(swebench_row())
     sandbox, timeout = _limits(plain, GradeConfig(), "swebench")
     assert (timeout, sandbox.memory, sandbox.network) == (1800.0, "4g", False)
     # swebench's harness: the image's own ENV (PATH included), as root
     assert (sandbox.path, sandbox.user, sandbox.command_path) == ("image", "root", None)
-    own = task_from_row(swebench_row(grading={"timeout_s": 60, "memory": "8g", "cpus": 4, "network": True}))
-    sandbox, timeout = _limits(own, GradeConfig(test_timeout_s=999), "swebench")
+    row = swebench_row(grading={"timeout_s": 60, "memory": "8g", "cpus": 4, "network": True})
+    own = task_from_row(row, ceilings=open_net)
+    sandbox, timeout = _limits(own, GradeConfig(test_timeout_s=999, ceilings=open_net), "swebench")
     assert (timeout, sandbox.memory, sandbox.cpus, sandbox.network) == (60, "8g", 4, True)
     native = task_from_row(r2e_row())
     assert route_of(native) == "r2e-native" and _limits(native, GradeConfig(), "r2e-native")[1] == 1200.0

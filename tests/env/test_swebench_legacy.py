@@ -347,3 +347,17 @@ def test_cli_converts_a_file(legacy_venvs, tmp_path, monkeypatch, suffix):
     assert written[0]["image"] == "sweb.eval.x86_64.django__django-11099:latest"
     assert written[1]["eval_script"] == already["eval_script"] and "converted_by" not in written[1]
     assert written[2]["log_parser"] == "parse_log_pytest_v2" and written[2]["converted_by"] == "swebench==4.1.0"
+
+
+def test_cli_prints_ids_with_brackets_as_text(tmp_path, monkeypatch):
+    """A row id like ``[/x]`` is text, not rich markup: it used to crash the progress line (MarkupError)."""
+    monkeypatch.setenv(swebench_legacy.VENVS_ENV, str(tmp_path / "venvs"))
+    row = {**ROWS["django"], "instance_id": "[/x]", "eval_script": "#!/bin/bash\n", "image": "x"}
+    row.update(log_parser="p", eval_type="t")
+    source = tmp_path / "in.jsonl"
+    source.write_text(json.dumps(row) + "\n")
+    result = CliRunner().invoke(_cli(), ["convert", str(source), str(tmp_path / "[/y].jsonl")])
+    assert result.exit_code == 0, result.output
+    assert "wrote 1 rows" in result.output and "[/y].jsonl" in result.output
+    bad = CliRunner().invoke(_cli(), ["convert", str(tmp_path / "[/z].jsonl"), str(tmp_path / "out.jsonl")])
+    assert bad.exit_code == 2 and "[/z].jsonl: no such file" in bad.output

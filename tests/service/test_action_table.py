@@ -338,7 +338,8 @@ def test_the_report_and_the_compare_page_show_the_action_table(sqlite_db, tmp_pa
         report = report_html(s, [job])
     expected = json.loads(render(table, "json"))
     url = sqlite_db.url
-    page = TestClient(create_app(url, token="t", public=False)).get(f"/jobs/{job}/compare").text
+    app = create_app(url, token="t" * 16, public=False, allowed_hosts=["testserver"])
+    page = TestClient(app).get(f"/jobs/{job}/compare").text
     for html in (report, page):
         assert 'id="action"' in html and 'id="action-distance"' in html and 'id="action-caption"' in html
         assert 'id="demonstrations"' in html and "demonstrations (expert stand-in, not a Pass@1)" in html

@@ -42,7 +42,7 @@ def test_workers_mount_the_docker_socket_and_use_redis_and_postgres():
         service = SERVICES[name]
         assert "/var/run/docker.sock:/var/run/docker.sock" in service["volumes"]
         env = service["environment"]
-        assert env["NEXUS_EVAL_BROKER"].startswith("redis://redis:")
+        assert env["NEXUS_EVAL_BROKER"].startswith("redis://:") and "@redis:6379/" in env["NEXUS_EVAL_BROKER"]
         assert env["NEXUS_EVAL_DB"].startswith("postgresql+psycopg://")
         assert float(env["NEXUS_EVAL_VISIBILITY_TIMEOUT"]) > float(env["NEXUS_EVAL_HARD_TIME_LIMIT"])
         assert float(env["NEXUS_EVAL_HARD_TIME_LIMIT"]) > float(env["NEXUS_EVAL_SOFT_TIME_LIMIT"])
@@ -57,10 +57,49 @@ def test_no_host_networking_and_published_ports_are_loopback_only():
 
 
 def test_redis_keeps_its_queue_across_restarts():
-    assert "--appendonly" in SERVICES["redis"]["command"]
+    assert "appendonly yes" in " ".join(SERVICES["redis"]["command"])
 
 
 def test_the_worker_image_is_buildable_from_the_repo():
     dockerfile = ROOT / SERVICES["gpu-worker"]["build"]["dockerfile"]
     text = dockerfile.read_text()
     assert text.startswith("#") and "FROM " in text and "pip install" in text
+
+
+def test_secrets_have_no_defaults_and_redis_needs_a_password():
+    """compose refuses to start without REDIS_PASSWORD / POSTGRES_PASSWORD (``${VAR:?...}``); no default password."""
+    text = (ROOT / "compose.yaml").read_text()
+    assert "POSTGRES_PASSWORD:-" not in text and "REDIS_PASSWORD:-" not in text
+    env = SERVICES["grade-worker"]["environment"]
+    assert env["NEXUS_EVAL_BROKER"].startswith("redis://:${REDIS_PASSWORD:?")
+    assert "${POSTGRES_PASSWORD:?" in env["NEXUS_EVAL_DB"]
+    assert SERVICES["postgres"]["environment"]["POSTGRES_PASSWORD"].startswith("${POSTGRES_PASSWORD:?")
+    redis = SERVICES["redis"]
+    assert "requirepass" in " ".join(redis["command"]) and "REDIS_PASSWORD" not in redis["command"][-1].split("|")[-1]
+    assert redis["environment"]["REDISCLI_AUTH"].startswith("${REDIS_PASSWORD:?")  # the healthcheck authenticates
+
+
+def test_the_image_build_context_leaves_out_databases_history_and_secrets(tmp_path):
+    """.dockerignore, read by docker-py's own matcher: `COPY . /app` must not bake these into the worker image."""
+    from docker.utils import exclude_paths
+
+    keep = ["workers/app.py", "docker/worker.Dockerfile", "pyproject.toml"]
+    drop = [
+        ".git/config",
+        ".env",
+        "deploy.env",
+        "runs/results.db",
+        "runs/celery-broker.db",
+        "nested/x.db",
+        "bench/out/table.json",
+        "workers/__pycache__/app.cpython-311.pyc",
+        ".venv/bin/python",
+    ]
+    for rel in keep + drop:
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("x")
+    patterns = [line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()]
+    patterns = [p for p in patterns if p and not p.startswith("#")]
+    included = set(exclude_paths(str(tmp_path), patterns, dockerfile="docker/worker.Dockerfile"))
+    assert set(keep) <= included
+    assert not included & set(drop), sorted(included & set(drop))

@@ -129,7 +129,7 @@ def test_dashboard_and_report_keep_interactive_attempts_apart(steered_job, tmp_p
     from dashboard.report import write_report
 
     db, job_id, rows, steered, replayed = steered_job
-    client = TestClient(create_app(db.url, token="t", public=False))
+    client = TestClient(create_app(db.url, token="t" * 16, public=False, allowed_hosts=["testserver"]))
     page = client.get(f"/jobs/{job_id}").text
     listed, interactive = page.split('id="interactive"')
     assert steered not in listed and f'data-episode="{steered}" data-driver="steered"' in interactive

@@ -162,7 +162,7 @@ def test_one_density_draws_no_density_chart(sweep):
 
 
 def test_dashboard_compares_a_sweep_and_its_downloads_are_the_clis(sweep, table):
-    client = TestClient(create_app(sweep.db.url, token=None, public=False))
+    client = TestClient(create_app(sweep.db.url, token=None, public=False, allowed_hosts=["testserver"]))
     jobs = ",".join(j[:6] for j in sweep.job_ids)
     page = client.get(f"/compare?jobs={jobs}")
     assert page.status_code == 200
