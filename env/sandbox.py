@@ -64,6 +64,10 @@ TRUNCATION_MARK = "\n[... output truncated: {dropped} bytes omitted from the mid
 # runners print their results and summaries. The middle is dropped with TRUNCATION_MARK.
 FILE_OUTPUT_HEAD_BYTES = 1024**2
 FILE_OUTPUT_TAIL_BYTES = 7 * 1024**2
+# No file in a container grows past this (ulimit fsize): a runaway print or write cannot fill the engine's disk
+# on a storage driver without per-container quotas (overlay2 on ext4). SWE-bench repositories and their test
+# artifacts stay far below it.
+MAX_FILE_BYTES = 1024**3
 
 
 class SandboxError(RuntimeError):
@@ -104,11 +108,11 @@ class SandboxConfig(BaseModel):
         False, description="attach the engine's default bridge network; off by default (network_mode none)"
     )
     max_file_bytes: int | None = Field(
-        None,
+        MAX_FILE_BYTES,
         ge=1024**2,
         description=(
             "RLIMIT_FSIZE (ulimit fsize) of every process in the container: no file can grow past it (the writer "
-            "gets SIGXFSZ); holds on every storage driver. None: no limit"
+            "gets SIGXFSZ); holds on every storage driver, agent and grading containers alike. None: no limit"
         ),
     )
     disk_size: str | None = Field(

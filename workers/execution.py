@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from agent_runner.backends.openai import AllowedEndpoints, OpenAIConfig
+from agent_runner.backends.openai import AllowedEndpoints, EndpointNotAllowed, OpenAIConfig
 from agent_runner.config import EpisodeSpec
 from db import Database
 from db import store as db_store
@@ -24,6 +24,7 @@ from db.models import AGENT_EXIT_STATUSES, EpisodeStatus
 from nexus.presets import stored_settings
 from workers.db_retry import DatabaseUnavailable, retrying
 from workers.heartbeat import LIVENESS, Heartbeat, Liveness
+from workers.recovery import NOT_RETRIED
 from workers.task_cache import TaskCache
 
 if TYPE_CHECKING:
@@ -270,6 +271,8 @@ def execute_episode(
         "worker": claim.worker,  # `episodes.worker` names the grader once a grade is claimed
         "scaffold": result.scaffold.model_dump(mode="json") if result is not None and result.scaffold else None,
     }
+    if isinstance(interrupted, EndpointNotAllowed):  # the operator's settings: a new attempt is refused alike
+        fields["result"][NOT_RETRIED] = "the worker's allow-lists refuse this endpoint"
     if state["db_lost"] is not None:
         # turns could not be stored: this run cannot be recorded whole. Hand the row back (it runs again from
         # turn 0) if the database answers by now; else its silent heartbeat lets a sweeper do it later

@@ -11,7 +11,8 @@ outage, some rows wait for a message that will never come. This module finds the
 - :func:`resume_job` (``nexus-eval resume JOB``): the same for one job, plus its ``queued`` rows and agent
   exits awaiting a grade nobody started; then the job's status is recomputed from its episodes.
 - :func:`retry_infra_failure`: an ``infra_failure`` is followed by a new attempt (the failed one is kept, so
-  the denominator stays honest), up to ``infra_retries`` in a row per episode key.
+  the denominator stays honest), up to ``infra_retries`` in a row per episode key; not one whose
+  ``result[NOT_RETRIED]`` says a new attempt would only repeat it (an endpoint the operator's settings refuse).
 
 Sending twice is harmless (the claim decides who runs an episode), so every step here is idempotent.
 Senders are passed in (``send_run``, ``send_grade``): this module does not import Celery.
@@ -33,6 +34,9 @@ from db.job_status import refresh_job_status
 from db.liveness import release, stranded, unfinished_jobs, unsent
 from db.models import AGENT_EXIT_STATUSES, AttemptDriver, Episode, EpisodeStatus, JobStatus
 from workers.heartbeat import Liveness
+
+#: ``episodes.result`` key of an infra failure a new attempt would only repeat (its value says why)
+NOT_RETRIED = "not_retried"
 
 log = logging.getLogger(__name__)
 Send = Callable[[str], object]
@@ -164,6 +168,8 @@ def retry_infra_failure(db: Database, episode_id: str, *, retries: int, send_run
         job = lock_job(s, row.job_id)
         s.refresh(row)
         if row.status != EpisodeStatus.infra_failure or row.driver != AttemptDriver.agent or job.status == "cancelled":
+            return None
+        if (row.result or {}).get(NOT_RETRIED):
             return None
         attempts = s.execute(
             select(Episode)

@@ -21,6 +21,7 @@ and a generous tail), and no file in the grading container can grow past `Sandbo
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Any, Literal
 
@@ -31,7 +32,7 @@ from env.grading.hostlog import LOG_HEADER
 from env.grading.limits import DEFAULT_CEILINGS, GradingCeilings, GradingLimitError, check_limits
 from env.grading.official import patch_files
 from env.grading.r2e import export_patch_filtered, parse_r2e_pytest
-from env.sandbox import Sandbox, SandboxConfig, SandboxError
+from env.sandbox import FILE_OUTPUT_HEAD_BYTES, FILE_OUTPUT_TAIL_BYTES, Sandbox, SandboxConfig, SandboxError
 
 __all__ = [
     "LOG_HEADER",
@@ -54,13 +55,10 @@ __all__ = [
 Status = Literal["resolved", "unresolved", "empty_patch", "patch_failed", "timeout", "infra_failure"]
 Route = Literal["swebench", "r2e-swebench", "r2e-native"]
 DEFAULT_TIMEOUT_S = {"swebench": 1800.0, "r2e-swebench": 1200.0, "r2e-native": 1200.0}
-# No single file in a grading container (the test run's log included) may grow past this: the writer gets
-# SIGXFSZ. Far above any real test log (the read-back keeps 8 MiB of it) or test artefact.
-GRADING_MAX_FILE_BYTES = 1024**3
 
 
 def _grading_sandbox() -> SandboxConfig:
-    return SandboxConfig(memory="4g", pids=1024, cpus=2.0, max_file_bytes=GRADING_MAX_FILE_BYTES)
+    return SandboxConfig(memory="4g", pids=1024, cpus=2.0)  # and SandboxConfig's file-size bound
 
 
 class GradeConfig(BaseModel):
@@ -199,23 +197,42 @@ def regrade(task, log: str, patch: str | None, *, config: GradeConfig | None = N
     return _evaluate(task, log, patch, config)
 
 
+_OMITTED = re.compile(r"\[\.\.\. output truncated: (\d+) bytes omitted from the middle \.\.\.\]")
+
+
+def _cut_note(body: str) -> str | None:
+    """What a verdict on a test log read back capped (`Sandbox.run_to_file`) must say: tests reported only in
+    the omitted middle were not read, so a verdict other than resolved may differ from the tool's own on the
+    whole log. None when nothing was omitted."""
+    omitted = sum(int(n) for n in _OMITTED.findall(body))
+    if not omitted:
+        return None
+    return (
+        f"the test log was cut: {omitted} bytes omitted from its middle (first {FILE_OUTPUT_HEAD_BYTES} and last "
+        f"{FILE_OUTPUT_TAIL_BYTES} bytes kept); tests reported only there were not read"
+    )
+
+
 def _evaluate(task, log: str, patch: str | None, config: GradeConfig, *, spec=None) -> GradeResult:
     """The verdict a framed log supports; `spec` is the swebench test spec when the caller already built it."""
     parsed = hostlog.parse(log)
     route = parsed.route if parsed else route_of(task, config)
     grader, version = _grader(task, route)
     base = {"grader": grader, "grader_version": version, "log": log, "needs_network": task.needs_network}
+    sections = parsed.sections if parsed else {}
+    test_section = "eval" if route == "swebench" else "tests"
 
     def result(status: Status, error: str | None = None, **extra) -> GradeResult:
+        cut = _cut_note(sections[test_section].body) if test_section in sections else None
+        if cut and status != "resolved":  # every test the verdict needs was read when it is resolved
+            error = f"{error}; {cut}" if error else cut
         return GradeResult(status=status, error=error, **base, **extra)
 
     if parsed is None:
         return result("infra_failure", "not a nexus-eval grading log (no v2 header line)")
     if parsed.infra:
         return result("infra_failure", parsed.infra[-1])
-    sections = parsed.sections
     applies = [name for name in sections if name.startswith("apply.")]
-    test_section = "eval" if route == "swebench" else "tests"
     if patch is not None and test_section not in sections:
         last = sections[applies[-1]].body[-800:] if applies else "no apply attempt recorded"
         return result("patch_failed", f"the patch did not apply: {last}")

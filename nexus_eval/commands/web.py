@@ -18,7 +18,6 @@ import typer
 from nexus_eval.commands._common import DB_OPTION, db_url, fail
 
 TOKEN_ENV = "NEXUS_EVAL_TOKEN"
-MIN_TOKEN_LENGTH = 16  # dashboard.auth.MIN_TOKEN_LENGTH (not imported here: `nexus-eval --help` stays fast)
 
 
 def serve(
@@ -28,8 +27,8 @@ def serve(
     token: str = typer.Option(
         None,
         "--token",
-        help=f"the token for write actions (and for every request off loopback), {MIN_TOKEN_LENGTH}+ characters; "
-        f"visible to other users in `ps`: prefer ${TOKEN_ENV} or --token-file",
+        help="the token for write actions (and for every request off loopback); visible to other users in `ps`: "
+        f"prefer ${TOKEN_ENV} or --token-file",
     ),
     token_file: Path = typer.Option(
         None, "--token-file", help="read the token from the first line of this file (instead of --token)"
@@ -43,7 +42,7 @@ def serve(
     ),
 ) -> None:
     """Serve the results dashboard: jobs, live progress, compare tables and charts, trajectories, cache telemetry."""
-    from dashboard.auth import allowed_hosts_for, host_name, is_loopback, is_wildcard
+    from dashboard.auth import MIN_TOKEN_LENGTH, allowed_hosts_for, host_name, is_loopback, is_wildcard
 
     if token is not None and token_file is not None:
         fail("give the token once: --token or --token-file, not both")

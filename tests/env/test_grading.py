@@ -313,3 +313,19 @@ def test_image_assets_without_a_network_are_an_infra_failure_not_a_verdict(task_
     )
     result = grade(task_from_row(row), GOLD_PATCH, config=GradeConfig(job=TEST_JOB))
     assert result.status == "infra_failure" and "image_assets" in result.error and "no network" in result.error
+
+
+def test_a_verdict_on_a_cut_log_says_so_unless_resolved(task_model):
+    """A test log read back capped (head + tail) may have lost test lines in its middle: an unresolved verdict
+    on it names the cut (the tool's own verdict on the whole log could differ); a resolved one read every test."""
+    from env.sandbox import TRUNCATION_MARK
+
+    cut = TRUNCATION_MARK.format(dropped=123456)
+    passing = summary(dict.fromkeys(F2P + P2P, "PASSED"))
+    failing = summary({**dict.fromkeys(F2P, "FAILED"), **dict.fromkeys(P2P, "PASSED")})
+    unresolved = regrade(task_model, synthetic_log(cut + failing, exit_code=1), GOLD_PATCH)
+    assert unresolved.status == "unresolved" and "the test log was cut: 123456 bytes omitted" in unresolved.error
+    whole = regrade(task_model, synthetic_log(failing, exit_code=1), GOLD_PATCH)
+    assert whole.status == "unresolved" and "cut" not in (whole.error or "")
+    resolved = regrade(task_model, synthetic_log(cut + passing), GOLD_PATCH)
+    assert resolved.status == "resolved" and resolved.error is None

@@ -235,7 +235,8 @@ def test_a_50_mb_test_log_comes_back_capped_with_its_tail(tmp_path, docker_clien
 
 @pytest.mark.docker
 def test_no_file_in_a_grading_container_grows_past_the_file_size_bound(tmp_path, docker_client, base_image):
-    assert GradeConfig().sandbox.max_file_bytes == 1024**3  # the grading default
+    # one bound for every container, the agent's and the grader's (env.sandbox.MAX_FILE_BYTES)
+    assert GradeConfig().sandbox.max_file_bytes == SandboxConfig().max_file_bytes == 1024**3
     fill = "head -c 20000000 /dev/zero > /tmp/big; echo big-rc=$?; wc -c < /tmp/big; python -m pytest -rA"
     task = load_local_task(write_local_task(tmp_path, test_cmd=fill))
     small = SandboxConfig(memory="4g", pids=1024, cpus=2.0, max_file_bytes=8 * 1024**2)

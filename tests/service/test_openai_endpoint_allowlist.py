@@ -19,6 +19,7 @@ from tests.agent.test_openai_allowlist import Listener, ok_reply
 from tests.service.db_fixtures import sqlite_db_fixture  # noqa: F401  (fixture)
 from workers.app import ServiceSettings
 from workers.execution import EpisodeHooks, execute_episode
+from workers.recovery import retry_infra_failure
 from workers.spec import JobSpec
 from workers.submit import create_job_rows, load_tasks
 
@@ -150,6 +151,9 @@ def test_the_worker_refuses_a_stored_episode_before_any_request(sqlite_db, liste
     assert "openai.api_key_env='NEXUS_EVAL_DB'" in error and "NEXUS_EVAL_OPENAI_KEY_ENVS" in error
     assert "s3cret" not in error
     assert listener.requests == []
+    # the refusal is the operator's setting, not a fault: no automatic new attempt that would only repeat it
+    sent: list[str] = []
+    assert retry_infra_failure(sqlite_db, episode_id, retries=2, send_run=sent.append) is None and sent == []
 
 
 def test_the_worker_takes_a_custom_host_its_settings_allow(sqlite_db, listener, monkeypatch):
