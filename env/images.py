@@ -222,12 +222,11 @@ def _task_dockerfile(base: str, setup: list[str], *, task_id: str = "?") -> str:
     # line is one RUN instruction: a line break in it would add instructions of its own (an `ADD https://...`
     # the daemon fetches outside network_mode none, a new `FROM`), so such a line is refused here too, not only
     # when the task is loaded.
-    from env.task_rows import setup_line_problem
+    from env.task_rows import setup_problem
 
-    for number, line in enumerate(setup, start=1):
-        why = setup_line_problem(line)
-        if why:
-            raise ImageBuildFailed(f"task {task_id}: setup line {number} {why}: {line!r:.120}")
+    problem = setup_problem(task_id, setup)
+    if problem:
+        raise ImageBuildFailed(problem)
     setup_runs = "".join(f"RUN {line}\n" for line in setup)
     return (
         f"FROM {base}\n"

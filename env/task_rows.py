@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
-from env.grading.limits import GradingCeilings, limit_problems
+from env.grading.limits import GradingCeilings, GradingLimitError, check_limits
 
 TaskKind = Literal["swebench", "r2e_swebench", "r2e", "local"]
 
@@ -38,14 +38,22 @@ NETWORK_REPOS = frozenset({"psf/requests"})
 SETUP_FORBIDDEN = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]|\\\s*$")
 
 
-def setup_line_problem(line: str) -> str | None:
-    """Why `line` cannot be a setup line (one Dockerfile RUN instruction), or None."""
-    match = SETUP_FORBIDDEN.search(line)
-    if match is None:
-        return None
-    if match.group(0).startswith("\\"):
-        return "ends with a backslash, which would join the next Dockerfile line to it"
-    return f"holds the control character {match.group(0)!r} (a setup line must be a single line; only tab is allowed)"
+def setup_problem(task_id: str, lines: list[str]) -> str | None:
+    """Why `lines` cannot be `task_id`'s setup lines (each one Dockerfile RUN instruction), naming the first bad
+    line; None when every line is fine."""
+    for number, line in enumerate(lines, start=1):
+        match = SETUP_FORBIDDEN.search(line)
+        if match is None:
+            continue
+        if match.group(0).startswith("\\"):
+            why = "ends with a backslash, which would join the next Dockerfile line to it"
+        else:
+            why = (
+                f"holds the control character {match.group(0)!r} "
+                "(a setup line must be a single line; only tab is allowed)"
+            )
+        return f"task {task_id}: setup line {number} {why}: {line!r:.120}"
+    return None
 
 
 class TaskError(ValueError):
@@ -137,11 +145,9 @@ class Task(BaseModel):
     @field_validator("setup")
     @classmethod
     def _single_lines(cls, value: list[str], info: ValidationInfo) -> list[str]:
-        for number, line in enumerate(value, start=1):
-            why = setup_line_problem(line)
-            if why:
-                task = info.data.get("instance_id", "?")
-                raise ValueError(f"task {task}: setup line {number} {why}: {line!r:.120}")
+        problem = setup_problem(info.data.get("instance_id", "?"), value)
+        if problem:
+            raise ValueError(problem)
         return value
 
     @field_validator("instance_id", "repo")
@@ -173,10 +179,10 @@ def validate_fields(source: str, fields: dict[str, Any], *, ceilings: GradingCei
         messages = [e["msg"].removeprefix("Value error, ") + f" (got {e['input']!r:.80})" for e in errors]
         also = "".join(f"; also field '{loc}': {msg}" for loc, msg in zip(locs[1:], messages[1:], strict=True))
         raise TaskError(source, messages[0] + also, field=locs[0] or None) from None
-    problems = limit_problems(task.instance_id, task.grading, ceilings)
-    if problems:
-        also = "".join(f"; also {p}" for p in problems[1:])
-        raise TaskError(source, f"{problems[0]}{also}", field=f"grading.{problems[0].field}")
+    try:
+        check_limits(task.instance_id, task.grading, ceilings)
+    except GradingLimitError as exc:  # the same message grading gives, located at the source
+        raise TaskError(source, str(exc), field=f"grading.{exc.field}") from None
     return task
 
 

@@ -146,7 +146,9 @@ def broker_check(url: str | None, *, required: bool = True) -> Check:
     shows the URL with its password masked (``db.urls.masked``)."""
     if not url:
         return Check("broker", True, required, "embedded SQLite broker beside the database ($NEXUS_EVAL_BROKER unset)")
-    shown = _safe(url)
+    from db.urls import masked
+
+    shown = masked(url)
     if not url.startswith(("redis://", "rediss://")):
         return Check("broker", True, required, f"{shown}: not checked (only redis:// brokers are)")
     import redis
@@ -173,6 +175,7 @@ def _database(url: str) -> tuple[Check, str | None]:
     from sqlalchemy.engine import make_url
 
     from db.connection import MIGRATIONS_DIR, current_revision, head_revision
+    from db.urls import masked
 
     fix = "set NEXUS_EVAL_DB (or --db) to a writable SQLite path or a reachable postgresql+psycopg:// URL"
     readable = url
@@ -191,20 +194,20 @@ def _database(url: str) -> tuple[Check, str | None]:
         revision = current_revision(readable)
     except Exception as exc:  # any driver error means "not reachable"; the message says which
         # a parse or driver error may quote the URL it was given: never with its password
-        said = str(exc).replace(readable, _safe(readable)).replace(url, _safe(url))
-        return Check("database", False, True, f"{_safe(url)}: {type(exc).__name__}: {said}".splitlines()[0], fix), None
+        said = str(exc).replace(readable, masked(readable)).replace(url, masked(url))
+        return Check("database", False, True, f"{masked(url)}: {type(exc).__name__}: {said}".splitlines()[0], fix), None
     head = head_revision()
     if revision == head:
-        return Check("database", True, True, f"{_safe(url)} (schema at {head})"), readable
+        return Check("database", True, True, f"{masked(url)} (schema at {head})"), readable
     from alembic.script import ScriptDirectory
 
     if revision is not None and revision not in {
         s.revision for s in ScriptDirectory(str(MIGRATIONS_DIR)).walk_revisions()
     }:
-        detail = f"{_safe(url)}: schema revision {revision} is unknown to this version (a newer nexus-eval wrote it)"
+        detail = f"{masked(url)}: schema revision {revision} is unknown to this version (a newer nexus-eval wrote it)"
         fix = "pip install -e . from a newer checkout, or use another database"
         return Check("database", False, True, detail, fix), None
-    return Check("database", True, True, f"{_safe(url)} (schema {revision or 'empty'} -> {head} on first use)"), None
+    return Check("database", True, True, f"{masked(url)} (schema {revision or 'empty'} -> {head} on first use)"), None
 
 
 def sweep_window_s() -> float:
@@ -272,13 +275,6 @@ def _workers(database: Check, readable: str | None, *, within_s: float | None, n
 def _clock(at: datetime, now: datetime) -> str:
     """``12:01:03 UTC`` today, with the date on another day."""
     return f"{at:%H:%M:%S} UTC" if at.date() == now.date() else f"{at:%Y-%m-%d %H:%M:%S} UTC"
-
-
-def _safe(url: str) -> str:
-    """``url`` as a row may show it: its password masked (``db.urls.masked``)."""
-    from db.urls import masked
-
-    return masked(url)
 
 
 def gpu_check() -> Check:

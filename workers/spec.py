@@ -343,7 +343,7 @@ class JobSpec(_Frozen):
 
     def check_endpoint(self, allowed: AllowedEndpoints, *, source: str = "<spec>") -> None:
         """``backend=openai``: refuse an endpoint the operator's allow-lists do not allow (``JobSpecError`` naming
-        ``openai.base_url`` / ``openai.api_key_env``; ``agent_runner.backends.openai.check_endpoint``). Other
+        ``openai.base_url`` / ``openai.api_key_env``; ``agent_runner.backends.openai.AllowedEndpoints.check``). Other
         backends send nothing anywhere: nothing to check."""
         if self.backend != "openai":
             return

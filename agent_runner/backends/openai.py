@@ -19,7 +19,7 @@ text in ``episode.error`` (shown by the dashboard). Redirects are not followed (
 that was allowed).
 
 Where a job may send its requests and which variable's value it may send as the key is the operator's choice,
-not the job's: :func:`check_endpoint` refuses a ``base_url`` whose host is not on the allow-list and an
+not the job's: :meth:`AllowedEndpoints.check` refuses a ``base_url`` whose host is not on the allow-list and an
 ``api_key_env`` that does not match it (``workers.app.ServiceSettings.openai_hosts`` / ``openai_key_envs``,
 ``$NEXUS_EVAL_OPENAI_HOSTS`` / ``$NEXUS_EVAL_OPENAI_KEY_ENVS``; defaults :data:`DEFAULT_HOSTS` and
 :data:`DEFAULT_KEY_ENVS`). ``OpenAIConfig`` itself refuses what no operator can allow: a scheme other than
@@ -139,26 +139,24 @@ class AllowedEndpoints:
     hosts: tuple[str, ...] = DEFAULT_HOSTS
 
     def check(self, config: OpenAIConfig) -> None:
-        check_endpoint(config, key_envs=self.key_envs, hosts=self.hosts)
-
-
-def check_endpoint(config: OpenAIConfig, *, key_envs: Sequence[str], hosts: Sequence[str]) -> None:
-    """Refuse (:class:`EndpointNotAllowed`, a ValueError) an endpoint the operator does not allow: a ``base_url``
-    whose host is not on ``hosts``, an ``api_key_env`` not on ``key_envs`` (``ServiceSettings.openai_hosts`` /
-    ``openai_key_envs``). Called where a job is accepted (``nexus-eval submit`` / ``run`` / ``episode``) and
-    again in the worker before the episode starts, each with its own process's settings."""
-    if not allowed_key_env(config.api_key_env, key_envs):
-        raise EndpointNotAllowed(
-            "api_key_env",
-            f"openai.api_key_env={config.api_key_env!r} is not a variable jobs may send as the API key; allowed: "
-            f"{', '.join(key_envs) or 'none'} (the operator's setting openai_key_envs, ${KEY_ENVS_VARIABLE})",
-        )
-    if not allowed_host(config.host, hosts):
-        raise EndpointNotAllowed(
-            "base_url",
-            f"openai.base_url={config.base_url!r}: host {config.host!r} is not a host jobs may send requests to; "
-            f"allowed: {', '.join(hosts) or 'none'} (the operator's setting openai_hosts, ${HOSTS_VARIABLE})",
-        )
+        """Refuse (:class:`EndpointNotAllowed`, a ValueError) an endpoint the operator does not allow: a
+        ``base_url`` whose host is not on ``hosts``, an ``api_key_env`` not on ``key_envs``. Called where a job
+        is accepted (``nexus-eval submit`` / ``run`` / ``episode``) and again in the worker before the episode
+        starts, each with its own process's settings."""
+        if not allowed_key_env(config.api_key_env, self.key_envs):
+            raise EndpointNotAllowed(
+                "api_key_env",
+                f"openai.api_key_env={config.api_key_env!r} is not a variable jobs may send as the API key; "
+                f"allowed: {', '.join(self.key_envs) or 'none'} (the operator's setting openai_key_envs, "
+                f"${KEY_ENVS_VARIABLE})",
+            )
+        if not allowed_host(config.host, self.hosts):
+            raise EndpointNotAllowed(
+                "base_url",
+                f"openai.base_url={config.base_url!r}: host {config.host!r} is not a host jobs may send requests "
+                f"to; allowed: {', '.join(self.hosts) or 'none'} (the operator's setting openai_hosts, "
+                f"${HOSTS_VARIABLE})",
+            )
 
 
 class _NoRedirect(urllib.request.HTTPRedirectHandler):

@@ -13,11 +13,10 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from nexus_eval.commands._common import csv_list, fail
+from nexus_eval.commands._common import csv_list, fail, service_settings
 from workers.spec import JobSpec  # pydantic only, no torch
 
 if TYPE_CHECKING:
-    from agent_runner.backends.openai import AllowedEndpoints
     from env.tasks import Task
 
 _D = JobSpec()  # each flag's help names the job default it overrides, read from the one place it is defined
@@ -115,23 +114,15 @@ def job_from_flags(file: Path | None, overrides: dict[str, Any], *, what: str) -
         spec = JobSpec.load(file, overrides)
         spec.check_with_library(source=source)
         if spec.backend == "openai":  # only then: a job that sends nothing needs no service settings
-            spec.check_endpoint(_allowed(), source=source)
+            spec.check_endpoint(service_settings().openai_allowed, source=source)
     except JobSpecError as exc:
         fail(f"{exc}\n{what}")
     return spec
 
 
-def _allowed() -> AllowedEndpoints:
-    """This process's allow-lists (``ServiceSettings.from_env``); exit 2 naming a bad setting."""
-    from nexus_eval.commands._common import service_settings
-
-    return service_settings().openai_allowed
-
-
 def load_job(file: Path | None, overrides: dict[str, Any], *, what: str) -> tuple[JobSpec, list[Task]]:
     """:func:`job_from_flags` and its tasks, loaded once (the selection checked, for the preflight and the
     fan-out); exit 2 on any error, before anything is stored."""
-    from nexus_eval.commands._common import service_settings
     from workers.spec import JobSpecError
     from workers.submit import load_tasks, plan_episodes
 

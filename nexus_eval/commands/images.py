@@ -19,6 +19,7 @@ def build_base(
     from rich.console import Console
 
     from env.images import BASE_IMAGE_TAG, ImageError, build_base_image
+    from nexus_eval.commands._common import fail
 
     console = Console(stderr=True)
     try:
@@ -30,8 +31,7 @@ def build_base(
                 progress=lambda msg: (status.update(msg), console.log(msg)),
             )
     except ImageError as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(1) from None
+        fail(str(exc), 1)
     typer.echo(built)
 
 

@@ -33,12 +33,11 @@ def validate(
     from env.grading import GradeConfig
     from env.tasks import TaskError, load_local_task, load_suite, load_tasks
     from env.validate import validate_tasks
-    from nexus_eval.commands._common import service_settings
+    from nexus_eval.commands._common import fail, service_settings
 
     console = Console(stderr=True)
     if sum(x is not None for x in (suite, path, file)) != 1:
-        console.print("[red]error:[/red] give exactly one of --suite NAME, --path DIR or --file ROWS")
-        raise typer.Exit(2)
+        fail("give exactly one of --suite NAME, --path DIR or --file ROWS")
     ceilings = service_settings().grading_ceilings  # the operator's, as a worker would load the rows
     try:
         if suite is not None:
@@ -52,13 +51,11 @@ def validate(
         else:
             tasks = load_suite(path, ceilings=ceilings)
     except TaskError as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(2) from None
+        fail(str(exc))
     if task_id:
         unknown = sorted(set(task_id) - {t.instance_id for t in tasks})
         if unknown:
-            console.print(f"[red]error:[/red] --task: no such task(s) {unknown}")
-            raise typer.Exit(2)
+            fail(f"--task: no such task(s) {unknown}")
         tasks = [t for t in tasks if t.instance_id in set(task_id)]
 
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
@@ -66,7 +63,7 @@ def validate(
         bar = progress.add_task(f"validating {len(tasks)} tasks", total=len(tasks))
 
         def done(verdict) -> None:
-            progress.update(bar, advance=1, description=f"validated {verdict.instance_id}")
+            progress.update(bar, advance=1, description=f"validated {escape(verdict.instance_id)}")
 
         config = GradeConfig(r2e_swebench_route="r2e" if r2e_route else "swebench")
         results = validate_tasks(tasks, config=config, on_done=done)

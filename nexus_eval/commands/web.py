@@ -85,6 +85,7 @@ def serve(
 
     from dashboard.app import create_app
     from dashboard.readonly import DatabaseUnavailable
+    from db.urls import masked
 
     url = db_url(db)
     try:
@@ -92,7 +93,7 @@ def serve(
     except DatabaseUnavailable as exc:
         fail(str(exc))
     shown = f"[{host}]" if ":" in host else host
-    typer.echo(f"nexus-eval dashboard on http://{shown}:{port}/ (results: {_hidden(url)})")
+    typer.echo(f"nexus-eval dashboard on http://{shown}:{port}/ (results: {masked(url)})")
     if token:
         typer.echo(f"open http://{shown}:{port}/jobs?token=<your token> once to sign this browser in")
     else:
@@ -135,12 +136,6 @@ def _read_token_file(path: Path) -> str:
     if not first:
         fail(f"--token-file {path} is empty: its first line must be the token")
     return first
-
-
-def _hidden(url: str) -> str:
-    from db.urls import masked
-
-    return masked(url)
 
 
 def register(app: typer.Typer) -> None:

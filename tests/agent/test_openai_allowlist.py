@@ -1,7 +1,7 @@
 """What a job's ``openai`` settings may make the backend send, and where (issue 33, item 1).
 
 ``OpenAIConfig`` refuses what no operator can allow (credentials, a query or a fragment in ``base_url``, a
-scheme other than http(s), an ``api_key_env`` that is not a name); ``check_endpoint`` refuses a host or a key
+scheme other than http(s), an ``api_key_env`` that is not a name); ``AllowedEndpoints.check`` refuses a host or a key
 variable the operator's allow-lists do not name. Against a real HTTP listener on 127.0.0.1 (``Listener``, a
 test double that records every request): a refused config sends nothing, and nothing the server answers
 (an error body, a non-JSON page, a reply without choices, a redirect) reaches the error text.
@@ -18,13 +18,10 @@ from pydantic import ValidationError
 
 from agent_runner.backends import ModelError
 from agent_runner.backends.openai import (
-    DEFAULT_HOSTS,
-    DEFAULT_KEY_ENVS,
     AllowedEndpoints,
     EndpointNotAllowed,
     OpenAIBackend,
     OpenAIConfig,
-    check_endpoint,
 )
 from agent_runner.records import Message
 
@@ -110,36 +107,36 @@ def test_config_refuses_an_api_key_env_that_is_not_a_name(name):
         OpenAIConfig(api_key_env=name)
 
 
-# --- check_endpoint: the operator's allow-lists -----------------------------------------------------------
-def test_check_endpoint_refuses_a_key_variable_off_the_list_naming_field_value_and_setting():
+# --- AllowedEndpoints.check: the operator's allow-lists -----------------------------------------------------------
+def test_allowed_endpoints_refuse_a_key_variable_off_the_list_naming_field_value_and_setting():
     config = OpenAIConfig(api_key_env="NEXUS_EVAL_DB")
     with pytest.raises(EndpointNotAllowed) as raised:
-        check_endpoint(config, key_envs=DEFAULT_KEY_ENVS, hosts=DEFAULT_HOSTS)
+        AllowedEndpoints().check(config)
     message = str(raised.value)
     assert raised.value.field == "api_key_env" and isinstance(raised.value, ValueError)
     assert "openai.api_key_env='NEXUS_EVAL_DB'" in message
     assert "$NEXUS_EVAL_OPENAI_KEY_ENVS" in message and "*_API_KEY" in message
 
 
-def test_check_endpoint_refuses_a_host_off_the_list_and_accepts_one_the_operator_adds():
+def test_allowed_endpoints_refuse_a_host_off_the_list_and_accepts_one_the_operator_adds():
     remote = OpenAIConfig(base_url="http://vllm.internal:8000/v1")
     with pytest.raises(EndpointNotAllowed) as raised:
-        check_endpoint(remote, key_envs=DEFAULT_KEY_ENVS, hosts=DEFAULT_HOSTS)
+        AllowedEndpoints().check(remote)
     assert raised.value.field == "base_url"
     assert "'vllm.internal'" in str(raised.value) and "$NEXUS_EVAL_OPENAI_HOSTS" in str(raised.value)
-    check_endpoint(remote, key_envs=DEFAULT_KEY_ENVS, hosts=["VLLM.internal"])  # host names: any case
-    check_endpoint(remote, key_envs=DEFAULT_KEY_ENVS, hosts=["*.internal"])  # globs
+    AllowedEndpoints(hosts=("VLLM.internal",)).check(remote)  # host names: any case
+    AllowedEndpoints(hosts=("*.internal",)).check(remote)  # globs
     with pytest.raises(EndpointNotAllowed):  # a look-alike is not the host
-        check_endpoint(OpenAIConfig(base_url="http://127.0.0.1.evil.example/v1"), key_envs=["*"], hosts=DEFAULT_HOSTS)
+        AllowedEndpoints(key_envs=("*",)).check(OpenAIConfig(base_url="http://127.0.0.1.evil.example/v1"))
 
 
 def test_the_defaults_allow_loopback_and_api_key_variables_only():
     for url in ("http://127.0.0.1:8000/v1", "http://localhost/v1", "https://[::1]:9/v1"):
         for name in ("OPENAI_API_KEY", "VLLM_API_KEY"):
-            check_endpoint(OpenAIConfig(base_url=url, api_key_env=name), key_envs=DEFAULT_KEY_ENVS, hosts=DEFAULT_HOSTS)
+            AllowedEndpoints().check(OpenAIConfig(base_url=url, api_key_env=name))
     for name in ("NEXUS_EVAL_DB", "AWS_SECRET_ACCESS_KEY", "HOME", "openai_api_key"):
         with pytest.raises(EndpointNotAllowed, match="api_key_env"):
-            check_endpoint(OpenAIConfig(api_key_env=name), key_envs=DEFAULT_KEY_ENVS, hosts=DEFAULT_HOSTS)
+            AllowedEndpoints().check(OpenAIConfig(api_key_env=name))
 
 
 # --- against a real listener --------------------------------------------------------------------------------

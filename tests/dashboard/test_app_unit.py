@@ -24,19 +24,11 @@ from db import store as db_store
 from db.models import Episode
 from tests.service.db_fixtures import pg_db_fixture  # noqa: F401  (fixture)
 from workers.compare import compare_jobs
+from workers.spec import EpisodeKey
 
 TOKEN = "unit-test-token-5d1b"  # 16+ characters, as create_app requires
 PATCH = "diff --git a/x.py b/x.py\n--- a/x.py\n+++ b/x.py\n@@ -1 +1 @@\n-a = 1\n+a = 2\n"
 RETENTION = {"logical_length": 40, "kv_heads": 2, "layers": [[[2, 10], [1, 20], [0, 10]], [[2, 40]]]}
-
-
-@dataclass
-class Key:
-    task_id: str
-    method: str
-    scope: str
-    protocol: str
-    seed: int
 
 
 @dataclass
@@ -93,8 +85,10 @@ def _run(db, episode_id: str, method: str, verdict: str, *, retention: dict | No
 def filled(tmp_path_factory) -> Fixture:
     path = tmp_path_factory.mktemp("dashboard-unit") / "results.db"
     db = connect(sqlite_url(path))
-    keys = [Key(t, "dense", "prefill_only", "true_eviction", 0) for t in ("t1", "t2")]
-    keys += [Key(t, "nexus", "prefill_only", p, 0) for t in ("t1", "t2") for p in ("true_eviction", "full_context")]
+    keys = [EpisodeKey(t, "dense", "prefill_only", "true_eviction", 0) for t in ("t1", "t2")]
+    keys += [
+        EpisodeKey(t, "nexus", "prefill_only", p, 0) for t in ("t1", "t2") for p in ("true_eviction", "full_context")
+    ]
     with db.session() as s:
         job = db_store.create_job(s, config={"methods": ["dense", "nexus"]}, config_hash="h", name="unit <job>",
                                   package_versions={}, git_revision="abc")  # fmt: skip
@@ -106,7 +100,7 @@ def filled(tmp_path_factory) -> Fixture:
         _run(db, episode_id, method, verdicts.get((task, method), "unresolved"), retention=retention)
     with db.session() as s:
         live = db_store.create_job(s, config={}, config_hash="h2", name="live", package_versions={}, git_revision="")
-        db_store.add_episodes(s, live.id, [Key("t1", "nexus", "prefill_only", "true_eviction", 0)])
+        db_store.add_episodes(s, live.id, [EpisodeKey("t1", "nexus", "prefill_only", "true_eviction", 0)])
         live_id = live.id
     db.dispose()
     return Fixture(sqlite_url(path), job_id, live_id, ids)

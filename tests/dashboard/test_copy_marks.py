@@ -22,6 +22,7 @@ from db import store as db_store
 from db.models import Episode
 from db.replays import record_replay
 from tests.dashboard.test_app_unit import FakeCelery
+from workers.spec import EpisodeKey
 
 # -- the marking ----------------------------------------------------------------------------------------------
 
@@ -257,15 +258,6 @@ def _score(spans_turn1: list[dict] | None, *, action: dict | None = ACTION, top1
 
 
 @dataclass
-class Key:
-    task_id: str
-    method: str
-    scope: str
-    protocol: str
-    seed: int
-
-
-@dataclass
 class Stored:
     url: str
     expert: str  # with replays: dense ok, snapkv ok (spans), streamingllm failed
@@ -282,7 +274,7 @@ def _turn(i: int, completion: str) -> dict:
 
 def _store(path) -> Stored:
     db = connect(sqlite_url(path))
-    keys = [Key(t, "expert", "prefill_only", "true_eviction", 0) for t in ("t1", "t2", "t3")]
+    keys = [EpisodeKey(t, "expert", "prefill_only", "true_eviction", 0) for t in ("t1", "t2", "t3")]
     with db.session() as s:
         job = db_store.create_job(s, config={}, config_hash="h", name="spans", package_versions={}, git_revision="")
         ids = [r.id for r in db_store.add_episodes(s, job.id, keys)]

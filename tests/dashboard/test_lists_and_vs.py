@@ -28,6 +28,7 @@ from db import store as db_store
 from db.models import Episode
 from tests.dashboard.test_app_unit import FakeCelery
 from tests.service.db_fixtures import pg_db_fixture  # noqa: F401  (fixture)
+from workers.spec import EpisodeKey
 
 TOKEN = "lists-test-token"
 
@@ -53,15 +54,6 @@ COSTS = {  # (task, method, protocol) -> (wall_s, kv_peak_held_bytes, kv_peak_al
     ("t2", "dense", "true_eviction"): (7.0, 500, 900),
     ("t2", "nexus", "true_eviction"): (None, None, None),  # not reported
 }
-
-
-@dataclass
-class Key:
-    task_id: str
-    method: str
-    scope: str
-    protocol: str
-    seed: int
 
 
 @dataclass
@@ -125,7 +117,7 @@ def _run(db, episode_id: str, key: tuple[str, str, str], verdict: str) -> None:
         db_store.record_grade(s, episode_id, verdict, test_log="log", grader="unit", grader_version="v1")
 
 
-def _job(db, name: str | None, keys: list[Key]) -> tuple[str, list[str]]:
+def _job(db, name: str | None, keys: list[EpisodeKey]) -> tuple[str, list[str]]:
     with db.session() as s:
         job = db_store.create_job(s, config={}, config_hash=name or "none", name=name, package_versions={},
                                   git_revision="")  # fmt: skip
@@ -137,15 +129,15 @@ def _job(db, name: str | None, keys: list[Key]) -> tuple[str, list[str]]:
 def filled(tmp_path_factory) -> Filled:
     path = tmp_path_factory.mktemp("dashboard-lists") / "results.db"
     db = connect(sqlite_url(path))
-    keys = [Key(t, m, "prefill_only", "true_eviction", 0) for t in ("t1", "t2") for m in ("dense", "nexus")]
-    keys.append(Key("t1", "nexus", "prefill_only", "full_context", 0))
+    keys = [EpisodeKey(t, m, "prefill_only", "true_eviction", 0) for t in ("t1", "t2") for m in ("dense", "nexus")]
+    keys.append(EpisodeKey("t1", "nexus", "prefill_only", "full_context", 0))
     sweep, ids = _job(db, "alpha sweep", keys)
     episodes = {(k.task_id, k.method, k.protocol): i for k, i in zip(keys, ids, strict=True)}
     for key, episode_id in episodes.items():
         _run(db, episode_id, key, "resolved" if key[0] == "t1" else "unresolved")
-    clean, (clean_episode,) = _job(db, "beta", [Key("t1", "dense", "prefill_only", "true_eviction", 0)])
+    clean, (clean_episode,) = _job(db, "beta", [EpisodeKey("t1", "dense", "prefill_only", "true_eviction", 0)])
     _run(db, clean_episode, ("t1", "dense", "true_eviction"), "resolved")
-    waiting, _ = _job(db, None, [Key("t9", "nexus", "prefill_only", "true_eviction", 0)])
+    waiting, _ = _job(db, None, [EpisodeKey("t9", "nexus", "prefill_only", "true_eviction", 0)])
     db.dispose()
     names = {sweep: "alpha sweep", clean: "beta", waiting: None}
     return Filled(sqlite_url(path), sweep, clean, waiting, episodes, names)
@@ -444,7 +436,7 @@ def test_side_by_side_shows_both_caches_per_turn(filled):
 
 @pytest.mark.services
 def test_postgresql_lists_and_streams(pg_db):
-    keys = [Key("t1", m, "prefill_only", "true_eviction", 0) for m in ("nexus", "dense")]
+    keys = [EpisodeKey("t1", m, "prefill_only", "true_eviction", 0) for m in ("nexus", "dense")]
     job, (nexus, dense) = _job(pg_db, "pg Sweep_1", keys)
     _run(pg_db, nexus, ("t1", "nexus", "true_eviction"), "resolved")
     _run(pg_db, dense, ("t1", "dense", "true_eviction"), "unresolved")
