@@ -1,7 +1,8 @@
 """The agent loop: model completes -> parse the call -> the tool runs -> observation back; limits end it.
 
-Exit statuses are exceptions (subclasses of :class:`AgentExit`), raised where the reason is found and
-caught once in :meth:`Agent.run`, which turns them into ``EpisodeResult.exit_status``. The checks after
+Exit statuses are exceptions (subclasses of ``agent_runner.status.AgentExit``), raised where the reason is found
+and caught once in :meth:`Agent.run`, which turns them (and anything unexpected) into ``EpisodeResult.exit_status``
+through the one status rule, ``agent_runner.status.status_of``. The checks after
 every turn run in R2E-Gym's order: submitted, context, absolute steps, wall time, then (ours) consecutive
 format errors. The soft limit (``soft_step_limit``, DeepSWE's 40) only changes the "Steps Remaining" text
 the model sees; the absolute limit (``max_steps``, 100) stops the loop.
@@ -16,7 +17,7 @@ from __future__ import annotations
 import time
 import traceback
 from collections.abc import Callable
-from typing import Any, ClassVar, Protocol
+from typing import Any, Protocol
 
 from agent_runner.backends import Model, ModelError
 from agent_runner.config import AgentConfig
@@ -24,40 +25,18 @@ from agent_runner.environment import Environment
 from agent_runner.parsing import ParsedAction, parse_response, resynthesize
 from agent_runner.records import Completion, EpisodeResult, EpisodeTotals, Message, ScaffoldRecord, TurnRecord
 from agent_runner.scaffold import Scaffold
-from env.sandbox import SandboxError
-from env.tools import ToolCall, ToolResult
-
-
-class AgentExit(Exception):
-    """Ends the loop; ``exit_status`` is the word stored with the episode."""
-
-    exit_status: ClassVar[str]
-
-
-class Submitted(AgentExit):
-    exit_status = "submitted"
-
-
-class StepLimit(AgentExit):
-    exit_status = "step_limit"
-
-
-class ContextLimit(AgentExit):
-    exit_status = "context_limit"
-
-
-class TimeLimit(AgentExit):
-    exit_status = "time_limit"
-
-
-class FormatErrorLimit(AgentExit):
-    exit_status = "format_error_limit"
-
-
-class InfraFailure(AgentExit):
-    """The model host or the sandbox failed (wraps env.sandbox.SandboxError, ModelError and anything else)."""
-
-    exit_status = "infra_failure"
+from agent_runner.status import (
+    AgentExit,
+    ContextLimit,
+    FormatErrorLimit,
+    InfraFailure,
+    StepLimit,
+    Submitted,
+    TimeLimit,
+    status_of,
+)
+from sandbox.container import SandboxError
+from sandbox.tools import ToolCall, ToolResult
 
 
 class TaskLike(Protocol):
@@ -105,22 +84,23 @@ class Agent:
             Message(role="user", content=self.scaffold.instance_prompt(task, cfg.soft_step_limit)),
         ]
         scaffold = ScaffoldRecord(**self.scaffold.record(m.content for m in self.messages))
-        exit_status, error, unexpected = "infra_failure", None, None
+        ended: BaseException | None = None
+        error, unexpected = None, None
         try:
             self.model.reset(seed=seed)
             for index in range(cfg.max_steps):
                 self._turn(index)  # raises an AgentExit when the model submits or a limit is reached
             raise StepLimit(f"reached max_steps={cfg.max_steps}")
         except AgentExit as exc:
-            exit_status = exc.exit_status
+            ended = exc
             error = _describe(exc)
             unexpected = exc.__cause__ if isinstance(exc, InfraFailure) else None  # e.g. a time limit in decode
         except Exception as exc:  # a bug, an on_turn failure or a time limit raised into the loop: turns kept
-            unexpected = exc
+            ended = unexpected = exc
             error = "unexpected " + "".join(traceback.format_exception(exc)).strip()
         result = EpisodeResult(
             task_id=task.instance_id,
-            exit_status=exit_status,
+            exit_status=status_of(interrupted=ended),  # the AgentExit's word; anything else: infra_failure
             error=error,
             turns=self.turns,
             messages=self.messages,

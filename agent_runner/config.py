@@ -2,7 +2,7 @@
 
 `ModelSpec` (which model the host loads), `SamplingConfig` (how a turn is decoded), `AgentConfig` (the agent
 loop's limits), and `EpisodeSpec`, which composes them with a ``nexus.EvictionConfig`` into one episode.
-The service's job spec (``workers.spec.JobSpec``) composes the same classes, and the episode config it stores
+The service's job spec (``jobs.spec.JobSpec``) composes the same classes, and the episode config it stores
 with every row is an ``EpisodeSpec`` dump, so a worker runs exactly what was submitted.
 """
 
@@ -18,7 +18,7 @@ from nexus.methods import check_method, check_scope
 
 if TYPE_CHECKING:
     from agent_runner.scaffold import Scaffold
-    from env.tasks import Task
+    from tasks.loading import Task
 
 ProtocolName = Literal["true_eviction", "full_context"]
 PROTOCOLS: tuple[str, ...] = ProtocolName.__args__  # type: ignore[attr-defined]
@@ -165,24 +165,28 @@ class EpisodeSpec(_Config):
 
     ``seed`` is the episode's one seed: the runner (``agent_runner.episode.run_episode``) resets the backend's
     sampler with it, and the eviction policy draws from it (``eviction.seed`` always equals it).
+
+    An episode is built from a job (``jobs.spec.JobSpec.episode_config``), which holds the defaults: the fields a
+    job sets (``suite``, ``backend``, ``protocol``, ``seed``, ``grade``) have none here, so none can drift from
+    the job's. ``split`` and ``grade_route`` keep the value an episode stored before the field existed ran with.
     """
 
-    suite: str | None = Field("mini", description="a bundled suite name or a folder of local tasks")
+    suite: str | None = Field(description="a bundled suite name or a folder of local tasks; None with tasks_file")
     tasks_file: str | None = Field(None, description="a JSON/JSONL/parquet file or HF dataset instead of a suite")
     split: str = Field("test", description="the dataset split, for tasks_file")
     task_id: str
-    backend: BackendName = "hf"
+    backend: BackendName
     model: ModelSpec = ModelSpec()
-    eviction: EvictionConfig = Field(description="the method and its settings; default nexus (see _seeded_eviction)")
-    protocol: ProtocolName = "true_eviction"
-    seed: int = 0
+    eviction: EvictionConfig = Field(description="the method and its settings; {}: the library's defaults")
+    protocol: ProtocolName
+    seed: int
     sampling: SamplingConfig = SamplingConfig()
     agent: AgentConfig = AgentConfig()
     openai: dict[str, Any] = Field(default_factory=dict, description="OpenAIConfig fields for backend=openai")
     expert: ExpertConfig = Field(
         ExpertConfig(), description="backend=expert: how much it explores (agent_runner.backends.expert)"
     )
-    grade: bool = True
+    grade: bool
     grade_route: Literal["swebench", "r2e"] = Field(
         "swebench", description="R2E's SWE-bench rows: graded by swebench (official) or by R2E-Gym's in-loop reward"
     )
@@ -190,14 +194,16 @@ class EpisodeSpec(_Config):
     @model_validator(mode="before")
     @classmethod
     def _seeded_eviction(cls, data: Any) -> Any:
-        """Fill ``eviction`` (default: nexus) with the episode's seed; read the older stored layouts too."""
+        """Fill ``eviction`` with the episode's seed (its other fields: the library's defaults); read the older
+        stored layouts too."""
         if not isinstance(data, dict):
             return data
         data = dict(data)
         legacy = {key: data.pop(key) for key in _LEGACY_EVICTION_KEYS if key in data}
         eviction = data.get("eviction", {})
-        if isinstance(eviction, dict):
-            data["eviction"] = {**legacy, **eviction, "seed": eviction.get("seed", data.get("seed", 0))}
+        if isinstance(eviction, dict):  # without the episode's seed, the field's "required" error says so
+            seeded = {"seed": data["seed"]} if "seed" in data else {}
+            data["eviction"] = {**legacy, **seeded, **eviction}
         agent = data.get("agent")
         if isinstance(agent, dict) and ("seed" in agent or "max_new_tokens" in agent):
             data["agent"], sampling = legacy_agent_fields(agent, data.get("sampling"))
@@ -206,31 +212,33 @@ class EpisodeSpec(_Config):
         return data
 
     @model_validator(mode="after")
-    def _one_seed(self) -> EpisodeSpec:
+    def _consistent(self) -> EpisodeSpec:
+        if self.suite is None and not self.tasks_file:
+            raise ValueError("give suite or tasks_file: where the task comes from")
         if self.eviction.seed != self.seed:
             raise ValueError(f"eviction.seed ({self.eviction.seed}) must equal the episode's seed ({self.seed})")
         check_openai_fields(self.openai)
         return self
 
     def grade_config(self, job: str = "grade", episode: str | None = None, ceilings=None):
-        """The grading settings this episode asks for (``env.grading.GradeConfig``); ``job`` and ``episode``
+        """The grading settings this episode asks for (``grading.GradeConfig``); ``job`` and ``episode``
         label the grading container (the service's ids, so a gone grader's container can be found and reaped);
-        ``ceilings``: the operator's ``env.grading.limits.GradingCeilings`` (None: the defaults)."""
-        from env.grading import GradeConfig
+        ``ceilings``: the operator's ``tasks.ceilings.GradingCeilings`` (None: the defaults)."""
+        from grading import GradeConfig
 
         config = GradeConfig(r2e_swebench_route=self.grade_route, job=job, episode=episode)
         return config if ceilings is None else config.model_copy(update={"ceilings": ceilings})
 
     def task_source(self) -> dict[str, str | None]:
-        """Where the task comes from, as ``env.tasks.load_source``'s keywords (a file, else a suite)."""
+        """Where the task comes from, as ``tasks.loading.load_source``'s keywords (a file, else a suite)."""
         if self.tasks_file:
             return {"suite": None, "file": self.tasks_file, "split": self.split}
-        return {"suite": self.suite or "mini", "file": None, "split": self.split}
+        return {"suite": self.suite, "file": None, "split": self.split}
 
     def load_task(self) -> Task:
         """This episode's task, its source loaded for it alone (a process that runs many episodes keeps the
-        sources it loaded: ``workers.task_cache.TaskCache``). ``env.tasks.TaskNotFound`` (a ValueError) names
+        sources it loaded: ``workers.task_cache.TaskCache``). ``tasks.loading.TaskNotFound`` (a ValueError) names
         the source and the known ids."""
-        from env.tasks import find_task
+        from tasks.loading import find_task
 
         return find_task(self.task_id, **self.task_source())

@@ -2,9 +2,9 @@
 
 :class:`Environment` is the protocol the loop needs (tests use small in-process doubles of it);
 :class:`DockerEnvironment` is the real one, built from env's pieces: the task image
-(``env.images.ensure_task_image``), a ``env.sandbox.Sandbox`` container (``network_mode="none"``, limits from
-``SandboxConfig``) and the R2E tools installed into it (``env.tools.ToolBox``); then the layout's grading
-material is removed and the tree snapshotted (``env.layouts``), so the diff holds only the agent's changes.
+(``tasks.images.ensure_task_image``), a ``sandbox.container.Sandbox`` container (``network_mode="none"``, limits from
+``SandboxConfig``) and the R2E tools installed into it (``sandbox.tools.ToolBox``); then the layout's grading
+material is removed and the tree snapshotted (``tasks.layouts``), so the diff holds only the agent's changes.
 env is imported inside ``open`` so importing this module does not need Docker.
 """
 
@@ -12,12 +12,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from env.tools import ToolCall, ToolResult
+from sandbox.tools import ToolCall, ToolResult
 
 if TYPE_CHECKING:
-    from env.sandbox import Sandbox, SandboxConfig
-    from env.tasks import Task
-    from env.tools import ToolBox
+    from sandbox.config import SandboxConfig
+    from sandbox.container import Sandbox
+    from sandbox.tools import ToolBox
+    from tasks.loading import Task
 
 
 @runtime_checkable
@@ -55,10 +56,11 @@ class DockerEnvironment:
         """Ensure the task image, start its sandbox and install the tools. ``job``/``episode`` go into the
         container's labels (``reap`` uses them). Raises env's ImageMissing / ImageBuildFailed / SandboxError
         (the caller records them); a half-started sandbox is closed before re-raising."""
-        from env.images import ensure_task_image
-        from env.layouts import prepare_agent_sandbox
-        from env.sandbox import Sandbox, SandboxConfig
-        from env.tools import ToolBox
+        from sandbox.config import SandboxConfig
+        from sandbox.container import Sandbox
+        from sandbox.tools import ToolBox
+        from tasks.images import ensure_task_image
+        from tasks.layouts import prepare_agent_sandbox
 
         image = ensure_task_image(task, client) if client is not None else ensure_task_image(task)
         sandbox = Sandbox.start(

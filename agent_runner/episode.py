@@ -3,8 +3,9 @@
 :func:`run_episode` does, in order:
 
 1. **The task**: the one given (a worker's per-process ``TaskCache`` loaded it) or ``spec.load_task()``.
-2. **The backend**: the one given (a test double) or ``model_cache.backend_for(spec, ...)``, the process's
-   loaded model; ``wrap_model`` may wrap it (``rerun --from-turn K`` forces the stored prefix).
+2. **The backend**: the one given (a test double; the CLI's preloaded one; a multi-episode worker's, built with
+   ``model_cache.backend_for(spec, task, episodes_per_gpu=...)``) or ``model_cache.backend_for(spec, task)``, the
+   process's loaded model; ``hooks.wrap_model`` may wrap it (``rerun --from-turn K`` forces the stored prefix).
 3. **The prompts**: ``spec.agent.scaffold()``. Steps 1-3 raise ValueError for bad input, before any container.
 4. **The sandbox** (``DockerEnvironment.open``). A failure here -> ``infra_failure``, no turns.
 5. **The agent** (``Agent.run(environment, task, seed=spec.seed)``): the seed is applied here, once, by resetting the
@@ -19,14 +20,17 @@
    it) or when there is no patch.
 
 From step 4 on nothing raises for what goes wrong in the episode: every failure ends up as ``exit_status`` +
-``error`` (or ``grade_error``) on the returned :class:`EpisodeResult`, with the turns made so far kept.
+``error`` (or ``grade_error``) on the returned :class:`EpisodeResult`, with the turns made so far kept. Every
+status is decided by the one rule, ``agent_runner.status.status_of``. What the caller adds around the run (the
+turn callback, the environment opener, the container labels...) is one :class:`EpisodeHooks`.
 """
 
 from __future__ import annotations
 
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from agent_runner.agent import Agent, Intervene
@@ -34,10 +38,42 @@ from agent_runner.backends import Model
 from agent_runner.config import EpisodeSpec
 from agent_runner.environment import DockerEnvironment, Environment
 from agent_runner.records import EpisodeResult, TurnRecord
+from agent_runner.status import INFRA_FAILURE, status_of
 
 if TYPE_CHECKING:
-    from env.sandbox import SandboxConfig
-    from env.tasks import Task
+    from sandbox.config import SandboxConfig
+    from tasks.loading import Task
+
+
+@dataclass(frozen=True)
+class EpisodeHooks:
+    """What a caller adds around one run; every field is optional. The one set of hooks of every path (the CLI's
+    ``episode``, a worker's ``workers.execution.execute_episode``, the interactive rerun).
+
+    wrap_model:       ``wrap_model(model)`` returns the backend to use (``--from-turn``: ``ForcedPrefix``).
+    on_turn:          sees each TurnRecord as it is made (the worker stores it; the CLI and the operator print it).
+    intervene:        may replace an action before it runs (``agent_runner.agent.Intervene``).
+    open_environment: ``open_environment(task, labels=..., sandbox_config=...)`` replaces
+                      ``DockerEnvironment.open`` (a test double; the interactive rerun wraps it).
+    labels:           the container labels (``nexus-eval.job``, ``nexus-eval.episode``); the job label also
+                      names the grading container's.
+    sandbox_config:   the sandbox's resources and limits (None: ``DockerEnvironment``'s defaults).
+
+    The worker's own (read by ``execute_episode``, not by :func:`run_episode`):
+
+    progress:         receives ``{"turn", "max_steps", "action"}`` after each stored turn (Celery's PROGRESS).
+    time_limits:      exception types that mean "out of time" when raised into the run (Celery's
+                      ``SoftTimeLimitExceeded``); the run is then stored as ``timeout`` (``agent_runner.status``).
+    """
+
+    wrap_model: Callable[[Model], Model] | None = None
+    on_turn: Callable[[TurnRecord], Any] | None = None
+    intervene: Intervene | None = None
+    open_environment: Callable[..., Environment] | None = None
+    labels: Mapping[str, str] = field(default_factory=dict)
+    sandbox_config: SandboxConfig | None = None
+    progress: Callable[[dict[str, Any]], None] | None = None
+    time_limits: tuple[type[BaseException], ...] = ()
 
 
 def _failure(exc: BaseException) -> str:
@@ -70,26 +106,25 @@ def final_retention(model: Model) -> tuple[dict[str, Any] | None, str | None]:
         return None, f"reading the final cache's retention map failed: {_failure(exc)}"
 
 
+def _device_of(model: Model) -> str | None:
+    """The device ``model``'s weights are on (a backend that hosts a model: ``host.device``), else None."""
+    device = getattr(getattr(model, "host", None), "device", None)
+    return None if device is None else str(device)
+
+
 def run_episode(
     spec: EpisodeSpec,
     *,
     task: Task | None = None,
     model: Model | None = None,
-    episodes_per_gpu: int = 1,
-    wrap_model: Callable[[Model], Model] | None = None,
-    sandbox_config: SandboxConfig | None = None,
-    labels: dict[str, str] | None = None,
-    on_turn: Callable[[TurnRecord], Any] | None = None,
-    intervene: Intervene | None = None,
-    open_environment: Callable[..., Environment] | None = None,
+    hooks: EpisodeHooks = EpisodeHooks(),
 ) -> EpisodeResult:
     """Run the episode ``spec`` describes, in a real container, and grade it (see the module docstring).
 
-    ``task``: the loaded task (its id must be ``spec.task_id``). ``model``: a backend to use instead of the
-    one ``spec`` names (a test double). ``episodes_per_gpu``: > 1 decodes this episode's turns together with
-    the process's other episodes (``agent_runner.engine``). ``open_environment(task, labels=...,
-    sandbox_config=...)`` replaces ``DockerEnvironment.open``. ``on_turn`` sees each TurnRecord as it is made;
-    ``intervene`` may replace an action before it runs (``agent_runner.agent.Intervene``).
+    ``task``: the loaded task (its id must be ``spec.task_id``). ``model``: the backend to use instead of
+    ``backend_for(spec, task)`` (a test double, the CLI's preloaded one, a multi-episode worker's engine-backed one).
+    ``hooks``: what the caller adds around the run (:class:`EpisodeHooks`). ``EpisodeResult.config`` records
+    what ran: the spec, the sandbox config, the backend's class and the device the model is on.
     """
     from agent_runner.model_cache import backend_for
 
@@ -97,26 +132,29 @@ def run_episode(
     task = task if task is not None else spec.load_task()
     if task.instance_id != spec.task_id:
         raise ValueError(f"the task given is {task.instance_id!r} but the episode names {spec.task_id!r}")
-    model = model if model is not None else backend_for(spec, task, episodes_per_gpu=episodes_per_gpu)
-    if wrap_model is not None:
-        model = wrap_model(model)
-    agent = Agent(model, spec.agent, on_turn=on_turn, intervene=intervene)  # a bad prompt file: ValueError
+    model = model if model is not None else backend_for(spec, task)
+    device = _device_of(model)
+    if hooks.wrap_model is not None:
+        model = hooks.wrap_model(model)
+    agent = Agent(model, spec.agent, on_turn=hooks.on_turn, intervene=hooks.intervene)  # a bad prompt file: ValueError
+    sandbox_config = hooks.sandbox_config
     config = {
         "episode": spec.model_dump(mode="json"),
         "sandbox": sandbox_config.model_dump(mode="json") if sandbox_config is not None else None,
         "model": type(model).__name__,
+        "device": device,
     }
     # 4: the sandbox
     started = time.monotonic()
     timings: dict[str, float] = {}
     try:
-        environment = (open_environment or DockerEnvironment.open)(
-            task, labels=dict(labels or {}), sandbox_config=sandbox_config
+        environment = (hooks.open_environment or DockerEnvironment.open)(
+            task, labels=dict(hooks.labels), sandbox_config=sandbox_config
         )
     except Exception as exc:  # ImageMissing, SandboxError, docker errors: recorded, nothing started
         failed = EpisodeResult(
             task_id=task.instance_id,
-            exit_status="infra_failure",
+            exit_status=status_of(interrupted=exc),
             config=config,
             error=f"opening the environment failed: {_failure(exc)}",
             timings={"setup_s": time.monotonic() - started},
@@ -135,14 +173,15 @@ def run_episode(
             result.patch = environment.diff()
         except Exception as exc:  # the container is gone: no patch, so no verdict whatever the agent's exit
             result.exception = result.exception or exc
-            if result.exit_status == "infra_failure":
-                _note(result, f"taking the diff failed: {_failure(exc)}")
+            failure = f"taking the diff failed: {_failure(exc)}"
+            if result.exit_status == INFRA_FAILURE:
+                _note(result, failure)
             else:  # this is the run's first failure: its reason leads, the agent's exit follows
                 agent = f"the agent had exited with {result.exit_status}" + (
                     f": {result.error}" if result.error else ""
                 )
-                result.error = f"taking the diff failed: {_failure(exc)}\n{agent}"
-                result.exit_status = "infra_failure"
+                result.error = f"{failure}\n{agent}"
+            result.exit_status = status_of(interrupted=exc)  # what broke the run decides, not the agent's exit
         timings["diff_s"] = time.monotonic() - t0
     finally:
         close_error = _close(environment)
@@ -150,12 +189,12 @@ def run_episode(
         _note(result, close_error)
     timings["agent_s"] = result.timings.get("agent_s", 0.0)
     # 7: the grade
-    if spec.grade and result.patch is not None and result.exit_status != "infra_failure":
+    if spec.grade and result.patch is not None and result.exit_status != INFRA_FAILURE:
         t0 = time.monotonic()
         try:
-            from env.grading import grade as grade_patch
+            from grading import grade as grade_patch
 
-            job = (labels or {}).get("nexus-eval.job", "grade")
+            job = hooks.labels.get("nexus-eval.job", "grade")
             result.grade = grade_patch(task, result.patch, config=spec.grade_config(job=job))
         except Exception as exc:
             result.grade_error = _failure(exc)

@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal
 
-#: what file_editor appends where it cut a long output (env/tool_scripts/file_editor.py)
+#: what file_editor appends where it cut a long output (sandbox/tool_scripts/file_editor.py)
 CLIP_MARK = "<response clipped>"
 #: values a call cannot carry: the parser ends a value / the call at these
 FORBIDDEN_IN_VALUES = ("</parameter>", "</function>")

@@ -16,7 +16,7 @@ from agent_runner.model_host import ModelHost, load_host
 
 if TYPE_CHECKING:
     from agent_runner.engine import DecodeEngine
-    from env.tasks import Task
+    from tasks.loading import Task
 
 _HOSTS: dict[ModelSpec, ModelHost] = {}  # one loaded model per process, keyed by its spec
 _ENGINES: dict[int, DecodeEngine] = {}  # id(host.model) -> the engine batching that model's episodes
@@ -53,7 +53,7 @@ def backend_for(spec: EpisodeSpec, task: Task | None = None, *, episodes_per_gpu
 
     episodes_per_gpu > 1: the hf backend's turns go through the process's `DecodeEngine`, decoded together
     with up to `episodes_per_gpu` - 1 other episodes' turns (a multi-episode worker; agent_runner/engine.py).
-    The seed is not applied here: the episode runner resets the backend with the episode's seed."""
+    The hf backend starts seeded with ``spec.seed``; the episode runner resets every backend with it too."""
     _ = spec.eviction.policy  # the method's own parameters, even for backends that ignore the cache
     if spec.backend == "oracle":
         return make_backend("oracle", task=task)
@@ -78,4 +78,5 @@ def backend_for(spec: EpisodeSpec, task: Task | None = None, *, episodes_per_gpu
         protocol=spec.protocol,
         sampling=spec.sampling,
         max_context_tokens=spec.agent.max_context_tokens,
+        seed=spec.seed,
     )

@@ -33,7 +33,7 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-from env.tools import ToolCall
+from sandbox.tools import ToolCall
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 FUNCTION_OPEN, FUNCTION_CLOSE = "<function=", "</function>"

@@ -10,15 +10,17 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
-from env.grading import GradeResult
-from env.tools import ToolCall
+from agent_runner.status import AGENT_EXITS, INFRA_FAILURE
+from grading import GradeResult
+from sandbox.tools import ToolCall
 
 Role = Literal["system", "user", "assistant"]
 
-# The agent's exit statuses (see agent_runner.agent); grading statuses come from env.grading.GradeResult.
-ExitStatus = Literal["submitted", "step_limit", "context_limit", "time_limit", "format_error_limit", "infra_failure"]
+# How an agent run ended: an agent exit or infra_failure (the words are agent_runner.status's; grading
+# statuses come from grading.GradeResult). Built from those words, so a new exit is named once.
+ExitStatus = Literal[tuple(sorted(AGENT_EXITS | {INFRA_FAILURE}))]
 
 
 class Message(BaseModel):
@@ -56,6 +58,28 @@ class TurnTokens(BaseModel):
     generated: list[int]
 
 
+#: how ``ForcedPrefix`` forced a stored turn (``agent_runner.backends.forced_prefix``)
+ForcedFrom = Literal["ids", "text", "stepped"]
+
+
+class CompletionInfo(BaseModel):
+    """What only some backends report about one model call; ``None`` where the backend reports nothing.
+
+    ``budget``: the hf backend's cache budget (layer 0's, tokens per head) this turn; ``forced_agreed``: hf, a
+    turn forced by its token ids: how many of them the generator's own draw chose too (``TurnDecoder.agreed``);
+    ``forced_from``: a turn ``ForcedPrefix`` forced, and how; ``attempts``, ``server_model``, ``request_id``: the
+    openai backend's HTTP requests for this call (retries included), and the model and reply id the server named.
+    Stored with the turn as ``turns.extra["info"]`` (``results.turn_data.TurnExtra``).
+    """
+
+    budget: int | None = None
+    forced_agreed: int | None = None
+    forced_from: ForcedFrom | None = None
+    attempts: int | None = None
+    server_model: str | None = None
+    request_id: str | None = None
+
+
 class Completion(BaseModel):
     """One model call's text and telemetry, as reported by a backend.
 
@@ -68,8 +92,9 @@ class Completion(BaseModel):
     turn; ``kv_peak_held_bytes`` and ``kv_peak_allocated_bytes`` the largest of each during the turn, from
     before its prefill to its end (the prefill's pre-eviction state included). Fields a backend cannot
     measure stay at their defaults.
-    Every field is stored with the turn (``workers.execution.turn_row``); ``extra`` holds what only one
-    backend reports (an endpoint's request id, the hf backend's budget).
+    Every field is stored with the turn (``workers.execution.turn_row``). ``info`` holds what only some backends
+    report (the hf backend's budget, an endpoint's request id), typed; ``extra`` is free-form, for a backend's
+    own keys that nothing here reads (none today): a key that names an ``info`` field is refused there.
     """
 
     text: str
@@ -93,7 +118,16 @@ class Completion(BaseModel):
     history_mismatch: bool = False  # the last assistant message was not the backend's own text (true_eviction)
     batch_rows: float | None = None  # episodes decoded together per forward this turn, on average (engine)
     forced: bool = False  # teacher-forced from a stored attempt's turn (``rerun --from-turn``), not sampled
+    info: CompletionInfo = Field(default_factory=CompletionInfo)
     extra: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("extra")
+    @classmethod
+    def _nothing_known_in_extra(cls, extra: dict[str, Any]) -> dict[str, Any]:
+        known = sorted(set(extra) & set(CompletionInfo.model_fields))
+        if known:
+            raise ValueError(f"Completion.extra is for keys nothing reads; set {known} on Completion.info")
+        return extra
 
 
 class TurnRecord(BaseModel):
@@ -168,8 +202,8 @@ class ScaffoldRecord(BaseModel):
 class EpisodeResult(BaseModel):
     """The outcome of one episode.
 
-    ``exit_status`` is how the agent loop ended; ``grade`` is env.grading's ``GradeResult`` (its ``log`` is what
-    ``env.grading.regrade`` needs), ``None`` when not graded.
+    ``exit_status`` is how the agent loop ended; ``grade`` is grading's ``GradeResult`` (its ``log`` is what
+    ``grading.regrade`` needs), ``None`` when not graded.
     ``status`` is the one word the service reports: the grade's status when graded, else the exit status.
     ``error`` says why, for every exit but ``submitted``; ``grade_error`` is set when grading itself raised.
     ``retention`` is the final cache's retention map (see ``nexus.retention``) for backends that keep a cache.

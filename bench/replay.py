@@ -29,6 +29,7 @@ from common import environment, set_threads, write_json  # noqa: E402
 
 import nexus  # noqa: E402
 from agent_runner.backends.hf import HFBackend  # noqa: E402
+from agent_runner.config import AgentConfig  # noqa: E402
 from agent_runner.counterfactual import model_forward, replay_episode, teacher_force  # noqa: E402
 from agent_runner.model_host import ModelSpec, load_host  # noqa: E402
 from agent_runner.records import (
@@ -41,7 +42,14 @@ from agent_runner.sampling import SamplingConfig  # noqa: E402
 def dense_trajectory(host, turns: int, new_tokens: int, seed: int, temperature: float) -> list[TurnTokens]:
     """A dense true-eviction episode of `turns` turns, each exactly `new_tokens` long (no stop token sampled)."""
     sampling = SamplingConfig(temperature=temperature, max_new_tokens=new_tokens)
-    backend = HFBackend(host, eviction=nexus.EvictionConfig(method="dense"), sampling=sampling)
+    backend = HFBackend(
+        host,
+        eviction=nexus.EvictionConfig(method="dense"),
+        protocol="true_eviction",
+        sampling=sampling,
+        max_context_tokens=AgentConfig().max_context_tokens,
+        seed=seed,
+    )
     backend._stop = set()  # the random model would stop at random; fixed-length turns make runs comparable
     backend.reset(seed=seed)
     msgs = [

@@ -98,9 +98,9 @@ def main() -> None:
 
     from db import connect
     from db import store as db_store
+    from jobs.spec import JobSpec
+    from jobs.submit import load_tasks, plan_job, submit
     from workers.embedded import job_finished
-    from workers.spec import JobSpec
-    from workers.submit import load_tasks, submit
 
     seeds = list(range(max(1, -(-args.episodes // len(TASKS)))))
     spec = JobSpec.from_dict(
@@ -122,7 +122,7 @@ def main() -> None:
     try:
         time.sleep(3)  # let the workers connect before the clock starts
         started = time.perf_counter()
-        job_id, n = submit(db, spec, load_tasks(spec))
+        job_id, n = submit(db, plan_job(spec, load_tasks(spec)))
         deadline = time.monotonic() + args.timeout
         with console.status(f"job {job_id}: {n} oracle episodes"):
             while not job_finished(db, job_id):

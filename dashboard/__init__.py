@@ -7,6 +7,6 @@
 - ``dashboard.charts``: matplotlib figures as inline SVG; ``dashboard.render``: the Jinja2 templates;
 - ``dashboard.readonly``: the read-only engine the pages read through; ``dashboard.report``: the HTML report.
 
-Depends on ``db`` and ``workers.compare`` (plus ``workers.celery_tasks`` inside the write actions, as the CLI's
+Depends on ``db`` and ``results.compare`` (plus ``workers.celery_tasks`` inside the write actions, as the CLI's
 ``cancel`` / ``rerun --failed``); nothing imports it but the CLI. Pages and rules: docs/dashboard.md.
 """

@@ -2,7 +2,7 @@
 
 Pages (``dashboard.pages``) read through a read-only engine (``dashboard.readonly``); only cancel and
 rerun-failed open the normal read-write database, and they do exactly what ``nexus-eval cancel JOB`` and
-``nexus-eval rerun JOB --failed`` do (``workers.celery_tasks.cancel``, ``workers.celery_tasks.rerun``).
+``nexus-eval rerun JOB --failed`` do (``jobs.control.cancel``, ``jobs.control.rerun``).
 Errors are HTML pages (JSON under ``/api/``) that never show a traceback.
 """
 
@@ -54,7 +54,8 @@ def _default_celery(db_url: str) -> Callable[[], Any]:
     """The Celery app the CLI's ``cancel``/``rerun`` would use: the environment's settings, this database."""
 
     def make() -> Any:
-        from workers.app import ServiceSettings, get_app
+        from jobs.queue import get_app
+        from jobs.settings import ServiceSettings
 
         return get_app(ServiceSettings.from_env(db_url=db_url))
 
@@ -150,7 +151,7 @@ def _register_actions(app: FastAPI, ctx: Context) -> None:
 
     @app.post("/jobs/{job_id}/cancel")
     def cancel(job_id: str) -> Response:
-        from workers.celery_tasks import cancel as cancel_job
+        from jobs.control import cancel as cancel_job
 
         full_id = job_id_of(ctx, job_id)
         revoked = cancel_job(ctx.database(), full_id, app=ctx.celery_factory())
@@ -161,7 +162,7 @@ def _register_actions(app: FastAPI, ctx: Context) -> None:
     @app.post("/jobs/{job_id}/rerun-failed")
     def rerun_failed(request: Request, job_id: str) -> Response:
         from db.models import RUN_FAILURE_STATUSES
-        from workers.celery_tasks import NotEnqueued, rerun
+        from jobs.control import NotEnqueued, rerun
 
         full_id = job_id_of(ctx, job_id)
         try:

@@ -23,7 +23,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import MaxNLocator
 
-from workers.compare import CompareTable
+from results.compare_table import CompareTable
 
 # Text as <text> elements (small, selectable, searchable) rather than glyph paths. Set once, at import.
 matplotlib.rcParams["svg.fonttype"] = "none"
@@ -298,7 +298,7 @@ def _scaled(cell: Any, fields: tuple[str, str, str], scale: float) -> tuple[floa
 
 
 def probe_chart(probe: str, cells: Sequence[Any], variants: Sequence[str]) -> str:
-    """One probe's ``workers.probe_stats.ProbeCell``s against density, one line per variant with its interval
+    """One probe's ``results.probe_stats.ProbeCell``s against density, one line per variant with its interval
     as whiskers, one panel per scope x protocol (see :func:`_probe_metric` for the y axis)."""
     ylabel, fields, scale = _probe_metric(cells)
     panels = list(dict.fromkeys((c.scope, c.protocol) for c in cells))
@@ -335,6 +335,6 @@ def probe_chart(probe: str, cells: Sequence[Any], variants: Sequence[str]) -> st
 
 
 def probe_charts(table: Any) -> dict[str, str]:
-    """{probe: svg} for every probe of a ``workers.probe_stats.ProbeTable``."""
+    """{probe: svg} for every probe of a ``results.probe_stats.ProbeTable``."""
     variants = list(dict.fromkeys(c.variant for c in table.cells))
     return {probe: probe_chart(probe, table.cells_of(probe), variants) for probe in table.probes}

@@ -2,7 +2,7 @@
 
 - ``/jobs/{id}/compare`` (and ``.json``, ``.csv``): one job's table.
 - ``/compare?jobs=A,B,C`` (and ``.json``, ``.csv``): several jobs' cells aligned by method, scope, protocol and
-  density (``workers.compare.compare_jobs``), what ``nexus-eval compare A B C`` prints; the jobs page's
+  density (``results.compare.compare_jobs``), what ``nexus-eval compare A B C`` prints; the jobs page's
   "compare selected" form sends here.
 
 Every page shows the table, quality beside cost, the trade-off charts (:mod:`dashboard.tradeoff_charts`), the
@@ -19,9 +19,10 @@ from fastapi.responses import HTMLResponse, Response
 from dashboard import charts, queries, tradeoff_charts
 from dashboard.context import Context, job_id_of
 from dashboard.render import render, svg
-from workers.compare import CompareTable, compare_jobs
-from workers.compare_render import render as render_table
-from workers.compare_render import to_csv
+from results.compare import compare_jobs
+from results.compare_csv import to_csv
+from results.compare_render import render as render_table
+from results.compare_table import CompareTable
 
 #: ``?include_interactive=1`` on the compare page and its downloads counts interactive attempts (marked)
 INCLUDE_INTERACTIVE = Query(False, description="count interactive attempts (steered or not) as results, marked *")

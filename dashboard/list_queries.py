@@ -18,7 +18,7 @@ from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
 from db.models import CANCELLABLE_STATUSES, RUN_FAILURE_STATUSES, EpisodeStatus, Job, JobStatus
-from workers.cost import human_bytes  # noqa: F401  (the pages' byte format, defined once)
+from results.cost import human_bytes  # noqa: F401  (the pages' byte format, defined once)
 
 ORDERS = ("asc", "desc")
 

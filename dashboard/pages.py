@@ -92,9 +92,8 @@ def list_query(
 
 def worker_window_s() -> float:
     """How far back the jobs page lists workers: 3 sweeps of ``$NEXUS_EVAL_SWEEP`` seconds (as `doctor` does;
-    ``workers.heartbeat.LIVENESS.sweep_s`` by default)."""
-    from workers.app import ServiceSettings
-    from workers.heartbeat import LIVENESS
+    ``workers.faults.heartbeat.LIVENESS.sweep_s`` by default)."""
+    from jobs.settings import LIVENESS, ServiceSettings
 
     try:
         return 3 * ServiceSettings.from_env().sweep_s

@@ -1,7 +1,7 @@
 """The probe pages: the list of probe runs and one run's cells, charts and downloads (docs/dashboard.md).
 
-A run's page shows exactly ``nexus-eval probe show RUN``: the same ``workers.probe_stats`` table, the same
-columns (``workers.probe_render.layout``) and, on every row, the JSON form's numbers as data-* attributes.
+A run's page shows exactly ``nexus-eval probe show RUN``: the same ``results.probe_stats`` table, the same
+columns (``results.probe_render.layout``) and, on every row, the JSON form's numbers as data-* attributes.
 Like ``dashboard.pages``, each handler reads in one read-only session, keeps plain objects, then renders.
 """
 
@@ -18,9 +18,9 @@ from dashboard import charts
 from dashboard.context import Context, probe_run_id_of
 from dashboard.render import render, svg
 from db.probes import list_probe_runs
-from workers.probe_render import render as render_table
-from workers.probe_render import to_csv
-from workers.probe_stats import ProbeTable, load_probe_table
+from results.probe_render import render as render_table
+from results.probe_render import to_csv
+from results.probe_stats import ProbeTable, load_probe_table
 
 
 @dataclass

@@ -22,8 +22,11 @@ from db import liveness
 from db import store as db_store
 from db.job_status import JobSummary, summarize, summarize_jobs
 from db.models import Episode, Replay, Turn, is_interactive, utcnow
-from env.grading.hostlog import unpack
-from workers.compare import DENSE, METHODS, CompareTable, cell_outcomes, compare_jobs
+from grading.hostlog import unpack
+from nexus.methods import DENSE, METHODS
+from results.compare import cell_outcomes, compare_jobs
+from results.compare_table import CompareTable
+from results.turn_data import TurnExtra
 
 SHORT_TURN_CHARS = 1500  # a turn whose texts are shorter than this is shown open
 MAX_SHOWN_CHARS = 20_000  # one observation / thought on the page; `nexus-eval inspect --json` has it whole
@@ -236,18 +239,18 @@ def _clip(text: str | None) -> str:
 
 
 def _turn_view(t: Turn, keep: int | None = None) -> TurnView:
-    extra = t.extra or {}
+    extra = TurnExtra.read(t.extra)
     action = t.action
     return TurnView(
         index=t.index,
         action=action,
         action_name=(action or {}).get("name") or "(no call)",
         action_json=json.dumps(action, indent=2, ensure_ascii=False) if action is not None else "",
-        format_error=bool(extra.get("format_error", action is None)),
+        format_error=extra.format_error_or(action),
         thought=_clip(t.thought),
         observation=_clip(t.observation),
         completion=_clip(t.completion) if action is None else "",
-        intervened=bool(extra.get("intervened")),
+        intervened=extra.intervened,
         tokens_appended=t.tokens_appended or 0,
         tokens_generated=t.tokens_generated or 0,
         logical_length=t.logical_length or 0,

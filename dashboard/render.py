@@ -15,8 +15,7 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 from markupsafe import Markup
 
 from db.models import is_interactive
-from workers.compare import Cell, CompareTable
-from workers.compare_render import (
+from results.compare_render import (
     LEGEND,
     REPLAY_CAPTION,
     REPLAY_HEADER,
@@ -26,9 +25,10 @@ from workers.compare_render import (
     replay_text,
     tradeoff_columns,
 )
-from workers.cost import COST_FIELDS
-from workers.probe_render import layout as probe_layout
-from workers.probe_stats import BASELINES, CAPTION, KV_FIELDS, ProbeCell
+from results.compare_table import Cell, CompareTable
+from results.cost import COST_FIELDS
+from results.probe_render import layout as probe_layout
+from results.probe_stats import BASELINES, CAPTION, KV_FIELDS, ProbeCell
 
 TEMPLATES = Path(__file__).with_name("templates")
 STATIC = Path(__file__).with_name("static")

@@ -27,8 +27,8 @@ from dashboard.render import render, svg
 from db.models import utcnow
 from db.probes import job_or_probe_run
 from db.store import get_job
-from workers.compare import compare_jobs
-from workers.probe_stats import load_probe_table
+from results.compare import compare_jobs
+from results.probe_stats import load_probe_table
 
 
 def report_html(session: Session, job_ids: str | Sequence[str], *, include_interactive: bool = False) -> str:

@@ -22,7 +22,8 @@ from matplotlib.axes import Axes
 from matplotlib.lines import Line2D
 
 from dashboard.charts import _figure, method_colours, to_svg
-from workers.compare import DENSE, Cell, CompareTable, Row
+from nexus.methods import DENSE
+from results.compare_table import Cell, CompareTable, Row
 
 MIB = 2**20
 

@@ -205,15 +205,17 @@ def _touch(session: Session, claim: Claim, now: datetime) -> None:
 
 
 def heartbeat(session: Session, claim: Claim) -> None:
-    """Mark the claim (a run's, or a grade's from ``db.liveness.claim_grade``) alive; ``workers.heartbeat``
+    """Mark the claim (a run's, or a grade's from ``db.liveness.claim_grade``) alive; ``workers.faults.heartbeat``
     calls it every few seconds while the episode is held. Raises :class:`ClaimLost` if it no longer holds."""
     begin_write(session)
     _touch(session, claim, utcnow())
 
 
-def record_turn(session: Session, claim: Claim, index: int, **fields: Any) -> Turn:
+def record_turn(session: Session, claim: Claim, index: int, *, steered: bool = False, **fields: Any) -> Turn:
     """Store one turn (0-based ``index``) and refresh the heartbeat. ``fields`` are Turn columns
     (``tokens_generated``, ``physical_before`` as ``{"min","mean","max"}``, ``completion``, ``action`` ...).
+    ``steered``: an operator replaced this turn's action (``TurnRecord.intervened``); the attempt's driver
+    becomes ``steered``.
 
     Raises :class:`ClaimLost` if the claim no longer holds (stop the episode then: it was cancelled or
     taken over), ``TypeError`` for an unknown field.
@@ -226,7 +228,7 @@ def record_turn(session: Session, claim: Claim, index: int, **fields: Any) -> Tu
     _touch(session, claim, now)
     turn = Turn(episode_id=claim.episode_id, index=index, created_at=now, **fields)
     session.add(turn)
-    if (fields.get("extra") or {}).get("intervened"):  # an operator replaced this turn's action
+    if steered:  # an operator replaced this turn's action: the attempt is steered
         session.execute(
             update(Episode).where(Episode.id == claim.episode_id).values(driver=AttemptDriver.steered.value)
         )

@@ -2,7 +2,7 @@
 
 An episode is *held* while a worker runs it (``running``, under its run claim, see :mod:`db.claims`) or grades
 it (an agent exit such as ``submitted`` with ``claim_token`` set: a grade claim). The holder beats
-``heartbeat_at`` every few seconds from a thread of its own (``workers.heartbeat``), whatever the episode
+``heartbeat_at`` every few seconds from a thread of its own (``workers.faults.heartbeat``), whatever the episode
 is doing. A holder is **gone** when its heartbeat is older than ``stale_after_s`` or, on the same host, its
 process no longer exists. Then:
 

@@ -418,7 +418,7 @@ class WorkerState(StrEnum):
 
 
 class WorkerRow(Base):
-    """One worker process as it last reported itself (``workers.sweeper``): what ``doctor`` and the dashboard
+    """One worker process as it last reported itself (``workers.faults.sweeper``): what ``doctor`` and the dashboard
     show. A row whose ``seen_at`` is older than a few sweeps belongs to a worker that is gone."""
 
     __tablename__ = "workers"

@@ -104,7 +104,7 @@ __all__ = [
 
 
 class EpisodeKeyLike(Protocol):
-    """What :func:`add_episodes` needs from each fanned-out episode (``workers.spec.EpisodeKey`` fits)."""
+    """What :func:`add_episodes` needs from each fanned-out episode (``jobs.spec.EpisodeKey`` fits)."""
 
     task_id: str
     method: str

@@ -10,9 +10,11 @@ from __future__ import annotations
 import math
 from dataclasses import MISSING, dataclass, field, fields
 from functools import cached_property
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from nexus.methods import SCOPES, check_method, check_scope
+from nexus.presets import DEFAULT_PRESET
 
 if TYPE_CHECKING:
     from nexus.policies.base import Policy
@@ -20,7 +22,9 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, init=False)
 class EvictionConfig:
-    """Validated eviction settings. Defaults are the paper's (density 20%, b=32, W=16, seed 0).
+    """Validated eviction settings. The field defaults below are the paper's, written here once: the job spec
+    (``jobs.spec.JobSpec``) and the runner read them (:data:`EVICTION_DEFAULTS`), and
+    tests/nexus/test_presets.py holds them against the paper's published values.
 
     method:        a name from `nexus.methods.METHODS`.
     scope:         "prefill_only" (evict once at the end of each prefill) or "prefill_decode" (also while
@@ -87,7 +91,7 @@ class EvictionConfig:
             raise ValueError(f"method_params must be a mapping, got {self.method_params!r}")
 
     @classmethod
-    def from_preset(cls, method: str, preset: str = "paper", **values: Any) -> EvictionConfig:
+    def from_preset(cls, method: str, preset: str = DEFAULT_PRESET, **values: Any) -> EvictionConfig:
         """``method`` under a named preset (``nexus.presets``: paper, reference, kvcache_factory); ``values``
         (shared fields, scope/density/seed, or the method's own hyperparameters) override the preset's."""
         from nexus.presets import preset_settings
@@ -133,4 +137,10 @@ SHARED_FIELDS: tuple[str, ...] = tuple(
     f.name for f in fields(EvictionConfig) if f.name not in ("method", "scope", "seed", "method_params")
 )
 
-__all__ = ["SCOPES", "SHARED_FIELDS", "EvictionConfig"]
+#: each field's default (``method``, ``scope``, ``density``, ``seed``, ...), read from the dataclass: the one
+#: definition the job spec's defaults (``jobs.spec.JobSpec``) are built from
+EVICTION_DEFAULTS: MappingProxyType[str, Any] = MappingProxyType(
+    {f.name: f.default for f in fields(EvictionConfig) if f.default is not MISSING}
+)
+
+__all__ = ["EVICTION_DEFAULTS", "SCOPES", "SHARED_FIELDS", "EvictionConfig"]

@@ -17,6 +17,7 @@ A *scope* says when a cache evicts: ``prefill_only`` (at the end of each prefill
 from __future__ import annotations
 
 import ast
+import functools
 from collections.abc import Callable
 from pathlib import Path
 from types import MappingProxyType
@@ -29,18 +30,38 @@ SCOPES: tuple[str, ...] = ("prefill_only", "prefill_decode")
 _UNORDERED = 1_000_000
 
 
-def _registrations(path: Path) -> list[tuple[str, int]]:
-    """``(name, order)`` of every ``@register("name", order=N)`` decorator in one policy file."""
+@functools.lru_cache(maxsize=64)
+def registered_nodes(tree: ast.AST) -> tuple[tuple[str, int | None, ast.ClassDef | ast.FunctionDef], ...]:
+    """``(name, order, node)`` of every class or function decorated ``@register("name", order=N)`` in a parsed
+    policy file (``order`` None when not given). The one reader of the decorator: :func:`_registrations` (the
+    vocabulary) and ``nexus.presets`` (each method's settings, read from the same node) use it."""
     found = []
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+    for node in ast.walk(tree):
         for deco in getattr(node, "decorator_list", ()):
             func = deco.func if isinstance(deco, ast.Call) else None
             name = getattr(func, "id", None) or getattr(func, "attr", None)
             if name != "register" or not deco.args or not isinstance(deco.args[0], ast.Constant):
                 continue
             order = next((ast.literal_eval(k.value) for k in deco.keywords if k.arg == "order"), None)
-            found.append((deco.args[0].value, _UNORDERED if order is None else order))
-    return found
+            found.append((deco.args[0].value, order, node))
+    return tuple(found)
+
+
+@functools.lru_cache(maxsize=64)
+def _parse(text: str, filename: str) -> ast.Module:
+    return ast.parse(text, filename=filename)
+
+
+def parse_policy(path: Path) -> ast.Module:
+    """A policy file's syntax tree, parsed once per content (the vocabulary and ``nexus.presets`` read the same
+    files at import). Read-only: the tree is shared."""
+    return _parse(path.read_text(encoding="utf-8"), str(path))
+
+
+def _registrations(path: Path) -> list[tuple[str, int]]:
+    """``(name, order)`` of every ``@register("name", order=N)`` decorator in one policy file."""
+    tree = parse_policy(path)
+    return [(name, _UNORDERED if order is None else order) for name, order, _ in registered_nodes(tree)]
 
 
 def _discover() -> dict[str, str]:

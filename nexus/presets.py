@@ -5,7 +5,8 @@ baselines' windows, pooling, H2O split or eviction interval; every reference imp
 differently. A preset names one consistent choice for every method, and a job can still override any single
 value per method (``method_params``). Importing this module needs no torch.
 
-- ``paper``: what this library does by default (every method's dataclass defaults, the shared W = 16).
+- ``paper``: what this library does by default: every method's dataclass defaults (:data:`PAPER`, read from the
+  policy sources, so a default is written once, in its policy's dataclass) and ``EvictionConfig``'s shared ones.
 - ``reference``: each method's own repository, as published (the commits read are in
   ../shared/reference/kv-eviction.md and each policy's docstring):
   SnapKV (FasterDecoding/SnapKV, the paper's LongBench configs ``*_w32_k7_maxpool``): W = 32, kernel 7, max.
@@ -30,8 +31,13 @@ method's own hyperparameters.
 
 from __future__ import annotations
 
+import ast
+import operator
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any
+
+from nexus.methods import POLICIES_DIR, parse_policy, registered_nodes
 
 #: the preset names, default first
 PRESETS: tuple[str, ...] = ("paper", "reference", "kvcache_factory")
@@ -40,41 +46,90 @@ DEFAULT_PRESET = "paper"
 #: EvictionConfig fields a method may set for itself (the others are the job's: method, scope, density, seed)
 PER_METHOD_SHARED_FIELDS: tuple[str, ...] = ("window", "block_size", "slack_blocks", "budget_tokens")
 
-_SNAPKV = {"kernel_size": 7, "pooling": "max", "pool_per_query_head": False}
-_PYRAMIDKV = {**_SNAPKV, "beta": 20, "cap_to_length": True}
-_ADA = {"floor_alpha": 0.2, "normalize": False}
-_NEXUS = {
-    "walk_steps": 3,
-    "lam": 0.5,
-    "eps_tie": 1e-6,
-    "reservoir_n": 5,
-    "walk_rows": "recent",
-    "weight_scale": "raw",
-    "head_scores": "averaged",
-    "leftover": "partial_block",
-}
+#: the arithmetic a default may use besides a plain literal (``chunk_elements: int = 2**27``)
+_ARITHMETIC = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Pow: operator.pow}
+_REQUIRED = object()  # a field without a default
 
-#: every hyperparameter of every method, with the library's default (a test checks them against the policies)
-PAPER: MappingProxyType[str, dict[str, Any]] = MappingProxyType(
-    {
-        "dense": {},
-        "snapkv": _SNAPKV,
-        "pyramidkv": _PYRAMIDKV,
-        "ada_snapkv": {**_ADA, **_SNAPKV},
-        "ada_pyramidkv": {**_ADA, **_PYRAMIDKV},
-        "h2o": {
-            "recent_rule": "ratio",
-            "recent_ratio": 0.5,
-            "normalize": False,
-            "chunk_rows": 512,
-            "chunk_elements": 2**27,
-        },
-        "morphkv": {"fusion": "max"},
-        "streaming_llm": {"n_sink": 4},
-        "nexus": _NEXUS,
-        "ada_nexus": {**_ADA, **_NEXUS},
-    }
-)
+
+def _literal(node: ast.expr, where: str) -> Any:
+    """The value of a default written as a literal (or literal arithmetic); ValueError naming ``where`` else."""
+    try:
+        return ast.literal_eval(node)
+    except ValueError:
+        pass
+    if isinstance(node, ast.BinOp) and type(node.op) in _ARITHMETIC:
+        return _ARITHMETIC[type(node.op)](_literal(node.left, where), _literal(node.right, where))
+    raise ValueError(
+        f"{where}: a policy setting's default must be a literal (it is read without torch), got {ast.unparse(node)!r}"
+    )
+
+
+def _class_fields(name: str, classes: dict[str, ast.ClassDef]) -> dict[str, Any]:
+    """A policy dataclass's fields (its bases' first), each its default or ``_REQUIRED``; ClassVars are not fields."""
+    node = classes.get(name)
+    if node is None:  # a base from outside nexus/policies (object): no fields
+        return {}
+    found: dict[str, Any] = {}
+    for base in node.bases:
+        found.update(_class_fields(getattr(base, "id", None) or getattr(base, "attr", ""), classes))
+    for stmt in node.body:
+        if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
+            if "ClassVar" in ast.unparse(stmt.annotation):
+                continue
+            where = f"{name}.{stmt.target.id}"
+            found[stmt.target.id] = _REQUIRED if stmt.value is None else _literal(stmt.value, where)
+    return found
+
+
+def source_defaults(policies_dir: Path = POLICIES_DIR) -> dict[str, dict[str, Any]]:
+    """Every registered method's settings with their defaults, read from the policy sources with ``ast`` (no torch),
+    in the order ``nexus.policies.policy_settings`` lists them for a built policy:
+
+    - a registered dataclass: its fields (its bases' first), each of which must have a default;
+    - a registered factory function (a composition, e.g. ``ada_snapkv``): the fields with a default of the class
+      its return annotation names (``-> AdaKV``: ``floor_alpha``, ``normalize``), its own keyword defaults, then
+      the settings of the method its ``**<method>_params`` names (``**snapkv_params``: SnapKV's).
+    """
+    classes: dict[str, ast.ClassDef] = {}
+    registered: dict[str, ast.ClassDef | ast.FunctionDef] = {}
+    order: dict[str, float] = {}
+    for path in sorted(Path(policies_dir).glob("*.py")):
+        tree = parse_policy(path)
+        classes.update({n.name: n for n in tree.body if isinstance(n, ast.ClassDef)})
+        for name, place, node in registered_nodes(tree):
+            registered[name], order[name] = node, float("inf") if place is None else place
+
+    def settings(method: str) -> dict[str, Any]:
+        node = registered[method]
+        if isinstance(node, ast.ClassDef):
+            found = _class_fields(node.name, classes)
+            required = [k for k, v in found.items() if v is _REQUIRED]
+            if required:
+                raise ValueError(
+                    f"{method}: every setting needs a default (the paper preset holds it); {node.name} has none "
+                    f"for {required}"
+                )
+            return found
+        returned = getattr(node.returns, "id", None) or getattr(node.returns, "attr", "")
+        found = {k: v for k, v in _class_fields(returned, classes).items() if v is not _REQUIRED}
+        args = node.args.posonlyargs + node.args.args
+        for arg, default in zip(args[len(args) - len(node.args.defaults) :], node.args.defaults, strict=True):
+            found[arg.arg] = _literal(default, f"{node.name}({arg.arg})")
+        for arg, default in zip(node.args.kwonlyargs, node.args.kw_defaults, strict=True):
+            if default is not None:
+                found[arg.arg] = _literal(default, f"{node.name}({arg.arg})")
+        inner = node.args.kwarg.arg.removesuffix("_params") if node.args.kwarg is not None else None
+        if inner is not None and inner in registered:
+            found.update(settings(inner))
+        return found
+
+    return {method: settings(method) for method in sorted(registered, key=lambda m: (order[m], m))}  # table order
+
+
+#: every hyperparameter of every method with its default: the ``paper`` preset. Derived from the policy dataclasses
+#: (:func:`source_defaults`), which are the one place a default is written; tests/nexus/test_presets.py holds
+#: the paper's published values against it.
+PAPER: MappingProxyType[str, dict[str, Any]] = MappingProxyType(source_defaults())
 
 #: what each non-default preset changes, per method (shared fields included)
 _CHANGES: dict[str, dict[str, dict[str, Any]]] = {

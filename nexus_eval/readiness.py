@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from env.tasks import Task
+    from tasks.loading import Task
 
 SETUP = "nexus-eval setup"
 # (distribution, module): the dependencies a job imports on its way through the worker
@@ -74,7 +74,7 @@ def package_checks() -> list[Check]:
 
 
 def daemon_check() -> Check:
-    from env.docker_daemon import daemon_state
+    from sandbox.docker_daemon import daemon_state
 
     state = daemon_state()
     if state.answering:
@@ -84,7 +84,7 @@ def daemon_check() -> Check:
 
 def lookup_client() -> Any:
     """The daemon's docker-py client for image lookups (None when no daemon answers: the daemon check says why)."""
-    from env.images import ImageError, docker_client
+    from tasks.images import ImageError, docker_client
 
     try:
         return docker_client()
@@ -94,7 +94,7 @@ def lookup_client() -> Any:
 
 def base_image_check(client: Any, tag: str | None = None) -> Check:
     """Present, or buildable here (debootstrap on PATH), or neither."""
-    from env.images import BASE_IMAGE_TAG, image_exists
+    from tasks.images import BASE_IMAGE_TAG, image_exists
 
     tag = tag or BASE_IMAGE_TAG
     name = "base image"
@@ -110,7 +110,7 @@ def base_image_check(client: Any, tag: str | None = None) -> Check:
 def task_images_check(tasks: list[Task], client: Any, base: Check) -> tuple[Check, list[Task]]:
     """One row for the tasks' images, and the local tasks whose image must be built first. A local task's
     image is built from the base image; a SWE-bench / R2E image must already be here (never pulled)."""
-    from env.images import task_images
+    from tasks.images import task_images
 
     name = f"task images ({len(tasks)})"
     if client is None:
@@ -163,6 +163,19 @@ def broker_check(url: str | None, *, required: bool = True) -> Check:
     return Check("broker", True, required, f"Redis at {shown} answers")
 
 
+def _settings_broker_check(db_url: str) -> Check:
+    """`doctor`'s broker row: the broker of this environment's service settings (``jobs.settings.ServiceSettings``,
+    the one reader of ``$NEXUS_EVAL_BROKER``), optional; a bad ``NEXUS_EVAL_*`` variable is named instead."""
+    from jobs.settings import ServiceSettings
+
+    try:
+        settings = ServiceSettings.from_env(db_url=db_url)
+    except ValueError as exc:
+        fix = "correct or unset the NEXUS_EVAL_* variable it names (docs/service.md)"
+        return Check("broker", False, False, f"service settings: {exc}", fix)
+    return broker_check(settings.broker_url, required=False)
+
+
 def database_check(url: str) -> Check:
     """Reachable, and at a schema revision this version knows (older ones migrate on first use). A SQLite
     file that does not exist yet is fine if its folder can be created: nothing is written here."""
@@ -212,9 +225,8 @@ def _database(url: str) -> tuple[Check, str | None]:
 
 def sweep_window_s() -> float:
     """How far back a worker counts as present: 3 sweeps, each ``$NEXUS_EVAL_SWEEP`` seconds (the workers'
-    setting as this environment sets it; ``workers.heartbeat.LIVENESS.sweep_s`` by default)."""
-    from workers.app import ServiceSettings
-    from workers.heartbeat import LIVENESS
+    setting as this environment sets it; ``workers.faults.heartbeat.LIVENESS.sweep_s`` by default)."""
+    from jobs.settings import LIVENESS, ServiceSettings
 
     try:
         return 3 * ServiceSettings.from_env().sweep_s
@@ -353,14 +365,14 @@ def preflight(
     return result
 
 
-def doctor_checks(db_url: str, suite: str = "mini") -> list[Check]:
+def doctor_checks(db_url: str, suite: str) -> list[Check]:
     """Everything `nexus-eval doctor` shows: packages, the containers of ``suite``, broker, database, the workers
     that reported to it, the real CPU model, GPU."""
-    from env.tasks import load_suite
+    from tasks.loading import load_suite
 
     checks = package_checks()
     checks += container_checks(load_suite(suite)).checks
-    checks.append(broker_check(os.environ.get("NEXUS_EVAL_BROKER") or None, required=False))
+    checks.append(_settings_broker_check(db_url))
     database, readable = _database(db_url)
     checks += [database, _workers(database, readable, within_s=None, now=None)]
     return [*checks, model_check(), gpu_check(), flash_attn_check()]

@@ -7,24 +7,48 @@ Read from the source with ``ast`` (every import statement, also those inside fun
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("nexus", "agent_runner", "env", "workers", "db", "dashboard", "nexus_eval")
-# code that is not imported by the service: the bundled tasks' projects and the scripts run inside containers
-SKIP = ("env/suites/", "env/tool_scripts/", "db/migrations/")
-# what each package may import (besides itself); nothing imports workers but the CLI and the dashboard
-ALLOWED = {
-    "nexus": set(),
-    "env": set(),
-    "db": set(),
-    "agent_runner": {"nexus", "env"},
-    "workers": {"nexus", "env", "db", "agent_runner"},
-    # pages read db (and env's stored-log format); compare, cancel and rerun are the CLI's own functions
-    "dashboard": {"db", "env", "workers"},
-    "nexus_eval": set(PACKAGES),
+PACKAGES = (
+    "nexus",
+    "sandbox",
+    "tasks",
+    "grading",
+    "db",
+    "agent_runner",
+    "jobs",
+    "results",
+    "workers",
+    "dashboard",
+    "nexus_eval",
+)
+# code that is not imported by the service: the bundled tasks' data and the scripts run inside containers
+SKIP = ("tasks/suites/", "sandbox/tool_scripts/", "db/migrations/")
+
+
+def _arrows() -> dict[str, set[str]]:
+    """The ```arrows block of ARCHITECTURE.md: ``room -> room, room``, one line a room."""
+    text = (ROOT / "ARCHITECTURE.md").read_text(encoding="utf-8")
+    block = text.split("```arrows\n", 1)[1].split("```", 1)[0]
+    arrows = {}
+    for line in block.splitlines():
+        room, _, targets = line.partition("->")
+        arrows[room.strip()] = {t.strip() for t in targets.split(",") if t.strip()}
+    return arrows
+
+
+# what each room may import (besides itself), as ARCHITECTURE.md draws it
+ALLOWED = _arrows()
+# what importing a room must not load, even through the rooms it imports
+FORBIDDEN_AT_IMPORT = {
+    "results": {"celery", "torch", "transformers", "workers"},
+    "jobs": {"torch", "transformers", "workers"},
+    "dashboard": {"torch", "transformers", "workers"},
 }
 
 
@@ -119,6 +143,11 @@ def test_the_graph_is_read(graph):
     assert "nexus.methods" in graph["nexus.policies"]
 
 
+def test_the_map_names_every_room_and_only_looks_down():
+    assert set(ALLOWED) == set(PACKAGES)
+    assert _cycles({room: targets - {room} for room, targets in ALLOWED.items()}) == []
+
+
 def test_no_import_cycles(graph):
     assert _cycles(graph) == []
 
@@ -137,12 +166,31 @@ def test_packages_import_only_the_layers_below(graph):
     assert wrong == []
 
 
+def _loaded_after_import(modules: list[str]) -> set[str]:
+    """The top-level packages a fresh interpreter holds after importing ``modules``."""
+    code = f"import importlib, sys; [importlib.import_module(m) for m in {modules!r}]; print(sorted(sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    return {name.split(".")[0] for name in ast.literal_eval(out.stdout)}
+
+
+@pytest.mark.parametrize("room", sorted(FORBIDDEN_AT_IMPORT))
+def test_rooms_do_not_load_what_they_must_not(graph, room):
+    """``results`` is analysis and text (no Celery, no torch); ``jobs`` is what a submit needs (no torch); the
+    dashboard never loads ``workers`` (its Celery signal handlers) nor torch."""
+    modules = sorted(m for m in graph if m.split(".")[0] == room)
+    assert _loaded_after_import(modules) & FORBIDDEN_AT_IMPORT[room] == set()
+
+
+def test_a_forbidden_load_would_be_found():
+    assert "celery" in _loaded_after_import(["jobs.queue"])
+
+
 # A module name means one thing (CLI verb modules, nexus_eval.commands.*, are named after their verbs):
 # "tasks" are coding tasks (Celery's are workers.celery_tasks), "engine" is the batched decode engine (Docker's
-# is env.docker_daemon), "episode" is the one episode runner, "replay" is counterfactual replay
+# is sandbox.docker_daemon), "episode" is the one episode runner, "replay" is counterfactual replay
 # (``rerun --from-turn`` forces a prefix: agent_runner.backends.forced_prefix).
 ONE_MEANING = {
-    "tasks": ["env.tasks"],
+    "tasks": ["tasks"],
     "engine": ["agent_runner.engine"],
     "episode": ["agent_runner.episode"],
     "replay": ["workers.replay"],

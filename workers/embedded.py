@@ -1,7 +1,7 @@
 """The no-service default: run a job on this machine through the same Celery tasks, with no Redis.
 
 :class:`EmbeddedWorker` starts a real ``celery worker`` in a child process on the embedded broker (a
-SQLite file through kombu's SQLAlchemy transport, see :mod:`workers.app`) and the local results database.
+SQLite file through kombu's SQLAlchemy transport, see :mod:`jobs.settings`) and the local results database.
 The child process matters: the model then lives in the worker process exactly as on a GPU node, and the
 parent never calls ``AsyncResult.get()`` from inside a worker (Celery forbids that); it polls the database,
 which is the source of truth anyway.

@@ -10,7 +10,7 @@ Each turn the operator sees the model's thought and proposed action and answers:
 
 The observation of every turn is printed after it runs. ``--from-turn K`` first forces the source attempt's
 stored turns 0..K-1 without asking (``agent_runner.backends.forced_prefix.ForcedPrefix``); a forced turn whose
-action an operator had replaced runs that stored replacement again (``replay_actions``), so the rerun is steered
+action an operator had replaced runs that stored replacement again (``forced_actions``), so the rerun is steered
 too and its environment sees what the source's saw. The run is a new
 attempt row, written through the same claim/record_turn/finish path and the same episode runner as a worker's.
 """
@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from agent_runner.parsing import ParsedAction, parse_response
-from env.tools import ToolCall
+from sandbox.tools import ToolCall
 
 SKIPPED_CMD = "echo '[the operator skipped this action]'"
 CHOICES = "[c]ontinue  [e]dit  [s]kip  [h] shell  [q] stop"
@@ -54,15 +54,15 @@ class Operator:
     def __init__(
         self,
         *,
-        replay_turns: int = 0,
-        replay_actions: dict[int, ParsedAction] | None = None,
+        forced_turns: int = 0,
+        forced_actions: dict[int, ParsedAction] | None = None,
         ask: Callable[[str], str] | None = None,
         console: Any = None,
     ) -> None:
         from rich.console import Console
 
-        self.replay_turns = replay_turns
-        self.replay_actions = dict(replay_actions or {})
+        self.forced_turns = forced_turns
+        self.forced_actions = dict(forced_actions or {})
         self.ask = ask or input
         self.console = console or Console(highlight=False)
         self.container_id: str | None = None
@@ -83,11 +83,11 @@ class Operator:
         return open_and_remember
 
     def intervene(self, index: int, parsed: ParsedAction) -> ParsedAction | None:
-        if index < self.replay_turns:
-            replayed = self.replay_actions.get(index)
-            edited = " with its operator's action" if replayed is not None else ""
+        if index < self.forced_turns:
+            forced = self.forced_actions.get(index)
+            edited = " with its operator's action" if forced is not None else ""
             self.say(f"--- turn {index} (forced from the stored attempt{edited}) ---", "dim")
-            return replayed
+            return forced
         self.say(f"--- turn {index} ---", "bold")
         self.say(f"thought: {parsed.thought.strip()[:2000] or '(none)'}")
         self.say(f"action: {action_text(parsed.call)}", "cyan")

@@ -11,7 +11,7 @@ a run that broke or one still running) whose turns all carry their token stream
 those are the job's own; a method is replayed with exactly the settings that job gave it (``JobSpec`` resolves
 them from the stored preset and overrides, with the source episode's seed), so a replay row and the job's live
 episodes of that method are comparable. ``method_params`` overrides some of them for one replay: its rows are a
-*variant*, tabled apart under a label of its own (``workers.variants``: ``nexus[head_scores=per_head]``). Dense
+*variant*, tabled apart under a label of its own (``jobs.variants``: ``nexus[head_scores=per_head]``). Dense
 itself is replayed once per protocol (its scope is moot): it is the baseline of ``compare``'s delta-NLL. Asked for
 other methods only, dense is still replayed where an episode has no dense replay under that protocol yet.
 
@@ -33,12 +33,12 @@ from db import Database
 from db import store as db_store
 from db.models import ACTIVE_STATUSES
 from db.replays import is_replay_source, replays_for_jobs, turn_streams
+from jobs.spec import JobSpec
+from jobs.variants import job_spec_for
 from nexus.config import EvictionConfig
 from nexus.methods import DENSE, check_method, check_scope
 from workers.execution import worker_episode_spec
 from workers.replay_run import Progress, ReplayItem, ReplayPlan, ReplayResult, ReplaySummary, run_plan
-from workers.spec import JobSpec
-from workers.variants import job_spec_for
 
 __all__ = [
     "Progress",
@@ -122,7 +122,7 @@ def plan_replays(
     way to replay a backend that sees only text (expert, oracle, openai). ``method_params``: per method, settings
     merged over the job's own for this replay only (``{"nexus": {"head_scores": "per_head"}}``); its rows are a
     *variant*, tabled apart from the method's default rows under ``nexus[head_scores=per_head]``
-    (``workers.variants``). ``tasks``: only the episodes of these task ids (shell-style globs; default every
+    (``jobs.variants``). ``tasks``: only the episodes of these task ids (shell-style globs; default every
     task). ``LookupError`` for an unknown job, ``ValueError`` for a bad name, density or setting
     or a job without dense episodes. Loads no model; imports no torch unless ``method_params`` is given (its
     policies are built to check the values)."""

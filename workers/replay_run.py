@@ -32,7 +32,7 @@ from db.models import Replay
 from db.replays import record_replay, replay_sources, replays_for_jobs, turn_streams
 from nexus.config import EvictionConfig
 from nexus.methods import DENSE
-from workers.replay_stats import ReplayCell, outcomes_from_rows, summarize_replays
+from results.replay_stats import ReplayCell, outcomes_from_rows, summarize_replays
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from agent_runner.config import EpisodeSpec
-    from env.grading.limits import GradingCeilings
-    from env.tasks import Task
+    from tasks.ceilings import GradingCeilings
+    from tasks.loading import Task
 
 
 class TaskCache:
@@ -29,10 +29,10 @@ class TaskCache:
         self._lock = threading.Lock()
 
     def task(self, spec: EpisodeSpec) -> Task:
-        """``spec``'s task; its source is loaded on first use. ``env.tasks.TaskNotFound`` (a ValueError) names
+        """``spec``'s task; its source is loaded on first use. ``tasks.loading.TaskNotFound`` (a ValueError) names
         the source and the ids it has; a source that cannot be loaded raises as ``load_source`` does (and is
         tried again next time)."""
-        from env.tasks import load_source, pick_task
+        from tasks.loading import load_source, pick_task
 
         source = spec.task_source()
         key = (source["suite"], source["file"], source["split"])

@@ -17,14 +17,13 @@ prompt that no longer matches); the replay stores it on the row as ``skipped``.
 
 from __future__ import annotations
 
-from typing import Any
-
 from sqlalchemy import select
 
 from agent_runner.records import Message
 from db import Database
 from db import store as db_store
 from db.models import Turn
+from results.turn_data import TurnExtra
 from workers.execution import worker_episode_spec
 from workers.task_cache import TaskCache
 
@@ -39,7 +38,7 @@ def conversation(db: Database, episode_id: str, tasks: TaskCache | None = None) 
         episode = db_store.get_episode(s, episode_id)
         config, result = dict(episode.config or {}), dict(episode.result or {})
         turns = list(s.execute(select(Turn).where(Turn.episode_id == episode_id).order_by(Turn.index)).scalars())
-        rows = [(t.index, t.completion or "", dict(t.extra or {})) for t in turns]
+        rows = [(t.index, t.completion or "", TurnExtra.read(t.extra)) for t in turns]
     if not rows:
         raise TextTrajectoryError(f"episode {episode_id} has no turns")
     spec = worker_episode_spec(config)
@@ -61,10 +60,10 @@ def conversation(db: Database, episode_id: str, tasks: TaskCache | None = None) 
     for position, (index, completion, extra) in enumerate(rows):
         if index != position:
             raise TextTrajectoryError(f"episode {episode_id} lacks turn {position}")
-        if extra.get("intervened"):
+        if extra.intervened:
             raise TextTrajectoryError(f"episode {episode_id}: turn {index} was steered by an operator")
         messages.append(Message(role="assistant", content=completion))
-        reply: Any = extra.get("user_message")
+        reply = extra.user_message
         if reply is None:
             if position != len(rows) - 1:
                 raise TextTrajectoryError(f"episode {episode_id}: turn {index} has no reply but is not the last")

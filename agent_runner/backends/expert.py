@@ -65,7 +65,7 @@ from agent_runner.parsing import parse_response
 from agent_runner.records import Completion, Message
 
 TESTBED = "/testbed"
-#: file_editor's clip (MAX_RESPONSE_LEN) and the header of a file view (env/tool_scripts/file_editor.py)
+#: file_editor's clip (MAX_RESPONSE_LEN) and the header of a file view (sandbox/tool_scripts/file_editor.py)
 VIEW_LIMIT = 10000
 VIEW_HEADER = "Here's the result of running `cat -n` on the file: {path}:\n"
 #: what an observation adds around the tool's output: "Execution output of [...]:" and the step-budget line

@@ -3,7 +3,7 @@
 The first ``len(recorded)`` calls reproduce the stored turns through the live backend, then every call is the
 live backend's own. A stored turn is its completion text and, when the backend reported one (hf), its token
 stream (``TurnTokens``: keep, append, generated; ``db.models.Turn.tokens``). How a stored turn is forced, best
-first (``ForcedPrefix.how`` per turn, ``Completion.extra["forced_from"]`` on each forced completion):
+first (``ForcedPrefix.how`` per turn, ``Completion.info.forced_from`` on each forced completion):
 
   ids      the live backend takes ``forced_ids`` (hf) and the turn has its ``generated`` ids: exactly those ids
            are fed, token by token, so the cache is rebuilt as the stored run built it (decode-time evictions
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent_runner.backends import Model
-from agent_runner.records import Completion, Message, TurnTokens
+from agent_runner.records import Completion, ForcedFrom, Message, TurnTokens
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ class ForcedPrefix:
         params = inspect.signature(live.complete).parameters
         self.teacher_forces = "forced_text" in params
         self.forces_ids = "forced_ids" in params
-        self.how: list[str] = []
+        self.how: list[ForcedFrom] = []
         for stored in self.recorded:
             if self.forces_ids and stored.tokens is not None:  # (empty `generated`: the window was full)
                 self.how.append("ids")
@@ -108,8 +108,8 @@ class ForcedPrefix:
             done = self.live.complete(messages, max_new_tokens=max_new_tokens, forced_text=stored.text)  # type: ignore[call-arg]
         else:  # step the backend so its own state advances, keep the stored text
             done = self.live.complete(messages, max_new_tokens=max_new_tokens)
-        extra = {**done.extra, "forced_from": how}
-        return done.model_copy(update={"text": stored.text, "forced": True, "extra": extra})
+        info = done.info.model_copy(update={"forced_from": how})
+        return done.model_copy(update={"text": stored.text, "forced": True, "info": info})
 
     def retention(self) -> dict | None:
         """The live backend's final cache (None when it keeps none)."""

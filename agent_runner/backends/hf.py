@@ -35,29 +35,37 @@ from agent_runner.chat_stream import ChatStream
 from agent_runner.config import ModelSpec, ProtocolName, SamplingConfig, check_protocol
 from agent_runner.engine import DecodeEngine, TurnDecoder, TurnTiming, forward_last, sync
 from agent_runner.model_host import ModelHost, load_host
-from agent_runner.records import Completion, LayerStats, Message, TurnTokens
+from agent_runner.records import Completion, CompletionInfo, LayerStats, Message, TurnTokens
 
 
 class HFBackend:
-    """The `Model` protocol over a hosted transformers model (see agent_runner.backends)."""
+    """The `Model` protocol over a hosted transformers model (see agent_runner.backends).
+
+    ``eviction``, ``protocol``, ``max_context_tokens`` and ``seed`` have no default here: an episode's come from its
+    ``EpisodeSpec`` (``agent_runner.model_cache.backend_for``), whose come from the job (``jobs.spec.JobSpec``), the
+    one place the defaults are written. ``seed`` seeds the sampler until the next ``reset``. ``model`` (when no
+    ``host`` is given): a ``ModelSpec`` or a model name (None: ``ModelSpec()``'s).
+    """
 
     def __init__(
         self,
         host: ModelHost | None = None,
         *,
         model: ModelSpec | str | None = None,
-        eviction: nexus.EvictionConfig | None = None,
-        protocol: ProtocolName = "true_eviction",
+        eviction: nexus.EvictionConfig,
+        protocol: ProtocolName,
         sampling: SamplingConfig | None = None,
-        max_context_tokens: int = 65536,
+        max_context_tokens: int,
+        seed: int,
         engine: DecodeEngine | None = None,
     ):
         check_protocol(protocol)
         if host is None:
-            spec = model if isinstance(model, ModelSpec) else ModelSpec(name=model or "tiny")
-            host = load_host(spec)
+            if not isinstance(model, ModelSpec):
+                model = ModelSpec() if model is None else ModelSpec(name=model)
+            host = load_host(model)
         self.host = host
-        self.eviction = eviction or nexus.EvictionConfig(method="dense")
+        self.eviction = eviction
         self.protocol = protocol
         self.sampling = sampling or SamplingConfig()
         # the window is also the model's own: past max_position_embeddings RoPE runs on positions it never saw
@@ -70,7 +78,7 @@ class HFBackend:
         self._stop = set(host.stop_token_ids)
         self.chat = ChatStream(host.tokenizer)
         self._im_end = self.chat.im_end
-        self.reset(seed=0)
+        self.reset(seed=seed)
 
     # -- the Model protocol --------------------------------------------------------------------------------
     def reset(self, *, seed: int) -> None:
@@ -90,7 +98,7 @@ class HFBackend:
         """Next assistant turn. `forced_ids` teacher-forces a stored turn's sampled ids (its
         `TurnTokens.generated`, the stop token included) instead of sampling: fed token by token, so decode-time
         evictions happen exactly as when sampling, and the cache ends as the stored run's did
-        (`extra["forced_agreed"]`: how many of them the generator's own draw chose too, see `TurnDecoder`).
+        (`Completion.info.forced_agreed`: how many of them the generator's own draw chose too, see `TurnDecoder`).
         `forced_text` teacher-forces a text re-tokenised (+ <|im_end|>): not the ids a model sampled in general
         (a sampled sequence is often not the tokenizer's own encoding of its text), so the cache may differ."""
         if forced_text is not None and forced_ids is not None:
@@ -212,8 +220,6 @@ class HFBackend:
             tokens_per_s=(len(tokens) - 1) / decode_s if len(tokens) > 1 and decode_s > 0 else None,
             finish_reason=finish,
             batch_rows=timing.rows_mean if self.engine is not None else None,
-            extra={"budget": cache.budget(0)},
+            info=CompletionInfo(budget=cache.budget(0), forced_agreed=decoder.agreed if draw_forced else None),
         )
-        if draw_forced:
-            completion.extra["forced_agreed"] = decoder.agreed
         return completion, tokens

@@ -20,7 +20,7 @@ that was allowed).
 
 Where a job may send its requests and which variable's value it may send as the key is the operator's choice,
 not the job's: :meth:`AllowedEndpoints.check` refuses a ``base_url`` whose host is not on the allow-list and an
-``api_key_env`` that does not match it (``workers.app.ServiceSettings.openai_hosts`` / ``openai_key_envs``,
+``api_key_env`` that does not match it (``jobs.settings.ServiceSettings.openai_hosts`` / ``openai_key_envs``,
 ``$NEXUS_EVAL_OPENAI_HOSTS`` / ``$NEXUS_EVAL_OPENAI_KEY_ENVS``; defaults :data:`DEFAULT_HOSTS` and
 :data:`DEFAULT_KEY_ENVS`). ``OpenAIConfig`` itself refuses what no operator can allow: a scheme other than
 http/https, credentials, a query or a fragment in ``base_url``, an ``api_key_env`` that is not a plain name.
@@ -43,7 +43,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from agent_runner.backends import ModelError
-from agent_runner.records import Completion, Message
+from agent_runner.records import Completion, CompletionInfo, Message
 
 RETRYABLE_STATUS = {408, 409, 425, 429, 500, 502, 503, 504}
 
@@ -51,7 +51,7 @@ RETRYABLE_STATUS = {408, 409, 425, 429, 500, 502, 503, 504}
 DEFAULT_KEY_ENVS: tuple[str, ...] = ("OPENAI_API_KEY", "*_API_KEY")
 #: the ``base_url`` hosts a job may send requests to unless the operator says otherwise: loopback only
 DEFAULT_HOSTS: tuple[str, ...] = ("127.0.0.1", "localhost", "::1")
-#: the environment variables the operator sets them by (read by ``workers.app.ServiceSettings.from_env``)
+#: the environment variables the operator sets them by (read by ``jobs.settings.ServiceSettings.from_env``)
 KEY_ENVS_VARIABLE = "NEXUS_EVAL_OPENAI_KEY_ENVS"
 HOSTS_VARIABLE = "NEXUS_EVAL_OPENAI_HOSTS"
 
@@ -132,7 +132,7 @@ def allowed_key_env(name: str, key_envs: Sequence[str]) -> bool:
 
 @dataclass(frozen=True)
 class AllowedEndpoints:
-    """The operator's allow-lists (``workers.app.ServiceSettings.openai_allowed``): which variables a job may
+    """The operator's allow-lists (``jobs.settings.ServiceSettings.openai_allowed``): which variables a job may
     name as ``api_key_env`` and which hosts its ``base_url`` may name (names or globs)."""
 
     key_envs: tuple[str, ...] = DEFAULT_KEY_ENVS
@@ -173,6 +173,11 @@ _JSON_KINDS = {dict: "object", list: "array", str: "string", int: "number", floa
 def _reason(text: object, limit: int = 80) -> str:
     """An HTTP reason phrase as printable ASCII, at most ``limit`` characters."""
     return "".join(c for c in str(text or "") if " " <= c <= "~")[:limit].strip()
+
+
+def _named(value: object) -> str | None:
+    """A name the reply gives (its ``model``, its ``id``) as text; None when it gives none or not a name."""
+    return str(value) if isinstance(value, str | int) and not isinstance(value, bool) else None
 
 
 class OpenAIBackend:
@@ -280,5 +285,7 @@ class OpenAIBackend:
             decode_s=wall,
             tokens_per_s=generated / wall if wall > 0 and generated else None,
             finish_reason=choice.get("finish_reason"),
-            extra={"attempts": attempts, "server_model": reply.get("model"), "id": reply.get("id")},
+            info=CompletionInfo(
+                attempts=attempts, server_model=_named(reply.get("model")), request_id=_named(reply.get("id"))
+            ),
         )

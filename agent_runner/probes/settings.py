@@ -23,6 +23,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from agent_runner.config import PROTOCOLS, SMOLLM2, check_protocol
+from nexus.config import EVICTION_DEFAULTS
 from nexus.methods import SCOPES, check_method, check_scope
 from nexus.presets import PRESETS
 
@@ -71,7 +72,7 @@ class ProbeSettings(BaseModel):
     variants: tuple[str, ...] = Field(("dense", "snapkv", "streaming_llm", "nexus", "ada_nexus"), min_length=1)
     scopes: tuple[str, ...] = Field(("prefill_only",), min_length=1)
     protocols: tuple[str, ...] = Field(PROTOCOLS, min_length=1, description="later_turn only")
-    densities: tuple[float, ...] = Field((0.2,), min_length=1)
+    densities: tuple[float, ...] = Field((EVICTION_DEFAULTS["density"],), min_length=1)
     samples: int = Field(10, ge=1, description="samples per cell (the same texts in every cell)")
     lengths: tuple[int, ...] = Field((1024,), min_length=1, description="filler tokens per sample")
     depths: tuple[float, ...] = Field((0.1, 0.3, 0.5, 0.7, 0.9), min_length=1)

@@ -34,7 +34,8 @@ observe are the inner policy's.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
@@ -123,26 +124,41 @@ class AdaKV(Policy):
     def select(self, view: LayerView) -> torch.Tensor:
         return self.inner.select_counts(view, self.counts(view))
 
+    @classmethod
+    def around(cls, inner: Callable[..., ScorePolicy], params: dict[str, Any]) -> AdaKV:
+        """Ada-KV around ``inner(**its settings)``: ``params`` holds this class's own settings (``floor_alpha``,
+        ``normalize``; their defaults are the fields above, the one place they are written) and the inner
+        policy's, which go to ``inner``."""
+        own = {f.name for f in fields(cls) if f.name != "inner"}
+        inner_params = {k: v for k, v in params.items() if k not in own}
+        return cls(inner(**inner_params), **{k: v for k, v in params.items() if k in own})
+
+
+# Each factory's settings are read from its signature (``nexus.presets``, without importing torch): the fields with
+# a default of the class it returns (``-> AdaKV``), then those of the method its ``**<method>_params`` names.
+
 
 @register("ada_snapkv", order=3)
-def ada_snapkv(floor_alpha: float = 0.2, normalize: bool = False, **snapkv_params: Any) -> AdaKV:
-    """Ada-SnapKV: SnapKV's score (its own hyperparameters as keywords) with Ada-KV allocation."""
+def ada_snapkv(**snapkv_params: Any) -> AdaKV:
+    """Ada-SnapKV: SnapKV's score with Ada-KV allocation; keywords: AdaKV's settings and SnapKV's."""
     from nexus.policies.snapkv import SnapKV
 
-    return AdaKV(SnapKV(**snapkv_params), floor_alpha, normalize)
+    return AdaKV.around(SnapKV, snapkv_params)
 
 
 @register("ada_pyramidkv", order=4)
-def ada_pyramidkv(floor_alpha: float = 0.2, normalize: bool = False, **pyramidkv_params: Any) -> AdaKV:
-    """Ada-PyramidKV: PyramidKV's per-layer schedule and score, Ada-KV allocation inside each layer."""
+def ada_pyramidkv(**pyramidkv_params: Any) -> AdaKV:
+    """Ada-PyramidKV: PyramidKV's per-layer schedule and score, Ada-KV allocation inside each layer; keywords:
+    AdaKV's settings and PyramidKV's."""
     from nexus.policies.pyramidkv import PyramidKV
 
-    return AdaKV(PyramidKV(**pyramidkv_params), floor_alpha, normalize)
+    return AdaKV.around(PyramidKV, pyramidkv_params)
 
 
 @register("ada_nexus", order=9)
-def ada_nexus(floor_alpha: float = 0.2, normalize: bool = False, **nexus_params: Any) -> AdaKV:
-    """Ada-Nexus: per-head Nexus scores and block reservoir (nexus.py) with Ada-KV allocation."""
+def ada_nexus(**nexus_params: Any) -> AdaKV:
+    """Ada-Nexus: per-head Nexus scores and block reservoir (nexus.py) with Ada-KV allocation; keywords: AdaKV's
+    settings and Nexus's."""
     from nexus.policies.nexus import Nexus
 
-    return AdaKV(Nexus(**nexus_params), floor_alpha, normalize)
+    return AdaKV.around(Nexus, nexus_params)

@@ -144,7 +144,7 @@ def direct_score(rows: torch.Tensor) -> torch.Tensor:
     return rows.sum(-2) / active
 
 
-def walk_row_indices(num_rows: int, steps: int, mode: str = "recent") -> list[int]:
+def walk_row_indices(num_rows: int, steps: int, mode: str) -> list[int]:
     """Which window rows feed the walk, oldest first: min(steps, num_rows) of them."""
     h = min(steps, num_rows)
     if h <= 0:

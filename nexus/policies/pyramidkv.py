@@ -45,7 +45,7 @@ from nexus.policies.snapkv import SnapKV
 
 
 def pyramid_budget(
-    budget: int, layer_idx: int, num_layers: int, length: int, window: int, beta: int, cap_to_length: bool = True
+    budget: int, layer_idx: int, num_layers: int, length: int, window: int, beta: int, cap_to_length: bool
 ) -> int:
     """Slots layer `layer_idx` keeps per KV head under the PyramidKV schedule (see the module docstring)."""
     c = budget - window

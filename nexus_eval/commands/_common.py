@@ -49,10 +49,10 @@ def open_db(db: str | None = None) -> Database:
 
 
 def service_settings(db: str | None = None, *, embedded: bool = False, **worker: Any):
-    """The service's one settings object (``workers.app.ServiceSettings``): the environment's, with ``--db`` and
+    """The service's one settings object (``jobs.settings.ServiceSettings``): the environment's, with ``--db`` and
     a worker's own flags (``episodes_per_gpu``, ``device``) on top; ``embedded`` uses the SQLite broker beside
     the results database whatever ``$NEXUS_EVAL_BROKER`` says. Exit 2 naming a bad setting."""
-    from workers.app import ServiceSettings
+    from jobs.settings import ServiceSettings
 
     overrides: dict[str, Any] = {"db_url": db_url(db), **worker}
     if embedded:
@@ -65,7 +65,7 @@ def service_settings(db: str | None = None, *, embedded: bool = False, **worker:
 
 def celery_app(db: str | None = None, *, embedded: bool = False, **worker: Any) -> Celery:
     """This process's Celery app, built from :func:`service_settings` (the same arguments)."""
-    from workers.app import get_app
+    from jobs.queue import get_app
 
     return get_app(service_settings(db, embedded=embedded, **worker))
 

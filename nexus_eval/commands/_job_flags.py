@@ -1,23 +1,26 @@
-"""The job flags ``submit``, ``run`` and ``episode`` share: declared once, every one optional.
+"""The job flags ``submit``, ``run`` and ``episode`` share: declared once, every one optional (``submit`` and
+``run`` take them all as one :class:`JobFlags`, ``episode`` the options it needs).
 
-A flag that is given becomes one override (``workers.spec.apply_overrides``) set on top of the job file
+A flag that is given becomes one override (``jobs.spec.apply_overrides``) set on top of the job file
 (``--file``), or of the bundled quick job (``run``), or of the job defaults (``submit``); a flag that is not
-given changes nothing. So the defaults live in one place, ``workers.spec.JobSpec``, and a file is never
+given changes nothing. So the defaults live in one place, ``jobs.spec.JobSpec``, and a file is never
 silently ignored: ``submit -f job.yaml --density 0.1`` stores 0.1.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
 
+from jobs.spec import JobSpec  # pydantic only, no torch
 from nexus_eval.commands._common import csv_list, fail, service_settings
-from workers.spec import JobSpec  # pydantic only, no torch
+from nexus_eval.commands._flag_group import flag
 
 if TYPE_CHECKING:
-    from env.tasks import Task
+    from jobs.submit import PlannedJob
 
 _D = JobSpec()  # each flag's help names the job default it overrides, read from the one place it is defined
 
@@ -62,43 +65,57 @@ def _ints(flag: str, text: str) -> list[int]:
         fail(f"{flag} takes comma-separated whole numbers, got {text!r}")
 
 
-def job_overrides(
-    *,
-    name: str | None = None,
-    model: str | None = None,
-    backend: str | None = None,
-    methods: str | None = None,
-    scopes: str | None = None,
-    protocols: str | None = None,
-    density: float | None = None,
-    preset: str | None = None,
-    seeds: str | None = None,
-    suite: str | None = None,
-    tasks: str | None = None,
-    max_steps: int | None = None,
-    max_new_tokens: int | None = None,
-    max_context_tokens: int | None = None,
-    temperature: float | None = None,
-) -> dict[str, Any]:
-    """The overrides the given flags stand for, in order (dotted keys set one nested field)."""
-    given: dict[str, Any] = {
-        "name": name,
-        "model": None if model is None else {"name": model},  # a new model: the file's revision was its own
-        "backend": backend,
-        "methods": None if methods is None else csv_list(methods),
-        "scopes": None if scopes is None else csv_list(scopes),
-        "protocols": None if protocols is None else csv_list(protocols),
-        "density": density,
-        "preset": preset,
-        "seeds": None if seeds is None else _ints("--seeds", seeds),
-        "tasks": None if suite is None else {"suite": suite},  # a new source: the file's ids were its own
-        "tasks.ids": None if tasks is None else csv_list(tasks),
-        "limits.max_steps": max_steps,
-        "limits.max_context_tokens": max_context_tokens,
-        "sampling.max_new_tokens": max_new_tokens,
-        "sampling.temperature": temperature,
-    }
-    return {key: value for key, value in given.items() if value is not None}
+@dataclass(frozen=True)
+class JobFlags:
+    """The flags ``submit`` and ``run`` take for their job, declared once: each field is one option
+    (``takes_flags`` spreads them into the verb's options, in this order). ``file`` and ``show`` say which job and
+    whether to print it; every other field is an override (:meth:`overrides`), ``None`` when not given."""
+
+    file: Path | None = flag(FILE)
+    name: str | None = flag(NAME)
+    model: str | None = flag(MODEL)
+    backend: str | None = flag(BACKEND)
+    methods: str | None = flag(METHODS)
+    scopes: str | None = flag(SCOPES)
+    protocols: str | None = flag(PROTOCOLS)
+    density: float | None = flag(DENSITY)
+    preset: str | None = flag(PRESET)
+    seeds: str | None = flag(SEEDS)
+    suite: str | None = flag(SUITE)
+    tasks: str | None = flag(TASKS)
+    max_steps: int | None = flag(MAX_STEPS)
+    max_new_tokens: int | None = flag(MAX_NEW_TOKENS)
+    max_context_tokens: int | None = flag(MAX_CONTEXT_TOKENS)
+    temperature: float | None = flag(TEMPERATURE)
+    show: bool = flag(SHOW)
+
+    def overrides(self) -> dict[str, Any]:
+        """The overrides the given flags stand for, in order (dotted keys set one nested field)."""
+        given: dict[str, Any] = {
+            "name": self.name,
+            # a new model: the file's revision was its own
+            "model": None if self.model is None else {"name": self.model},
+            "backend": self.backend,
+            "methods": None if self.methods is None else csv_list(self.methods),
+            "scopes": None if self.scopes is None else csv_list(self.scopes),
+            "protocols": None if self.protocols is None else csv_list(self.protocols),
+            "density": self.density,
+            "preset": self.preset,
+            "seeds": None if self.seeds is None else _ints("--seeds", self.seeds),
+            # a new source: the file's ids were its own
+            "tasks": None if self.suite is None else {"suite": self.suite},
+            "tasks.ids": None if self.tasks is None else csv_list(self.tasks),
+            "limits.max_steps": self.max_steps,
+            "limits.max_context_tokens": self.max_context_tokens,
+            "sampling.max_new_tokens": self.max_new_tokens,
+            "sampling.temperature": self.temperature,
+        }
+        return {key: value for key, value in given.items() if value is not None}
+
+
+def job_overrides(**flags: Any) -> dict[str, Any]:
+    """``JobFlags(**flags).overrides()``: for a verb that declares some of the job flags itself (``episode``)."""
+    return JobFlags(**flags).overrides()
 
 
 def job_from_flags(file: Path | None, overrides: dict[str, Any], *, what: str) -> JobSpec:
@@ -107,7 +124,7 @@ def job_from_flags(file: Path | None, overrides: dict[str, Any], *, what: str) -
     (``ServiceSettings.openai_hosts`` / ``openai_key_envs``). Exit 2 naming the file, the overrides and the
     field (``what`` ends the message: "nothing was submitted"). ``submit``, ``run`` and ``episode`` (and their
     ``--show``) all come through here, before anything is stored or enqueued."""
-    from workers.spec import JobSpecError
+    from jobs.spec import JobSpecError
 
     source = str(file or "<defaults>")
     try:
@@ -120,19 +137,18 @@ def job_from_flags(file: Path | None, overrides: dict[str, Any], *, what: str) -
     return spec
 
 
-def load_job(file: Path | None, overrides: dict[str, Any], *, what: str) -> tuple[JobSpec, list[Task]]:
-    """:func:`job_from_flags` and its tasks, loaded once (the selection checked, for the preflight and the
-    fan-out); exit 2 on any error, before anything is stored."""
-    from workers.spec import JobSpecError
-    from workers.submit import load_tasks, plan_episodes
+def load_job(file: Path | None, overrides: dict[str, Any], *, what: str) -> PlannedJob:
+    """:func:`job_from_flags` planned over its tasks, each loaded and fanned out once (``jobs.submit.plan_job``:
+    the preflight reads ``.tasks``, storing takes the plan whole); exit 2 on any error, before anything is
+    stored (a bad task selection included)."""
+    from jobs.spec import JobSpecError
+    from jobs.submit import load_tasks, plan_job
 
     spec = job_from_flags(file, overrides, what=what)
     try:
-        tasks = load_tasks(spec, service_settings().grading_ceilings)
-        plan_episodes(spec, tasks)  # a bad task selection is an error before anything is stored
+        return plan_job(spec, load_tasks(spec, service_settings().grading_ceilings))
     except JobSpecError as exc:
         fail(f"{exc}\n{what}")
-    return spec, tasks
 
 
 def show(spec: JobSpec) -> None:

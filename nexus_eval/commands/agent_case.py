@@ -1,6 +1,6 @@
 """``nexus-eval agent-case``: the agent's case in one command, here (docs/agent_case.md).
 
-1. runs an expert job (``workers/jobs/agent_case.yaml`` by default: demonstrations of 2 ``mini`` tasks, each
+1. runs an expert job (``jobs/bundled/agent_case.yaml`` by default: demonstrations of 2 ``mini`` tasks, each
    solved through the agent's real tools in a real container, graded) with an embedded worker, as ``run`` does;
 2. replays its trajectories on a real model (``--model``, default smollm2-135m) under each method, scope,
    protocol and density (``workers.replay`` with a model: the text rendered into that model's stream);
@@ -17,6 +17,7 @@ from pathlib import Path
 
 import typer
 
+from nexus.config import EVICTION_DEFAULTS
 from nexus_eval.commands import _job_flags as jf
 from nexus_eval.commands._common import DB_OPTION, csv_list, fail
 
@@ -31,7 +32,9 @@ def agent_case(
     methods: str = typer.Option(DEFAULT_METHODS, "--methods", help="comma-separated methods to replay under"),
     scopes: str = typer.Option("prefill_only", "--scopes", help="comma-separated scopes"),
     protocols: str = typer.Option("true_eviction,full_context", "--protocols", help="comma-separated protocols"),
-    densities: str = typer.Option("0.2", "--densities", help="comma-separated densities, e.g. 0.1,0.2,0.3"),
+    densities: str = typer.Option(
+        str(EVICTION_DEFAULTS["density"]), "--densities", help="comma-separated densities, e.g. 0.1,0.2,0.3"
+    ),
     threads: int = typer.Option(1, min=1, help="torch CPU threads (on a small shared CPU 1 is the fastest)"),
     db: str = DB_OPTION,
     fmt: str = typer.Option("table", "--format", help="table | json | csv | markdown"),
@@ -40,16 +43,16 @@ def agent_case(
     and protocol; print the action table (what an agent must copy, and how much of it each method keeps)."""
     from rich.console import Console
 
+    from jobs.spec import AGENT_CASE_JOB_FILE
     from nexus_eval.commands.replay import parse_densities, run_with_progress
     from nexus_eval.commands.service import run_here
-    from workers.compare import compare_jobs
-    from workers.compare_render import render
+    from results.compare import compare_jobs
+    from results.compare_render import render
     from workers.replay import check_settings, plan_replays
-    from workers.spec import AGENT_CASE_JOB_FILE
 
     overrides = jf.job_overrides(tasks=tasks)
-    spec, the_tasks = jf.load_job(file or AGENT_CASE_JOB_FILE, overrides, what="nothing was run")
-    if spec.backend == "hf":
+    plan = jf.load_job(file or AGENT_CASE_JOB_FILE, overrides, what="nothing was run")
+    if plan.spec.backend == "hf":
         fail("agent-case replays demonstrations: give a job whose backend is expert (or oracle / openai)")
     wanted = {
         "methods": csv_list(methods),
@@ -65,7 +68,7 @@ def agent_case(
     except ValueError as exc:
         fail(str(exc))
     console = Console(stderr=True, highlight=False)
-    database, job_id = run_here(spec, the_tasks, db, console)
+    database, job_id = run_here(plan, db, console)
     try:
         plan = plan_replays(database, job_id, model=model, **wanted)
     except (LookupError, ValueError) as exc:

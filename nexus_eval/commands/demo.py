@@ -14,6 +14,8 @@ from typing import Any
 
 import typer
 
+from nexus.config import EVICTION_DEFAULTS
+
 TITLE = "tiny Qwen3 (random weights, real tokenizer)"
 TURNS = (
     "Here is a stack trace from our CSV parser; the last field of each row is lost. " * 12,
@@ -27,10 +29,10 @@ COLUMNS = (
 
 
 def demo(
-    density: float = typer.Option(0.2, help="kept fraction of the logical length"),
-    scope: str = typer.Option("prefill_decode", help="prefill_only | prefill_decode"),
+    density: float = typer.Option(EVICTION_DEFAULTS["density"], help="kept fraction of the logical length"),
+    scope: str = typer.Option(EVICTION_DEFAULTS["scope"], help="prefill_only | prefill_decode"),
     decode: int = typer.Option(64, help="tokens decoded per turn"),
-    seed: int = typer.Option(0),
+    seed: int = typer.Option(EVICTION_DEFAULTS["seed"]),
 ) -> None:
     """Feed a 3-turn chat through one EvictableCache per method; compare with dense.
 

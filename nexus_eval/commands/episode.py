@@ -83,7 +83,7 @@ def episode(
     with the flags given on top, through the same runner as a worker (agent_runner.episode.run_episode)."""
     from rich.console import Console
 
-    from agent_runner.episode import run_episode
+    from agent_runner.episode import EpisodeHooks, run_episode
     from agent_runner.model_cache import backend_for
     from nexus_eval.commands._preflight import build_or_fail, refuse_unless_ready
     from nexus_eval.readiness import container_checks
@@ -134,7 +134,8 @@ def episode(
         def on_turn(turn):
             status.update(f"{task}: turn {turn.index} -> {turn.action.name if turn.action else 'no call'}")
 
-        result = run_episode(spec, task=the_task, model=the_model, on_turn=on_turn, labels={"nexus-eval.job": "cli"})
+        hooks = EpisodeHooks(on_turn=on_turn, labels={"nexus-eval.job": "cli"})
+        result = run_episode(spec, task=the_task, model=the_model, hooks=hooks)
     if as_json:
         sys.stdout.write(json.dumps(result.model_dump(mode="json")) + "\n")
     else:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import platform
 import traceback
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,13 +20,36 @@ import typer
 from typer.core import TyperCommand
 
 from nexus_eval.commands._common import DB_OPTION, csv_list, fail, open_db
+from nexus_eval.commands._flag_group import flag, takes_flags
 
 FORMAT = typer.Option("table", "--format", help="table | json | csv | markdown")
-#: the flags of `probe run` that are ProbeSettings fields, each named as its field
-SETTINGS_FLAGS = (
-    "model", "probes", "variants", "scopes", "protocols", "densities", "samples", "lengths", "depths", "continuation",
-    "preset", "seed",
-)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class SettingsFlags:
+    """The flags of ``probe run`` that are ``ProbeSettings`` fields, each named as its field (``None``: not given,
+    the field's default holds; ``_SettingsHelp`` adds it to the help). A list is one comma-separated text."""
+
+    model: str | None = flag(
+        typer.Option(None, help="'tiny' (random weights), 'smollm2-135m', a Hugging Face id or a path")
+    )
+    probes: str | None = flag(typer.Option(None, help="comma-separated: needle, later_turn, nll"))
+    variants: str | None = flag(
+        typer.Option(None, help="comma-separated methods, each optionally with settings: nexus(lam=0)")
+    )
+    scopes: str | None = flag(typer.Option(None, help="comma-separated: prefill_only, prefill_decode"))
+    protocols: str | None = flag(
+        typer.Option(None, help="comma-separated, later_turn only: true_eviction, full_context")
+    )
+    densities: str | None = flag(typer.Option(None, help="comma-separated kept fractions in (0, 1]"))
+    samples: int | None = flag(typer.Option(None, help="samples per cell; sample i is the same text in every cell"))
+    lengths: str | None = flag(typer.Option(None, help="comma-separated filler tokens per sample (>= 256)"))
+    depths: str | None = flag(typer.Option(None, help="comma-separated depths of the fact in the filler, in (0, 1]"))
+    continuation: int | None = flag(typer.Option(None, help="nll: scored continuation tokens per document"))
+    preset: str | None = flag(
+        typer.Option(None, help="the methods' named settings: paper | reference | kvcache_factory")
+    )
+    seed: int | None = flag(typer.Option(None, help="texts, facts and every method's random choices"))
 
 
 class _SettingsHelp(TyperCommand):
@@ -66,7 +90,7 @@ def _numbers(flag: str, text: str, kind: type) -> list[Any]:
         fail(f"{flag} takes comma-separated {noun}, got {text!r}; nothing was run")
 
 
-def settings_from_flags(**flags: Any) -> Any:
+def settings_from_flags(flags: SettingsFlags) -> Any:
     """``ProbeSettings`` with each flag given set on its defaults; exit 2 naming every bad field."""
     from pydantic import ValidationError
 
@@ -75,7 +99,7 @@ def settings_from_flags(**flags: Any) -> Any:
     lists = {"probes": csv_list, "scopes": csv_list, "protocols": csv_list, "variants": split_variants}
     numbers = {"densities": float, "depths": float, "lengths": int}
     given: dict[str, Any] = {}
-    for name, value in flags.items():
+    for name, value in asdict(flags).items():
         if value is None:
             continue
         if name in lists:
@@ -96,33 +120,22 @@ def settings_from_flags(**flags: Any) -> Any:
     return settings
 
 
+@takes_flags
 def run(
-    model: str = typer.Option(None, help="'tiny' (random weights), 'smollm2-135m', a Hugging Face id or a path"),
-    probes: str = typer.Option(None, help="comma-separated: needle, later_turn, nll"),
-    variants: str = typer.Option(None, help="comma-separated methods, each optionally with settings: nexus(lam=0)"),
-    scopes: str = typer.Option(None, help="comma-separated: prefill_only, prefill_decode"),
-    protocols: str = typer.Option(None, help="comma-separated, later_turn only: true_eviction, full_context"),
-    densities: str = typer.Option(None, help="comma-separated kept fractions in (0, 1]"),
-    samples: int = typer.Option(None, help="samples per cell; sample i is the same text in every cell"),
-    lengths: str = typer.Option(None, help="comma-separated filler tokens per sample (>= 256)"),
-    depths: str = typer.Option(None, help="comma-separated depths of the fact in the filler, in (0, 1]"),
-    continuation: int = typer.Option(None, help="nll: scored continuation tokens per document"),
-    preset: str = typer.Option(None, help="the methods' named settings: paper | reference | kvcache_factory"),
-    seed: int = typer.Option(None, help="texts, facts and every method's random choices"),
+    flags: SettingsFlags,
     threads: int = typer.Option(1, min=1, help="torch CPU threads (on a small shared CPU 1 is the fastest)"),
     db: str = DB_OPTION,
     fmt: str = FORMAT,
     output: Path = typer.Option(None, "--output", "-o", help="write the table here instead of stdout"),
 ) -> None:
     """Run quality probes on a model; store every result as it arrives; print the table."""
-    given = {name: value for name, value in locals().items() if name in SETTINGS_FLAGS}
-    from workers.compare_render import FORMATS
+    from results.compare_render import FORMATS
 
     if fmt not in FORMATS:
         fail(f"unknown --format {fmt!r}; use one of {', '.join(FORMATS)}; nothing was run")
     if output is not None and not output.parent.is_dir():
         fail(f"cannot write {output}: the folder {output.parent} does not exist; nothing was run")
-    settings = settings_from_flags(**given)
+    settings = settings_from_flags(flags)
     _check_model(settings.model)
     provenance = _provenance(threads)  # reads the filler corpus: exit 2 if a source is missing here
     import torch
@@ -227,8 +240,8 @@ def sweep_orphans(database: Any) -> None:
 
 def show_table(database: Any, ident: str, fmt: str, output: Path | None = None) -> None:
     """Print (or write to ``output``) the table of probe run ``ident`` as stored; exit 2 for an unknown id."""
-    from workers.probe_render import render
-    from workers.probe_stats import load_probe_table
+    from results.probe_render import render
+    from results.probe_stats import load_probe_table
 
     try:
         with database.session() as s:
@@ -250,7 +263,7 @@ def show(
     run_id: str = typer.Argument(..., help="probe run id (prefix)"), fmt: str = FORMAT, db: str = DB_OPTION
 ) -> None:
     """A stored probe run's table: accuracy with Wilson intervals, McNemar vs dense and snapkv, ΔNLL vs dense."""
-    from workers.compare_render import FORMATS
+    from results.compare_render import FORMATS
 
     if fmt not in FORMATS:
         fail(f"unknown --format {fmt!r}; use one of {', '.join(FORMATS)}")

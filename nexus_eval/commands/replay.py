@@ -163,8 +163,8 @@ def _table(summary):  # type: ignore[no-untyped-def]
     from rich.markup import escape
     from rich.table import Table
 
-    from workers.compare_render import REPLAY_HEADER, replay_text
-    from workers.replay_stats import REPLAY_CAPTION
+    from results.compare_render import REPLAY_HEADER, replay_text
+    from results.replay_stats import REPLAY_CAPTION
 
     counts = ", ".join(f"{n} {status}" for status, n in summary.counts.items() if n)
     table = Table(title=f"replay {summary.job_id}: {counts or 'nothing ran'}", caption=REPLAY_CAPTION)

@@ -6,7 +6,6 @@ broker), ``NEXUS_EVAL_DB`` (unset: ./runs/nexus-eval.db; ``--db`` overrides it).
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -23,81 +22,43 @@ from nexus_eval.commands._common import (
     open_db,
     service_settings,
 )
+from nexus_eval.commands._flag_group import takes_flags
 
 
-def submit(
-    file: Path = jf.FILE,
-    name: str = jf.NAME,
-    model: str = jf.MODEL,
-    backend: str = jf.BACKEND,
-    methods: str = jf.METHODS,
-    scopes: str = jf.SCOPES,
-    protocols: str = jf.PROTOCOLS,
-    density: float = jf.DENSITY,
-    preset: str = jf.PRESET,
-    seeds: str = jf.SEEDS,
-    suite: str = jf.SUITE,
-    tasks: str = jf.TASKS,
-    max_steps: int = jf.MAX_STEPS,
-    max_new_tokens: int = jf.MAX_NEW_TOKENS,
-    max_context_tokens: int = jf.MAX_CONTEXT_TOKENS,
-    temperature: float = jf.TEMPERATURE,
-    show: bool = jf.SHOW,
-    db: str = DB_OPTION,
-) -> None:
+@takes_flags
+def submit(job: jf.JobFlags, db: str = DB_OPTION) -> None:
     """Submit a job to the queue and print its id (workers run it; see `nexus-eval worker`).
 
-    The job is --file (or the job defaults, workers/spec.py) with every flag given set on top of it."""
-    overrides = jf.job_overrides(**_flags(locals()))
-    spec, the_tasks = jf.load_job(file, overrides, what="nothing was submitted")
-    if show:
-        jf.show(spec)
+    The job is --file (or the job defaults, jobs/spec.py) with every flag given set on top of it."""
+    plan = jf.load_job(job.file, job.overrides(), what="nothing was submitted")
+    if job.show:
+        jf.show(plan.spec)
     from rich.console import Console
 
+    from jobs.submit import submit as submit_job
     from nexus_eval.commands._preflight import refuse_unless_ready
     from nexus_eval.readiness import preflight
-    from workers.submit import submit as submit_job
 
     # Workers build missing task images on their own machine, so submit only checks. With the embedded
     # broker the worker is this machine: its daemon and images are checked too; with Redis they are not
     # (the workers' machines are elsewhere), but the broker must answer.
-    broker = os.environ.get("NEXUS_EVAL_BROKER") or None
-    pre = preflight(None if broker else the_tasks, db_url=db_url(db), broker=broker, check_broker=True)
+    broker = service_settings(db).broker_url  # $NEXUS_EVAL_BROKER, as the service settings read it
+    pre = preflight(None if broker else list(plan.tasks), db_url=db_url(db), broker=broker, check_broker=True)
     refuse_unless_ready(pre, "nothing was submitted")
-    from workers.celery_tasks import NotEnqueued
+    from jobs.control import NotEnqueued
 
     app = celery_app(db)
     try:
-        job_id, n = submit_job(open_db(db), spec, the_tasks, app=app)
+        job_id, n = submit_job(open_db(db), plan, app=app)
     except NotEnqueued as exc:  # stored, not (all) sent: the message names the job and `resume`
         fail(str(exc), 1)
     typer.echo(job_id)
     Console(stderr=True).print(f"submitted job {job_id}: {n} episodes on the gpu queue")
 
 
-def _flags(scope: dict[str, Any]) -> dict[str, Any]:
-    """The job flags among a verb's arguments (``locals()``)."""
-    return {k: v for k, v in scope.items() if k in jf.job_overrides.__kwdefaults__}
-
-
+@takes_flags
 def run(
-    file: Path = jf.FILE,
-    name: str = jf.NAME,
-    model: str = jf.MODEL,
-    backend: str = jf.BACKEND,
-    methods: str = jf.METHODS,
-    scopes: str = jf.SCOPES,
-    protocols: str = jf.PROTOCOLS,
-    density: float = jf.DENSITY,
-    preset: str = jf.PRESET,
-    seeds: str = jf.SEEDS,
-    suite: str = jf.SUITE,
-    tasks: str = jf.TASKS,
-    max_steps: int = jf.MAX_STEPS,
-    max_new_tokens: int = jf.MAX_NEW_TOKENS,
-    max_context_tokens: int = jf.MAX_CONTEXT_TOKENS,
-    temperature: float = jf.TEMPERATURE,
-    show: bool = jf.SHOW,
+    job: jf.JobFlags,
     db: str = DB_OPTION,
     timeout: float = typer.Option(None, help="give up after this many seconds"),
     fmt: str = typer.Option("table", "--format", help="compare output: table | json | csv | markdown"),
@@ -106,20 +67,20 @@ def run(
 
     `run` is `submit` plus a worker on this machine. With no --file it runs the bundled quick job (shown
     below; also examples/quick.yaml); every flag given is set on top of the job."""
-    overrides = jf.job_overrides(**_flags(locals()))
-    from workers.spec import QUICK_JOB_FILE
+    from jobs.spec import QUICK_JOB_FILE
 
-    spec, the_tasks = jf.load_job(file or QUICK_JOB_FILE, overrides, what="nothing was run")
-    if show:
+    plan = jf.load_job(job.file or QUICK_JOB_FILE, job.overrides(), what="nothing was run")
+    spec = plan.spec
+    if job.show:
         jf.show(spec)
     from rich.console import Console
 
     from nexus_eval.commands._preflight import print_failure_reasons
-    from workers.compare import compare_jobs
-    from workers.compare_render import render
+    from results.compare import compare_jobs
+    from results.compare_render import render
 
     console = Console(stderr=True)
-    database, job_id = run_here(spec, the_tasks, db, console, timeout=timeout)
+    database, job_id = run_here(plan, db, console, timeout=timeout)
     with database.session() as s:
         table = compare_jobs(s, [job_id])
     typer.echo(render(table, fmt))
@@ -129,28 +90,28 @@ def run(
     print_failure_reasons(database, job_id, console)
 
 
-def run_here(spec: Any, the_tasks: Any, db: str | None, console: Any, *, timeout: float | None = None):
-    """Submit ``spec`` over ``the_tasks`` and run it with an embedded worker on this machine: (database, job id)
-    once every episode ended. Exit 2 (nothing stored) when the machine cannot run it; exit 1 naming the episodes
-    when the job did not finish."""
+def run_here(plan: Any, db: str | None, console: Any, *, timeout: float | None = None):
+    """Submit the planned job (``jobs.submit.PlannedJob``, from ``load_job``) and run it with an embedded worker on
+    this machine: (database, job id) once every episode ended. Exit 2 (nothing stored) when the machine cannot run
+    it; exit 1 naming the episodes when the job did not finish."""
+    from jobs.submit import submit as submit_job
     from nexus_eval.commands._job_progress import watch_job
     from nexus_eval.commands._preflight import build_or_fail, print_failure_reasons, refuse_unless_ready
     from nexus_eval.commands._progress import say
     from nexus_eval.readiness import preflight
     from workers.embedded import EmbeddedWorker
-    from workers.submit import submit as submit_job
 
     url = db_url(db)
     # every backend drives containers: refuse (exit 2, nothing stored) what cannot work here, and build
     # what is only missing (the base image, local task images) before the job exists
-    checks = preflight(the_tasks, db_url=url)
+    checks = preflight(list(plan.tasks), db_url=url)
     refuse_unless_ready(checks, "nothing was stored")
     build_or_fail(checks, console)
     database = open_db(url)
-    job_id, n = submit_job(database, spec, the_tasks, app=celery_app(url, embedded=True))
+    job_id, n = submit_job(database, plan, app=celery_app(url, embedded=True))
     from db.urls import masked
 
-    say(console, f"job {job_id} ({spec.name or 'unnamed'}): {n} episodes; embedded worker on {masked(url)}")
+    say(console, f"job {job_id} ({plan.spec.name or 'unnamed'}): {n} episodes; embedded worker on {masked(url)}")
     log_file = None
     if url.startswith("sqlite:///"):
         log_file = Path(url.removeprefix("sqlite:///")).with_name(f"worker-{job_id}.log")
@@ -199,9 +160,9 @@ def worker(
 ) -> None:
     """Start a Celery worker on the chosen queues (broker from $NEXUS_EVAL_BROKER; results in $NEXUS_EVAL_DB).
 
-    The worker's settings (``workers.app.ServiceSettings``: the environment's, these flags on top) reach each
+    The worker's settings (``jobs.settings.ServiceSettings``: the environment's, these flags on top) reach each
     episode as arguments."""
-    from workers.app import QUEUES
+    from jobs.queue import QUEUES
 
     unknown = sorted(set(csv_list(queues)) - set(QUEUES))
     if unknown:
@@ -219,7 +180,7 @@ def worker(
         # one process (one model), one thread per episode; Celery's time limits need prefork, so the
         # episode's own soft deadline (checked at turn boundaries) is what ends a long run here
         pool, concurrency = "threads", rows
-    open_db(db)  # migrated before the first sweep (workers.sweeper) reads it
+    open_db(db)  # migrated before the first sweep (workers.faults.sweeper) reads it
     argv = ["worker", "-Q", queues, "--pool", pool, "--concurrency", str(concurrency), "--loglevel", loglevel]
     if hostname:
         argv += ["-n", hostname]
@@ -261,7 +222,7 @@ def status(
 
 def cancel(job: str = typer.Argument(..., help="job id (prefix)"), db: str = DB_OPTION) -> None:
     """Cancel a job: queued episodes will do nothing, running ones stop at their next turn."""
-    from workers.celery_tasks import cancel as cancel_job
+    from jobs.control import cancel as cancel_job
 
     database = open_db(db)
     job_id = job_id_of(database, job)
@@ -294,7 +255,7 @@ def resume(job: str = typer.Argument(..., help="job id (prefix)"), db: str = DB_
 
 def register(app: typer.Typer) -> None:
     """Attach this area's verbs to the root app."""
-    from workers.spec import QUICK_JOB_FILE
+    from jobs.spec import QUICK_JOB_FILE
 
     for verb in (submit, worker, status, cancel, resume):
         app.command(verb.__name__)(verb)
@@ -302,4 +263,4 @@ def register(app: typer.Typer) -> None:
     from rich.markup import escape
 
     quick = "\n".join(line for line in QUICK_JOB_FILE.read_text().splitlines() if line.strip())
-    app.command("run", epilog=escape(f"The quick job (workers/jobs/quick.yaml):\n\n{quick}"))(run)
+    app.command("run", epilog=escape(f"The quick job (jobs/bundled/quick.yaml):\n\n{quick}"))(run)

@@ -113,13 +113,14 @@ def inspect(
     except LookupError as exc:
         fail(str(exc))
     if as_json:
-        from env.grading.hostlog import unpack
+        from grading.hostlog import unpack
 
         info["test_log"] = unpack(info.get("test_log")) or None
         typer.echo(json.dumps({"episode": info, "turns": turn_rows}, default=str))
         return
     from db.models import is_interactive
-    from workers.cost import human_bytes
+    from results.cost import human_bytes
+    from results.turn_data import TurnExtra
 
     console = Console(highlight=False)
     driver = (
@@ -147,7 +148,7 @@ def inspect(
         table.add_column(col, justify="left" if col == "action" else "right")
     for t in turn_rows:
         action = (t["action"] or {}).get("name", "(no call)")
-        if (t["extra"] or {}).get("intervened"):
+        if TurnExtra.read(t["extra"]).intervened:
             action += " *"
         table.add_row(
             *(str(t["index"]), escape(action), str(t["tokens_appended"]), str(t["tokens_generated"])),
@@ -164,11 +165,13 @@ def inspect(
 
 def _print_turn(console, t: dict) -> None:
     """One turn's texts: each label in bold (markup), each stored text verbatim (no markup, no highlighting)."""
-    extra = t["extra"] or {}
+    from results.turn_data import TurnExtra
+
+    extra = TurnExtra.read(t["extra"])
     console.rule(f"turn {t['index']}")
     sections = [("thought", t["thought"] or ""), ("action", json.dumps(t["action"], ensure_ascii=False))]
-    if t["action"] is None or extra.get("format_error") or extra.get("intervened"):
-        why = "replaced by the operator" if extra.get("intervened") else "no valid function call"
+    if t["action"] is None or extra.format_error or extra.intervened:
+        why = "replaced by the operator" if extra.intervened else "no valid function call"
         sections.append((f"raw completion ({why})", t["completion"] or ""))
     sections.append(("observation", (t["observation"] or "")[:4000]))
     for label, text in sections:

@@ -32,7 +32,7 @@ def rerun(
     if failed == bool(statuses):
         fail("give exactly one of --status a,b or --failed")
     from db.models import RUN_FAILURE_STATUSES, SERVICE_FAILURE_STATUSES
-    from workers.celery_tasks import NotEnqueued, rerun
+    from jobs.control import NotEnqueued, rerun
 
     wanted = sorted(RUN_FAILURE_STATUSES) if failed else csv_list(statuses)
     try:
@@ -58,8 +58,9 @@ def _interactive(database, episode: str, from_turn: int, allowed) -> None:
     from agent_runner.parsing import ParsedAction
     from db import store as db_store
     from db.models import AttemptDriver
-    from env.tools import ToolCall
-    from workers.execution import EpisodeHooks, execute_episode, grade_stored_episode
+    from results.turn_data import TurnExtra
+    from sandbox.tools import ToolCall
+    from workers.execution import EpisodeHooks, WorkerContext, execute_episode, grade_stored_episode
     from workers.interactive import Operator
 
     console = Console(highlight=False)
@@ -71,7 +72,7 @@ def _interactive(database, episode: str, from_turn: int, allowed) -> None:
             edits = {
                 t.index: ParsedAction(thought=t.thought or "", call=ToolCall.model_validate(t.action))
                 for t in source.turns
-                if t.index < from_turn and (t.extra or {}).get("intervened") and t.action is not None
+                if t.index < from_turn and TurnExtra.read(t.extra).intervened and t.action is not None
             }
             if len(recorded) < from_turn:
                 raise ValueError(f"--from-turn {from_turn}: episode {source.id} has only {len(recorded)} turns")
@@ -80,7 +81,7 @@ def _interactive(database, episode: str, from_turn: int, allowed) -> None:
     except (LookupError, ValueError) as exc:
         fail(str(exc))
     console.print(f"episode {source.id} -> new attempt {attempt} ({new_id}); forcing {from_turn} stored turns")
-    operator = Operator(replay_turns=from_turn, replay_actions=edits, console=console)
+    operator = Operator(forced_turns=from_turn, forced_actions=edits, console=console)
     prefixes: list[ForcedPrefix] = []
 
     def force_prefix(model):
@@ -93,7 +94,7 @@ def _interactive(database, episode: str, from_turn: int, allowed) -> None:
         intervene=operator.intervene,
         open_environment=operator.open_environment(DockerEnvironment.open),
     )
-    outcome = execute_episode(database, new_id, hooks=hooks, allowed=allowed)
+    outcome = execute_episode(database, new_id, worker=WorkerContext(allowed=allowed), hooks=hooks)
     if not outcome.ran:
         fail(f"could not run {new_id}: {outcome.reason}", 1)
     for note in (line for prefix in prefixes for line in prefix.notes):

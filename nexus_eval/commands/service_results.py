@@ -30,8 +30,8 @@ def compare(
     line, and its replays (nexus-eval replay JOB --model NAME) the replay table and the action table (copy top-1
     of the calls' copied values per method, ΔNLL vs dense, by distance). What each number means: docs/numbers.md.
     Given one probe run id instead, the probe run's table."""
-    from workers.compare import compare_jobs
-    from workers.compare_render import FORMATS, render
+    from results.compare import compare_jobs
+    from results.compare_render import FORMATS, render
 
     if fmt not in FORMATS:
         fail(f"unknown --format {fmt!r}; use one of {', '.join(FORMATS)}")
@@ -85,7 +85,7 @@ def export(
     One configuration (method, scope, protocol, seed) per file, since the harness keeps one prediction per
     instance: pick one with --method/--scope/--protocol/--seed, or use --output-dir for one file each. Each
     key's result attempt (its first the agent drove alone that did not break) that left a non-empty patch is written."""
-    from workers.export import collect, file_name, prediction_lines
+    from results.export import collect, file_name, prediction_lines
 
     if output is not None and output_dir is not None:
         fail("give --output FILE or --output-dir DIR, not both")

@@ -6,13 +6,13 @@ from dataclasses import dataclass
 
 import pytest
 
-from env.tools import ToolCall, ToolResult
+from sandbox.tools import ToolCall, ToolResult
 from tests.conftest import docker_status, require
 
 
 @dataclass
 class TinyTask:
-    """Just the fields the agent loop reads from env.tasks.Task."""
+    """Just the fields the agent loop reads from tasks.loading.Task."""
 
     instance_id: str = "demo__tiny-1"
     problem_statement: str = "Calling add(2, 2) returns 5."

@@ -10,7 +10,7 @@ from agent_runner.backends import BACKENDS, make_backend
 from agent_runner.backends.scripted import ScriptedModel
 from agent_runner.parsing import ParsedAction
 from agent_runner.records import Completion
-from env.tools import ToolCall
+from sandbox.tools import ToolCall
 
 from .conftest import RecordingEnvironment, run_loop
 
@@ -98,7 +98,7 @@ def test_environment_failure_is_infra_failure_with_the_cause(task):
 
 
 def test_sandbox_infra_error_is_wrapped(task):
-    from env import sandbox
+    from sandbox import container as sandbox
 
     env = RecordingEnvironment(fail_on="execute_bash", error=sandbox.SandboxError("exec: container gone"))
     result = run_loop(ScriptedModel([LS]), env, task)

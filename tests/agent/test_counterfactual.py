@@ -32,7 +32,8 @@ def host():
 
 def _dense_run(host, protocol: str, turns: int = 3, greedy: bool = False):
     sampling = SamplingConfig(temperature=0.0 if greedy else 1.0, max_new_tokens=40)
-    backend = HFBackend(host, eviction=nexus.EvictionConfig(method="dense"), protocol=protocol, sampling=sampling)
+    dense = nexus.EvictionConfig(method="dense")
+    backend = HFBackend(host, eviction=dense, protocol=protocol, sampling=sampling, max_context_tokens=65536, seed=7)
     backend.reset(seed=7)
     msgs = [Message(role="system", content="Fix the bug. " * 20), Message(role="user", content="It fails. " * 15)]
     out = []

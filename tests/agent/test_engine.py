@@ -77,7 +77,9 @@ def _memory(c):
 
 def _backend(host, cfg, protocol, index, engine=None):
     sampling = SamplingConfig(temperature=1.0, max_new_tokens=EPISODES[index][1])
-    return HFBackend(host, eviction=cfg, protocol=protocol, sampling=sampling, engine=engine)
+    return HFBackend(
+        host, eviction=cfg, protocol=protocol, sampling=sampling, max_context_tokens=65536, seed=0, engine=engine
+    )
 
 
 @pytest.mark.parametrize(("method", "scope", "protocol"), _matrix())

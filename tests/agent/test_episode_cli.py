@@ -48,7 +48,7 @@ def _check_invariants(result: dict, method: str, scope: str, protocol: str) -> N
         if method == "dense":
             assert after["min"] == after["max"] == logical and c["eviction_events"] == 0
             continue
-        budget = c["extra"]["budget"]
+        budget = c["info"]["budget"]
         limit = budget + cfg.slack if scope == "prefill_decode" else budget + c["tokens_generated"]
         if method not in ("pyramidkv", "ada_pyramidkv"):  # per-layer schedules: layer 0's budget is the largest
             assert after["max"] <= limit, (i, after, budget)

@@ -34,7 +34,7 @@ from agent_runner.expert_edits import (
 from agent_runner.model_cache import backend_for
 from agent_runner.parsing import parse_response
 from agent_runner.records import Message
-from env.tools import SCRIPTS_DIR, ToolBox
+from sandbox.tools import SCRIPTS_DIR, ToolBox
 from tests.conftest import docker_status, require, run_task_episode
 
 from .conftest import TinyTask, run_loop
@@ -352,12 +352,13 @@ def test_config_registry_and_backend_for():
     config = ExpertConfig(explore_chars=0)
     task = TinyTask(patch=TASK_PATCH)
     assert isinstance(make_backend("expert", task=task, config=config), ExpertModel)
-    spec = EpisodeSpec(task_id=task.instance_id, backend="expert", eviction={"method": "dense"}, expert=config)
+    where = {"suite": "mini", "protocol": "true_eviction", "seed": 0, "grade": True}
+    spec = EpisodeSpec(task_id=task.instance_id, backend="expert", eviction={"method": "dense"}, expert=config, **where)
     model = backend_for(spec, task)
     assert isinstance(model, ExpertModel) and model.config == config
     with pytest.raises(ValueError, match="dense"):
-        backend_for(EpisodeSpec(task_id="x", backend="expert", eviction={"method": "nexus"}), task)
-    from workers.spec import JobSpec
+        backend_for(EpisodeSpec(task_id="x", backend="expert", eviction={"method": "nexus"}, **where), task)
+    from jobs.spec import JobSpec
 
     job = JobSpec.from_dict({"backend": "expert", "methods": ["dense"], "expert": {"explore_chars": 100}})
     assert job.episode_config("t", "dense", "prefill_decode", "true_eviction", 0).expert.explore_chars == 100
@@ -558,7 +559,7 @@ def test_an_episode_through_the_loop_with_the_real_tools_on_a_local_repository(t
 def test_the_expert_resolves_every_mini_task_in_real_containers():
     ready, reason = docker_status()
     require(ready, reason)
-    from env.tasks import load_suite
+    from tasks.loading import load_suite
 
     tasks = load_suite("mini")
     assert len(tasks) == 16

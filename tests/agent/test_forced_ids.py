@@ -20,7 +20,7 @@ from agent_runner.backends.forced_prefix import ForcedPrefix
 from agent_runner.backends.hf import HFBackend
 from agent_runner.config import AgentConfig, EpisodeSpec
 from agent_runner.engine import forward_last
-from agent_runner.episode import run_episode
+from agent_runner.episode import EpisodeHooks, run_episode
 from agent_runner.model_host import ModelSpec, load_host
 from agent_runner.sampling import SamplingConfig
 from tests.agent.conftest import RecordingEnvironment, TinyTask
@@ -35,7 +35,8 @@ def host():
 
 def _backend(host, method, protocol):
     cfg = nexus.EvictionConfig(method=method, scope="prefill_decode", density=0.2)
-    return HFBackend(host, eviction=cfg, protocol=protocol, sampling=SamplingConfig(temperature=1.0, max_new_tokens=40))
+    sampling = SamplingConfig(temperature=1.0, max_new_tokens=40)
+    return HFBackend(host, eviction=cfg, protocol=protocol, sampling=sampling, max_context_tokens=65536, seed=0)
 
 
 def _run(host, method, protocol, model=None, *, steps=K + 1):
@@ -56,16 +57,18 @@ def _run(host, method, protocol, model=None, *, steps=K + 1):
 
     task = TinyTask()
     spec = EpisodeSpec(
+        suite="mini",
         task_id=task.instance_id,
+        backend="hf",
+        protocol="true_eviction",
         agent=AgentConfig(max_steps=steps, max_format_errors=None),
         grade=False,
         eviction={},
         seed=7,
     )
     wrapped = model(backend) if model is not None else backend
-    result = run_episode(
-        spec, task=task, model=wrapped, on_turn=after_turn, open_environment=lambda task, **kw: RecordingEnvironment()
-    )
+    hooks = EpisodeHooks(on_turn=after_turn, open_environment=lambda task, **kw: RecordingEnvironment())
+    result = run_episode(spec, task=task, model=wrapped, hooks=hooks)
     assert result.exit_status == "step_limit", result.error
     return result, seen, backend
 
@@ -106,9 +109,9 @@ def test_forced_ids_rebuild_the_stored_cache_after_k_turns(host, method, protoco
         assert new.completion.text == old.completion.text
         assert new.user_message == old.user_message
     for turn in rebuilt.turns[:K]:
-        assert turn.completion.forced and turn.completion.extra["forced_from"] == "ids"
+        assert turn.completion.forced and turn.completion.info.forced_from == "ids"
         # the generator drew each forced id itself: the rebuilt logits are the stored run's
-        assert turn.completion.extra["forced_agreed"] == len(turn.completion.tokens.generated)
+        assert turn.completion.info.forced_agreed == len(turn.completion.tokens.generated)
     assert not rebuilt.turns[K].completion.forced  # sampled live, and the same as the stored run's turn K
 
 

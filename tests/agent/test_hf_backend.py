@@ -21,7 +21,8 @@ def host():
 
 def _backend(host, method="nexus", scope="prefill_decode", protocol="true_eviction", max_new=24, **kw):
     cfg = nexus.EvictionConfig(method=method, scope=scope, **kw)
-    return HFBackend(host, eviction=cfg, protocol=protocol, sampling=SamplingConfig(max_new_tokens=max_new))
+    sampling = SamplingConfig(max_new_tokens=max_new)
+    return HFBackend(host, eviction=cfg, protocol=protocol, sampling=sampling, max_context_tokens=65536, seed=0)
 
 
 def _conversation(backend, turns=3, seed=0, forced=None):
@@ -115,7 +116,9 @@ def test_same_seed_same_completions_and_evictions(host):
 
 
 def test_context_window_full_returns_empty(host):
-    b = HFBackend(host, eviction=nexus.EvictionConfig(method="dense"), max_context_tokens=50)
+    b = HFBackend(
+        host, eviction=nexus.EvictionConfig(method="dense"), protocol="true_eviction", max_context_tokens=50, seed=0
+    )
     b.reset(seed=0)
     c = b.complete([Message(role="system", content=SYSTEM), Message(role="user", content=ISSUE)])
     assert c.text == "" and c.tokens_generated == 0 and c.prompt_tokens > 50
@@ -125,14 +128,22 @@ def test_no_per_turn_cap_by_default_the_context_window_governs(host):
     msgs = [Message(role="system", content=SYSTEM), Message(role="user", content=ISSUE)]
     prompt = len(render_chat(host.tokenizer, [m.model_dump() for m in msgs]))
     dense = nexus.EvictionConfig(method="dense")
-    b = HFBackend(host, eviction=dense, max_context_tokens=prompt + 30)  # default SamplingConfig: no cap
+    # default SamplingConfig: no cap
+    b = HFBackend(host, eviction=dense, protocol="true_eviction", max_context_tokens=prompt + 30, seed=0)
     assert b.sampling.max_new_tokens is None
     b.reset(seed=0)
     c = b.complete(msgs)  # random weights: <|im_end|> is (almost) never sampled, so the window stops it
     assert (c.tokens_generated, c.finish_reason) == (30, "length")
     b.reset(seed=0)
     assert b.complete(msgs, max_new_tokens=7).tokens_generated == 7  # a cap the agent passes still applies
-    capped = HFBackend(host, eviction=dense, sampling=SamplingConfig(max_new_tokens=5), max_context_tokens=10**6)
+    capped = HFBackend(
+        host,
+        eviction=dense,
+        protocol="true_eviction",
+        sampling=SamplingConfig(max_new_tokens=5),
+        max_context_tokens=10**6,
+        seed=0,
+    )
     capped.reset(seed=0)
     assert capped.complete(msgs).tokens_generated == 5  # a cap set in the sampling config applies
     capped.reset(seed=0)
@@ -141,7 +152,9 @@ def test_no_per_turn_cap_by_default_the_context_window_governs(host):
 
 def test_bad_inputs_are_clear_errors(host, tmp_path):
     with pytest.raises(ValueError, match="protocol"):
-        HFBackend(host, protocol="sometimes")
+        HFBackend(
+            host, eviction=nexus.EvictionConfig(method="dense"), protocol="sometimes", max_context_tokens=100, seed=0
+        )
     with pytest.raises(ValueError, match="does not exist"):
         load_host(ModelSpec(name=str(tmp_path / "no-such-model")))
     with pytest.raises(ValueError, match="unknown eviction method"):
@@ -165,7 +178,14 @@ def test_the_window_is_capped_at_the_models_positions():
     """max_context_tokens beyond the model's max_position_embeddings would run RoPE on positions it never saw."""
     small = load_host(ModelSpec(name="tiny", weights_seed=0))
     small.model.config.max_position_embeddings = 200
-    backend = HFBackend(small, max_context_tokens=65536, sampling=SamplingConfig(max_new_tokens=4))
+    backend = HFBackend(
+        small,
+        eviction=nexus.EvictionConfig(method="dense"),
+        protocol="true_eviction",
+        max_context_tokens=65536,
+        sampling=SamplingConfig(max_new_tokens=4),
+        seed=0,
+    )
     assert backend.max_context_tokens == 200
     backend.reset(seed=0)
     completion = backend.complete([Message(role="system", content=SYSTEM), Message(role="user", content=ISSUE)])

@@ -9,7 +9,7 @@ import nexus
 from agent_runner.backends.forced_prefix import ForcedPrefix
 from agent_runner.backends.hf import HFBackend
 from agent_runner.config import AgentConfig, EpisodeSpec
-from agent_runner.episode import run_episode
+from agent_runner.episode import EpisodeHooks, run_episode
 from agent_runner.model_host import ModelSpec, load_host
 from agent_runner.records import Message
 from agent_runner.sampling import SamplingConfig
@@ -26,7 +26,8 @@ def host():
 
 def _backend(host, protocol, method="snapkv"):
     cfg = nexus.EvictionConfig(method=method, scope="prefill_decode")
-    return HFBackend(host, eviction=cfg, protocol=protocol, sampling=SamplingConfig(max_new_tokens=12))
+    sampling = SamplingConfig(max_new_tokens=12)
+    return HFBackend(host, eviction=cfg, protocol=protocol, sampling=sampling, max_context_tokens=65536, seed=0)
 
 
 @pytest.mark.parametrize("protocol", ["true_eviction", "full_context"])
@@ -54,9 +55,17 @@ def test_run_episode_stores_the_retention_map_read_before_the_next_reset(host):
     forced = ForcedPrefix(["no call here"], b)  # a forced prefix, then the live backend
     task = TinyTask()
     spec = EpisodeSpec(
-        task_id=task.instance_id, agent=AgentConfig(max_steps=2, max_format_errors=None), grade=False, eviction={}
+        suite="mini",
+        task_id=task.instance_id,
+        backend="hf",
+        protocol="true_eviction",
+        seed=0,
+        agent=AgentConfig(max_steps=2, max_format_errors=None),
+        grade=False,
+        eviction={},
     )
-    result = run_episode(spec, task=task, model=forced, open_environment=lambda task, **kw: RecordingEnvironment())
+    hooks = EpisodeHooks(open_environment=lambda task, **kw: RecordingEnvironment())
+    result = run_episode(spec, task=task, model=forced, hooks=hooks)
     assert result.exit_status == "step_limit", result.error
     assert result.retention is not None and result.retention == b.retention()
     assert result.retention["logical_length"] == result.turns[-1].completion.logical_length

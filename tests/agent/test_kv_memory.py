@@ -30,7 +30,7 @@ def _memory(x) -> tuple[int, ...]:
 
 def _episode(host, cfg, protocol: str, turns: int = 3):
     sampling = SamplingConfig(temperature=1.0, max_new_tokens=24)
-    backend = HFBackend(host, eviction=cfg, protocol=protocol, sampling=sampling)
+    backend = HFBackend(host, eviction=cfg, protocol=protocol, sampling=sampling, max_context_tokens=65536, seed=3)
     backend.reset(seed=3)
     # a long first prompt, short observations: the first turn's prefill is the episode's high-water mark
     msgs = [Message(role="system", content="Fix the bug. " * 40), Message(role="user", content="It fails. " * 30)]

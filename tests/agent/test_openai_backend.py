@@ -98,7 +98,7 @@ def test_request_body_and_parsed_completion(endpoint, monkeypatch):
     }
     assert first.text == "<function=finish></function>" and first.finish_reason == "stop"
     assert (first.prompt_tokens, first.tokens_generated, first.logical_length, first.tokens_appended) == (11, 7, 18, 11)
-    assert first.extra["attempts"] == 1 and first.decode_s > 0
+    assert first.info.attempts == 1 and first.decode_s > 0
 
     second = model.complete([*MESSAGES, Message(role="assistant", content="x"), Message(role="user", content="y")])
     assert endpoint.requests[1]["body"]["seed"] == 6  # seed + turn index
@@ -115,7 +115,7 @@ def test_reasoning_split_by_the_server_is_put_back_as_a_think_block(endpoint):
 def test_http_500_is_retried_then_succeeds(endpoint):
     endpoint.queue = [(500, {"error": "overloaded"}, 0), (503, {"error": "busy"}, 0), (200, reply("ok"), 0)]
     completion = backend(endpoint, max_retries=3).complete(MESSAGES)
-    assert completion.text == "ok" and completion.extra["attempts"] == 3 and len(endpoint.requests) == 3
+    assert completion.text == "ok" and completion.info.attempts == 3 and len(endpoint.requests) == 3
 
 
 def test_client_error_is_not_retried_and_names_the_cause(endpoint):

@@ -123,7 +123,7 @@ def _make_local_task(root: Path) -> Path:
 def test_oracle_resolves_a_local_task_in_a_real_container(tmp_path):
     ready, reason = docker_status()
     require(ready, reason)
-    from env.tasks import load_local_task
+    from tasks.loading import load_local_task
 
     task = load_local_task(_make_local_task(tmp_path))
     turns = []
@@ -141,7 +141,7 @@ def test_submitting_nothing_in_a_real_container_is_an_empty_patch(tmp_path):
     ready, reason = docker_status()
     require(ready, reason)
     from agent_runner.backends.scripted import ScriptedModel
-    from env.tasks import load_local_task
+    from tasks.loading import load_local_task
 
     task = load_local_task(_make_local_task(tmp_path))
     model = ScriptedModel(
@@ -177,7 +177,7 @@ def test_grading_runs_through_env_grading_and_is_skipped_after_an_infra_failure(
 def test_oracle_resolves_the_first_mini_suite_task():
     ready, reason = docker_status()
     require(ready, reason)
-    from env.tasks import load_suite
+    from tasks.loading import load_suite
 
     task = load_suite("mini")[0]
     result = run_task_episode(task, OracleModel(task))

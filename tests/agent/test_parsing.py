@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from agent_runner.parsing import NO_CALL_ERROR, ParsedAction, parse_response, render_call, resynthesize
-from env.tools import ToolCall
+from sandbox.tools import ToolCall
 
 TYPICAL = """<think>
 The bug is in add(); let me look.

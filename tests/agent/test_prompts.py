@@ -1,4 +1,4 @@
-"""The r2egym-structured prompts: tool manual from env.tools.TOOL_SPECS, call format, issue, step budget."""
+"""The r2egym-structured prompts: tool manual from sandbox.tools.TOOL_SPECS, call format, issue, step budget."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import re
 
 from agent_runner import prompts
 from agent_runner.parsing import parse_response
-from env.tools import NO_FUNCTION_CALL_REMINDER, TOOL_SPECS
+from sandbox.tools import NO_FUNCTION_CALL_REMINDER, TOOL_SPECS
 
 from .conftest import TinyTask
 

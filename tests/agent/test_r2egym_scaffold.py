@@ -32,7 +32,7 @@ from agent_runner.backends.scripted import ScriptedModel
 from agent_runner.config import AgentConfig, SamplingConfig
 from agent_runner.parsing import parse_response, render_call
 from agent_runner.records import Completion
-from env.tools import NO_FUNCTION_CALL_REMINDER, ToolCall
+from sandbox.tools import NO_FUNCTION_CALL_REMINDER, ToolCall
 from tests.conftest import r2egym_peer
 
 from .conftest import RecordingEnvironment, TinyTask, run_loop

@@ -27,8 +27,8 @@ from agent_runner.model_host import load_host, load_tokenizer, render_chat
 from agent_runner.parsing import render_call
 from agent_runner.real_models import SOURCE_FILE, ensure_preset, is_ready, preset, preset_path
 from agent_runner.scaffold import NEXUS_SCAFFOLD
-from env.tools import ToolCall
 from nexus.testing import StreamRecorder, masked_reference_logits
+from sandbox.tools import ToolCall
 
 from .conftest import TinyTask
 
@@ -298,7 +298,7 @@ def test_true_eviction_stream_equals_the_full_render_on_smollm2(smollm2_host):
     tok = smollm2_host.tokenizer
     backend = HFBackend(
         smollm2_host, eviction=nexus.EvictionConfig(method="dense"), protocol="true_eviction",
-        sampling=SamplingConfig(max_new_tokens=8),
+        sampling=SamplingConfig(max_new_tokens=8), max_context_tokens=65536, seed=0,
     )  # fmt: skip
     backend.reset(seed=0)
     msgs = [Message(**m) for m in agent_messages()[:2]]

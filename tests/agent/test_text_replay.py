@@ -64,7 +64,9 @@ def tiny_host():
 
 
 def _backend_turns(host, messages: list[Message], protocol: str):
-    backend = HFBackend(host, protocol=protocol, max_context_tokens=8192)
+    backend = HFBackend(
+        host, eviction=nexus.EvictionConfig(method="dense"), protocol=protocol, max_context_tokens=8192, seed=0
+    )
     backend.reset(seed=0)
     turns = []
     for t, m in enumerate(messages):

@@ -133,7 +133,7 @@ def job_run(tmp_path_factory) -> JobRun:
     compare = cli("compare", job_id, "--db", str(db_path), "--format", "json", timeout=120)
     assert compare.returncode == 0, _failed("nexus-eval compare", compare)
     episodes = _episodes(sqlite_url(db_path), job_id)
-    # dense runs once per task and seed, in the first cell; the other rows reuse it (workers.spec: dense_per_cell)
+    # dense runs once per task and seed, in the first cell; the other rows reuse it (jobs.spec: dense_per_cell)
     cells = {(m, p) for m in METHODS for p in PROTOCOLS if m != "dense" or p == PROTOCOLS[0]}
     assert {(e["method"], e["protocol"]) for e in episodes} == cells and len(episodes) == len(cells), episodes
     return JobRun(db_path, job_id, json.loads(compare.stdout), episodes, seconds)

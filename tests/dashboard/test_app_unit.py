@@ -22,9 +22,9 @@ from dashboard.report import write_report
 from db import connect, sqlite_url
 from db import store as db_store
 from db.models import Episode
+from jobs.spec import EpisodeKey
+from results.compare import compare_jobs
 from tests.service.db_fixtures import pg_db_fixture  # noqa: F401  (fixture)
-from workers.compare import compare_jobs
-from workers.spec import EpisodeKey
 
 TOKEN = "unit-test-token-5d1b"  # 16+ characters, as create_app requires
 PATCH = "diff --git a/x.py b/x.py\n--- a/x.py\n+++ b/x.py\n@@ -1 +1 @@\n-a = 1\n+a = 2\n"
@@ -225,7 +225,7 @@ def test_rerun_and_cancel_do_what_the_cli_does(tmp_path, filled):
         conn.execute("UPDATE episodes SET status = 'infra_failure' WHERE status = 'unresolved'")
     done = c.post(f"/jobs/{copy.job_id}/rerun-failed", headers=auth, follow_redirects=False)
     assert done.status_code == 303 and done.headers["location"] == f"/jobs/{copy.job_id}?notice=rerun&n=3"
-    assert len(celery.sent) == 3 and {name for name, _ in celery.sent} == {"nexus.run_episode"}
+    assert len(celery.sent) == 3 and {name for name, _ in celery.sent} == {"nexus.episode"}
     assert "3 new attempt(s) enqueued" in c.get(done.headers["location"]).text
     c.get(f"/jobs?token={TOKEN}")  # the cookie signs the form posts
     done = c.post(f"/jobs/{copy.job_id}/cancel", follow_redirects=False)

@@ -21,8 +21,8 @@ from db import connect, sqlite_url
 from db import store as db_store
 from db.models import Episode
 from db.replays import record_replay
+from jobs.spec import EpisodeKey
 from tests.dashboard.test_app_unit import FakeCelery
-from workers.spec import EpisodeKey
 
 # -- the marking ----------------------------------------------------------------------------------------------
 

@@ -26,9 +26,9 @@ from dashboard.app import create_app
 from db import connect, sqlite_url
 from db import store as db_store
 from db.models import Episode
+from jobs.spec import EpisodeKey
 from tests.dashboard.test_app_unit import FakeCelery
 from tests.service.db_fixtures import pg_db_fixture  # noqa: F401  (fixture)
-from workers.spec import EpisodeKey
 
 TOKEN = "lists-test-token"
 

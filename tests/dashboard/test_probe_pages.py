@@ -16,8 +16,8 @@ from dashboard.app import create_app
 from dashboard.report import write_report
 from db import connect, sqlite_url
 from db.probes import add_results, create_probe_run, finish_probe_run, start_probe_run
-from workers.probe_render import render, to_csv
-from workers.probe_stats import load_probe_table
+from results.probe_render import render, to_csv
+from results.probe_stats import load_probe_table
 
 VARIANTS = ("dense", "snapkv", "nexus(lam=0)")
 DENSITIES = (0.1, 0.3)

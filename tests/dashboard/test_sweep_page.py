@@ -10,9 +10,9 @@ from __future__ import annotations
 import pytest
 
 from db import connect, sqlite_url
+from results.compare import compare_jobs
 from tests.dashboard.conftest import start_server
 from tests.service.sweep_fixtures import DENSITIES, METHODS, store_sweep
-from workers.compare import compare_jobs
 
 pytestmark = pytest.mark.slow
 

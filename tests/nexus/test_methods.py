@@ -68,7 +68,7 @@ def test_unknown_names_are_clear_errors():
 
 def test_the_vocabulary_and_the_configs_import_without_torch():
     code = (
-        "import sys, nexus, nexus.methods, nexus.config, workers.spec, db, agent_runner.config;"
+        "import sys, nexus, nexus.methods, nexus.config, jobs.spec, db, agent_runner.config;"
         "nexus.EvictionConfig.__post_init__;"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers'));"
         "print(bad); sys.exit(1 if bad else 0)"

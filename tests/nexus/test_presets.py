@@ -1,22 +1,126 @@
-"""Presets: complete, equal to the library's defaults where they say so, and buildable for every method."""
+"""Presets: the `paper` preset is the paper's published settings, complete, derived from the one place each default
+is written (the policy dataclasses), and every preset builds every method."""
 
 from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
 
 import pytest
 
 import nexus
-from nexus.config import SHARED_FIELDS
-from nexus.methods import METHODS
+from nexus.config import EVICTION_DEFAULTS, SHARED_FIELDS
+from nexus.methods import METHODS, POLICIES_DIR
 from nexus.policies import make_policy, policy_settings
-from nexus.presets import PAPER, PER_METHOD_SHARED_FIELDS, PRESETS, preset_settings, resolve
+from nexus.presets import PAPER, PER_METHOD_SHARED_FIELDS, PRESETS, preset_settings, resolve, source_defaults
+
+#: The Nexus Sampling paper's published settings (section 5.1, "Implementation details": b = 32, W = 16, H = 3,
+#: lambda = 0.5, eps_tie = 1e-6, n = 5, a fixed random seed, at 80% eviction; ../shared/reference/nexus-sampling.md),
+#: written out here as the external reference the library's defaults are held against.
+PUBLISHED_SHARED = {"density": 0.2, "block_size": 32, "window": 16}
+PUBLISHED_NEXUS = {"walk_steps": 3, "lam": 0.5, "eps_tie": 1e-6, "reservoir_n": 5}
+
+#: The whole `paper` preset. The paper gives Nexus's values above and none of the baselines': theirs are this
+#: library's documented choices (docs/methods.md, "Per-method settings and presets"), written out so that a changed
+#: default is a visible change of what `paper` means (a stored job holds its resolved settings).
+_SNAPKV = {"kernel_size": 7, "pooling": "max", "pool_per_query_head": False}
+_PYRAMIDKV = {**_SNAPKV, "beta": 20, "cap_to_length": True}
+_ADA = {"floor_alpha": 0.2, "normalize": False}
+_NEXUS = {
+    **PUBLISHED_NEXUS,
+    "walk_rows": "recent",
+    "weight_scale": "raw",
+    "head_scores": "averaged",
+    "leftover": "partial_block",
+}
+PAPER_PRESET = {
+    "dense": {},
+    "snapkv": _SNAPKV,
+    "pyramidkv": _PYRAMIDKV,
+    "ada_snapkv": {**_ADA, **_SNAPKV},
+    "ada_pyramidkv": {**_ADA, **_PYRAMIDKV},
+    "h2o": {
+        "recent_rule": "ratio",
+        "recent_ratio": 0.5,
+        "normalize": False,
+        "chunk_rows": 512,
+        "chunk_elements": 2**27,
+    },
+    "morphkv": {"fusion": "max"},
+    "streaming_llm": {"n_sink": 4},
+    "nexus": _NEXUS,
+    "ada_nexus": {**_ADA, **_NEXUS},
+}
 
 
-def test_every_method_has_a_complete_paper_preset_equal_to_its_defaults():
-    """`paper` lists every hyperparameter of every method with the dataclass default, so a stored job holds
-    complete settings and a changed default cannot silently change what `paper` means."""
-    assert set(PAPER) == set(METHODS)
+def test_the_paper_preset_is_the_papers_published_settings():
+    """The library's defaults (EvictionConfig's shared fields, every policy's hyperparameters) are the paper's,
+    complete for every method, and what a policy built without arguments holds."""
+    assert {k: EVICTION_DEFAULTS[k] for k in PUBLISHED_SHARED} == PUBLISHED_SHARED
+    assert (EVICTION_DEFAULTS["seed"], EVICTION_DEFAULTS["method"]) == (0, "nexus")  # a fixed seed; ours is 0
+    for method in ("nexus", "ada_nexus"):
+        assert {k: PAPER[method][k] for k in PUBLISHED_NEXUS} == PUBLISHED_NEXUS, method
+    assert dict(PAPER) == PAPER_PRESET
+    assert tuple(PAPER) == METHODS
     for method in METHODS:
-        assert policy_settings(make_policy(method)) == PAPER[method], method
+        assert policy_settings(make_policy(method)) == PAPER_PRESET[method], method
+    cfg = nexus.EvictionConfig.from_preset("nexus")
+    assert {k: getattr(cfg, k) for k in PUBLISHED_SHARED} == PUBLISHED_SHARED
+    assert policy_settings(cfg.policy) == PAPER_PRESET["nexus"]
+
+
+def test_the_paper_preset_is_read_from_the_policy_dataclasses(tmp_path):
+    """`PAPER` restates no default: it is read from the policy sources (without torch), so a default changed in its
+    dataclass (or a new method's file) changes `paper` with nothing else to edit."""
+    assert source_defaults() == dict(PAPER)
+    copy = tmp_path / "policies"
+    shutil.copytree(POLICIES_DIR, copy)
+    nexus_py = copy / "nexus.py"
+    text = nexus_py.read_text(encoding="utf-8")
+    assert text.count("    walk_steps: int = 3\n") == 1
+    nexus_py.write_text(text.replace("    walk_steps: int = 3\n", "    walk_steps: int = 4\n"), encoding="utf-8")
+    ada_py = copy / "ada.py"
+    text = ada_py.read_text(encoding="utf-8")
+    assert text.count("    floor_alpha: float = 0.2\n") == 1  # AdaKV's field: the one place, for all three ada_*
+    ada_py.write_text(
+        text.replace("    floor_alpha: float = 0.2\n", "    floor_alpha: float = 0.3\n"), encoding="utf-8"
+    )
+    (copy / "mine.py").write_text(
+        "from dataclasses import dataclass\nfrom nexus.methods import register\nfrom nexus.policies.snapkv import "
+        "SnapKV\n\n\n@register('mine')\n@dataclass(frozen=True)\nclass Mine(SnapKV):\n    k: int = 2**3\n",
+        encoding="utf-8",
+    )
+    changed = source_defaults(copy)
+    assert changed["nexus"]["walk_steps"] == changed["ada_nexus"]["walk_steps"] == 4
+    assert {changed[m]["floor_alpha"] for m in ("ada_snapkv", "ada_pyramidkv", "ada_nexus")} == {0.3}
+    assert changed["mine"] == {**PAPER["snapkv"], "k": 8}
+    assert {
+        m: v for m, v in changed.items() if m not in ("nexus", "ada_nexus", "ada_snapkv", "ada_pyramidkv", "mine")
+    } == {m: v for m, v in PAPER.items() if m not in ("nexus", "ada_nexus", "ada_snapkv", "ada_pyramidkv")}
+
+
+def test_a_default_the_source_reader_cannot_read_is_an_error(tmp_path):
+    (tmp_path / "odd.py").write_text(
+        "from dataclasses import dataclass\nfrom nexus.methods import register\n\n\n@register('odd')\n"
+        "@dataclass(frozen=True)\nclass Odd:\n    k: int = len('ab')\n",
+        encoding="utf-8",
+    )
+    with pytest.raises(ValueError, match=r"Odd.k: a policy setting's default must be a literal"):
+        source_defaults(tmp_path)
+    (tmp_path / "odd.py").write_text(
+        "from dataclasses import dataclass\nfrom nexus.methods import register\n\n\n@register('odd')\n"
+        "@dataclass(frozen=True)\nclass Odd:\n    k: int\n",
+        encoding="utf-8",
+    )
+    with pytest.raises(ValueError, match=r"odd: every setting needs a default"):
+        source_defaults(tmp_path)
+
+
+def test_the_presets_import_without_torch():
+    code = "import sys, nexus.presets; print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
 
 
 @pytest.mark.parametrize("preset", PRESETS)

@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from env.docker_daemon import docker_host
+from sandbox.docker_daemon import docker_host
 from tests.conftest import require
 from tests.service.worker_fixtures import redis_ping, wait_until
 
@@ -267,8 +267,8 @@ class OwnDockerd(_Own):
 def mini_task_images(task_ids: list[str]) -> list[str]:
     """The base image and the local image tags of these ``mini`` suite tasks, as the project computes them
     (``ensure_task_image``, which builds a missing one on the shared daemon)."""
-    from env.images import BASE_IMAGE_TAG, docker_client, ensure_task_image
-    from env.tasks import load_suite, pick_task
+    from tasks.images import BASE_IMAGE_TAG, docker_client, ensure_task_image
+    from tasks.loading import load_suite, pick_task
 
     tasks = load_suite("mini")
     client = docker_client()

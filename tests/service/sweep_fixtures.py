@@ -4,7 +4,7 @@ grade API with per-turn cache telemetry that depends on the method and the densi
 
 The numbers are chosen, not measured (what is under test is that compare, its formats, the pages and the
 report carry exactly what the episodes stored); :func:`expected_cost` recomputes a cell's cost from the stored
-rows independently of ``workers.cost``."""
+rows independently of ``results.cost``."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from statistics import mean
 from db import Database
 from db import store as db_store
 from db.models import Episode, Turn
-from workers.spec import JobSpec
+from jobs.spec import JobSpec
 
 TASKS = ["t1", "t2", "t3"]
 DENSITIES = (0.1, 0.2, 0.5)

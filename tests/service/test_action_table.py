@@ -1,4 +1,4 @@
-"""The action table of compare (workers.action_stats) and demonstrations kept apart from Pass@1.
+"""The action table of compare (results.action_stats) and demonstrations kept apart from Pass@1.
 
 Replay rows are written with ``db.replays.record_replay`` from hand-made scores (the spans' ActionSummary made by
 the real ``agent_runner.action_scores.summarize``); the source episodes are an ``expert`` job's dense episodes,
@@ -17,12 +17,13 @@ import pytest
 from agent_runner.action_scores import SpanScore, summarize
 from db import store as st
 from db.replays import record_replay
+from jobs.spec import JobSpec
+from results.action_stats import DISTANCE_BUCKETS, distance_bucket
+from results.compare import compare_jobs
+from results.compare_csv import ACTION_COLUMNS, REPLAY_COLUMNS, SUMMARY_COLUMNS
+from results.compare_render import render
+from results.stats import MIN_BOOTSTRAP_UNITS
 from tests.service.db_fixtures import any_db_fixture, sqlite_db_fixture  # noqa: F401  (fixtures)
-from workers.action_stats import DISTANCE_BUCKETS, distance_bucket
-from workers.compare import compare_jobs
-from workers.compare_render import ACTION_COLUMNS, REPLAY_COLUMNS, SUMMARY_COLUMNS, render
-from workers.spec import JobSpec
-from workers.stats import MIN_BOOTSTRAP_UNITS
 
 MODEL = "smollm2-135m"
 SCOPE, PROTOCOL = "prefill_decode", "true_eviction"

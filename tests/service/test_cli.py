@@ -14,11 +14,12 @@ import yaml
 from db import connect, sqlite_url
 from db import store as db_store
 from db.models import Episode, Job
+from jobs.queue import make_app
+from jobs.settings import ServiceSettings
+from jobs.spec import JobSpec
+from jobs.submit import create_job_rows, load_tasks, plan_job
 from tests.service.worker_fixtures import cli, oracle_job, write_job
-from workers.app import ServiceSettings, make_app
 from workers.execution import ExecutionOutcome, execute_episode
-from workers.spec import JobSpec
-from workers.submit import create_job_rows, load_tasks
 
 
 def invoke(*args: str):
@@ -51,7 +52,7 @@ def local(tmp_path):
 def _finished_job(db, statuses=("resolved", "unresolved")):
     """A job of two oracle episodes finished through the claim API with the given final statuses."""
     spec = JobSpec.from_dict(oracle_job(["humanfmt__humanfmt-1", "dslib__dslib-1"], ["nexus"], ["true_eviction"]))
-    job_id, ids = create_job_rows(db, spec, load_tasks(spec))
+    job_id, ids = create_job_rows(db, plan_job(spec, load_tasks(spec)))
     for episode_id, status in zip(ids, statuses, strict=True):
         with db.session() as s:
             claim = db_store.claim_episode(s, episode_id)
@@ -87,8 +88,8 @@ def test_app_has_the_long_task_settings_and_routes(tmp_path):
     conf = app.conf
     assert (conf.task_acks_late, conf.task_reject_on_worker_lost, conf.worker_prefetch_multiplier) == (True, True, 1)
     assert (conf.task_soft_time_limit, conf.task_time_limit) == (100, 200)
-    assert conf.task_routes["nexus.run_episode"] == {"queue": "gpu"}
-    assert conf.task_routes["nexus.grade_episode"] == {"queue": "grade"}
+    assert conf.task_routes["nexus.episode"] == {"queue": "gpu"}
+    assert conf.task_routes["nexus.grade"] == {"queue": "grade"}
     assert app.conf.broker_url.startswith("sqla+sqlite:///") and str(tmp_path) in app.conf.broker_url
     redis_app = make_app(ServiceSettings(broker_url="redis://127.0.0.1:6379/3", hard_time_limit_s=20_000))
     assert redis_app.conf.broker_transport_options["visibility_timeout"] == 20_000 + 3600
@@ -121,6 +122,27 @@ def test_bad_method_settings_are_refused_before_anything_is_stored(local, tmp_pa
     assert done.exit_code == 2 and "unknown preset 'best'" in done.output
     with db.session() as s:
         assert (s.query(Job).count(), s.query(Episode).count()) == (0, 0)
+
+
+def test_a_submission_plans_its_fan_out_once(local, tmp_path, monkeypatch):
+    """``load_job`` loads the tasks and plans the episodes (the selection checked before anything is stored);
+    ``submit`` stores and sends that plan, computing nothing again."""
+    import jobs.submit
+    from nexus_eval.commands._job_flags import load_job
+
+    db, _ = local
+    plans = []
+    real = jobs.submit.plan_episodes
+    monkeypatch.setattr(jobs.submit, "plan_episodes", lambda spec, tasks: plans.append(spec) or real(spec, tasks))
+    job = oracle_job(["humanfmt__humanfmt-1", "dslib__dslib-1"], ["dense", "nexus"], ["true_eviction"])
+    plan = load_job(write_job(tmp_path / "job.yaml", **job), {"seeds": [0, 1]}, what="nothing was submitted")
+    assert len(plan.keys) == 8 and {k.task_id for k in plan.keys} == {"humanfmt__humanfmt-1", "dslib__dslib-1"}
+    app = make_app(ServiceSettings(db_url=db.url))
+    job_id, sent = jobs.submit.submit(db, plan, app=app)
+    assert len(plans) == 1 and sent == 8
+    with db.session() as s:
+        stored = [(r.task_id, r.method, r.config) for r in db_store.episodes_for_job(s, job_id)]
+    assert sorted(stored, key=str) == sorted(((k.task_id, k.method, k.config) for k in plan.keys), key=str)
 
 
 def test_compare_inspect_export_and_status_read_the_database(local):
@@ -175,7 +197,7 @@ def test_rerun_failed_adds_new_attempt_rows_for_broken_runs_only_and_keeps_the_o
 def test_cancelled_job_episodes_do_nothing_when_their_message_arrives(local):
     db, env = local
     spec = JobSpec.from_dict(oracle_job(["humanfmt__humanfmt-1"], ["dense", "nexus"], ["true_eviction"]))
-    job_id, ids = create_job_rows(db, spec, load_tasks(spec))
+    job_id, ids = create_job_rows(db, plan_job(spec, load_tasks(spec)))
     done = cli("cancel", job_id, env=env)
     assert done.returncode == 0, done.stderr
     outcome = execute_episode(db, ids[0])
@@ -196,7 +218,7 @@ def test_worker_episodes_per_gpu_runs_one_threaded_process(local, monkeypatch):
     """The flag reaches the worker's one settings object (what each episode task hands execute_episode), not
     the process environment; the environment's value is the default when the flag is not given."""
     import nexus_eval.commands.service as service_cmd
-    from workers.app import ServiceSettings
+    from jobs.settings import ServiceSettings
 
     bad = invoke("worker", "--queues", "gpu", "--episodes-per-gpu", "0")
     assert bad.exit_code == 2 and "episodes-per-gpu" in bad.output

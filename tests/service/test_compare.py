@@ -9,18 +9,12 @@ import json
 import pytest
 
 from db import store as st
+from jobs.spec import JobSpec
+from results.compare import build_table, compare_jobs, merge_jobs, natural_key, summarize_cell
+from results.compare_csv import SUMMARY_COLUMNS, to_csv
+from results.compare_render import cell_text, render
+from results.compare_table import TASK_BOOTSTRAP, Outcome
 from tests.service.db_fixtures import sqlite_db_fixture  # noqa: F401  (fixture)
-from workers.compare import (
-    TASK_BOOTSTRAP,
-    Outcome,
-    build_table,
-    compare_jobs,
-    merge_jobs,
-    natural_key,
-    summarize_cell,
-)
-from workers.compare_render import SUMMARY_COLUMNS, cell_text, render, to_csv
-from workers.spec import JobSpec
 
 TASKS = [f"t{i}" for i in range(1, 11)]
 DENSE_RESOLVED = {f"t{i}" for i in range(1, 8)}  # 7/10
@@ -269,7 +263,7 @@ def test_compare_notes_name_per_method_settings_and_presets(sqlite_db):
 def test_grading_notes_name_the_tools_and_the_offline_verdicts():
     from types import SimpleNamespace
 
-    from workers.compare import grading_notes
+    from results.compare_notes import grading_notes
 
     def ep(task, status, grader="swebench", needs_network=False):
         grade = {"needs_network": needs_network}
@@ -295,7 +289,7 @@ def test_seed_notes_flag_episodes_stored_when_every_seed_sampled_with_seed_0():
     copies. Rows written since have no ``agent.seed``; an oracle backend samples nothing."""
     from types import SimpleNamespace
 
-    from workers.compare import seed_notes
+    from results.compare_notes import seed_notes
 
     def ep(seed, agent=None, backend="hf"):
         config = {"backend": backend, "seed": seed, "agent": {"max_steps": 4, **(agent or {})}}

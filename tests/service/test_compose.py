@@ -6,7 +6,7 @@ from pathlib import Path
 
 import yaml
 
-from workers.app import QUEUES
+from jobs.queue import QUEUES
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = yaml.safe_load((ROOT / "compose.yaml").read_text())
@@ -83,7 +83,7 @@ def test_the_image_build_context_leaves_out_databases_history_and_secrets(tmp_pa
     """.dockerignore, read by docker-py's own matcher: `COPY . /app` must not bake these into the worker image."""
     from docker.utils import exclude_paths
 
-    keep = ["workers/app.py", "docker/worker.Dockerfile", "pyproject.toml"]
+    keep = ["jobs/settings.py", "docker/worker.Dockerfile", "pyproject.toml"]
     drop = [
         ".git/config",
         ".env",

@@ -177,7 +177,7 @@ def test_every_package_speaks_the_stored_status_words():
     from agent_runner.agent import AgentExit
     from agent_runner.records import ExitStatus
     from db.models import AGENT_EXIT_STATUSES, GRADE_STATUSES, RUN_FAILURE_STATUSES, EpisodeStatus
-    from env.grading import Status
+    from grading import Status
 
     exits = {cls.exit_status for cls in AgentExit.__subclasses__()}
     assert exits == set(get_args(ExitStatus)) == AGENT_EXIT_STATUSES | {"infra_failure"}

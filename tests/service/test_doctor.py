@@ -13,13 +13,13 @@ import pytest
 
 from db import connect, sqlite_url
 from db.models import Job
-from env.docker_daemon import NeedsManualSetup, daemon_state, ensure_daemon
+from jobs.spec import JobSpec
+from jobs.submit import create_job_rows, load_tasks, plan_job
 from nexus_eval import readiness
 from nexus_eval.readiness import Check
+from sandbox.docker_daemon import NeedsManualSetup, daemon_state, ensure_daemon
 from tests.conftest import docker_status, require
 from tests.service.worker_fixtures import oracle_job
-from workers.spec import JobSpec
-from workers.submit import create_job_rows, load_tasks
 
 
 def closed_port() -> int:
@@ -77,7 +77,7 @@ def test_ensure_daemon_does_not_start_one_for_another_host(no_daemon):
 
 
 def test_debootstrap_missing_without_apt_says_what_to_install(monkeypatch, tmp_path):
-    from env.docker_daemon import ensure_debootstrap
+    from sandbox.docker_daemon import ensure_debootstrap
 
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(NeedsManualSetup, match="apt-get install -y debootstrap"):
@@ -133,7 +133,7 @@ def test_database_check_unreachable_postgres():
     assert "s3cret" not in check.detail and "***" in check.detail
 
 
-def test_doctor_without_an_engine_exits_1(no_daemon, tmp_path):
+def test_doctor_without_docker_exits_1(no_daemon, tmp_path):
     result = invoke("doctor", "--db", str(tmp_path / "d.db"))
     assert result.exit_code == 1, result.output
     for row in ("python: torch", "docker daemon", "base image", "task images (16)", "broker", "database", "gpu"):
@@ -141,7 +141,7 @@ def test_doctor_without_an_engine_exits_1(no_daemon, tmp_path):
     assert "not ready" in result.output
 
 
-def test_run_without_an_engine_stores_nothing(no_daemon, fresh_db):
+def test_run_without_docker_stores_nothing(no_daemon, fresh_db):
     result = invoke("run", "--backend", "oracle", "--db", fresh_db.url)
     assert result.exit_code == 2, result.output
     assert "docker daemon: no daemon answers" in result.output
@@ -149,7 +149,7 @@ def test_run_without_an_engine_stores_nothing(no_daemon, fresh_db):
     assert jobs_in(fresh_db) == 0
 
 
-def test_submit_without_an_engine_stores_nothing(no_daemon, fresh_db):
+def test_submit_without_docker_stores_nothing(no_daemon, fresh_db):
     """With the embedded broker the worker is this machine, so submit checks its daemon too."""
     result = invoke("submit", "--backend", "oracle", "--db", fresh_db.url)
     assert result.exit_code == 2, result.output
@@ -180,7 +180,7 @@ def test_failure_reasons_count_first_lines(fresh_db):
     spec = JobSpec.from_dict(
         oracle_job(["humanfmt__humanfmt-1", "dslib__dslib-1"], ["dense", "nexus"], ["true_eviction"])
     )
-    job_id, ids = create_job_rows(fresh_db, spec, load_tasks(spec))
+    job_id, ids = create_job_rows(fresh_db, plan_job(spec, load_tasks(spec)))
     errors = [
         ("infra_failure", "ImageError: cannot reach the Docker daemon (boom)\nTraceback ...\n  line 3"),
         ("infra_failure", "ImageError: cannot reach the Docker daemon (boom)\nTraceback, another one"),
@@ -225,7 +225,7 @@ def test_base_image_check_states(monkeypatch, tmp_path):
 
 @pytest.mark.docker
 def test_task_images_check(monkeypatch, tmp_path):
-    from env.tasks import load_suite
+    from tasks.loading import load_suite
 
     client = _daemon()
     tasks = load_suite("mini")[:2]

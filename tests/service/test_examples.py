@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from workers.app import ServiceSettings
-from workers.spec import AGENT_CASE_JOB_FILE, QUICK_JOB_FILE, JobSpec
-from workers.submit import load_tasks, plan_episodes
+from jobs.settings import ServiceSettings
+from jobs.spec import AGENT_CASE_JOB_FILE, QUICK_JOB_FILE, JobSpec
+from jobs.submit import load_tasks, plan_episodes
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 JOB_FILES = sorted(EXAMPLES.glob("*.yaml"))

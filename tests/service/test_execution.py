@@ -11,12 +11,12 @@ from celery.exceptions import SoftTimeLimitExceeded
 
 from agent_runner.backends.scripted import ScriptedModel
 from db import store as db_store
+from jobs.spec import JobSpec
+from jobs.submit import create_job_rows, load_tasks, plan_job
 from tests.agent.conftest import RecordingEnvironment
 from tests.service.db_fixtures import sqlite_db_fixture  # noqa: F401  (fixture)
 from tests.service.worker_fixtures import oracle_job
 from workers.execution import EpisodeHooks, SoftTimeout, execute_episode
-from workers.spec import JobSpec
-from workers.submit import create_job_rows, load_tasks
 
 LS = "<function=execute_bash>\n<parameter=cmd>ls</parameter>\n</function>"
 
@@ -37,7 +37,7 @@ class RaisesOnSecondCall(ScriptedModel):
 
 def _run(db, error: BaseException, time_limits: tuple[type[BaseException], ...]):
     spec = JobSpec.from_dict(oracle_job(["humanfmt__humanfmt-1"], ["dense"], ["true_eviction"]))
-    _, (episode_id,) = create_job_rows(db, spec, load_tasks(spec))
+    _, (episode_id,) = create_job_rows(db, plan_job(spec, load_tasks(spec)))
     hooks = EpisodeHooks(
         wrap_model=lambda model: RaisesOnSecondCall(error),
         open_environment=lambda task, **kw: RecordingEnvironment(),

@@ -46,7 +46,7 @@ FAST = {
     "NEXUS_EVAL_STALE_AFTER": "12",
     "NEXUS_EVAL_SWEEP": "3",
     "NEXUS_EVAL_DB_RETRY": "90",
-    "NEXUS_EVAL_ENGINE_WAIT": "120",
+    "NEXUS_EVAL_DOCKER_WAIT": "120",
 }
 
 
@@ -257,7 +257,7 @@ def test_redis_worker_killed_whole_is_taken_over_within_the_heartbeat_bound(pg_d
     assert row.result["took_over_from"] == victim and row.n_turns == 4
 
 
-def test_docker_engine_restart_pauses_the_worker_and_retries_infra_failures(pg_db, tmp_path):
+def test_docker_restart_pauses_the_worker_and_retries_infra_failures(pg_db, tmp_path):
     """Fault 4: while the engine is down no episode is taken; one cut short is retried as a new attempt."""
 
     with OwnDockerd() as engine:

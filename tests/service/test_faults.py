@@ -174,7 +174,7 @@ def test_two_workers_never_run_the_same_episode_twice(pg_db, tmp_path):
             [
                 "python",
                 "-c",
-                f"from db import connect; from workers.celery_tasks import enqueue_pending; "
+                f"from db import connect; from jobs.control import enqueue_pending; "
                 f"print(enqueue_pending(connect({pg_db.url!r}), {job_id!r}))",
             ],
             env=env,

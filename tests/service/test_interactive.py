@@ -10,12 +10,12 @@ import pytest
 
 from db import connect, sqlite_url
 from db import store as db_store
+from jobs.spec import JobSpec
+from jobs.submit import create_job_rows, load_tasks, plan_job
 from tests.conftest import docker_status, require
 from tests.service.worker_fixtures import ROOT, oracle_job
 from workers.execution import execute_episode, grade_stored_episode
 from workers.interactive import parse_edit
-from workers.spec import JobSpec
-from workers.submit import create_job_rows, load_tasks
 
 EDITED = (
     "base64 -d /tmp/gold.patch.b64 > /tmp/gold.patch && cd /testbed && "
@@ -53,7 +53,7 @@ def test_interactive_rerun_edit_continue_finish_in_a_real_terminal(tmp_path):
     url = sqlite_url(tmp_path / "nexus-eval.db")
     db = connect(url)
     spec = JobSpec.from_dict(oracle_job(["humanfmt__humanfmt-1"], ["nexus"], ["true_eviction"]))
-    job_id, (source_id,) = create_job_rows(db, spec, load_tasks(spec))
+    job_id, (source_id,) = create_job_rows(db, plan_job(spec, load_tasks(spec)))
     assert execute_episode(db, source_id).needs_grade
     assert grade_stored_episode(db, source_id) == "resolved"
 

@@ -1,4 +1,4 @@
-"""``db.liveness`` and ``workers.heartbeat`` on SQLite: who holds an episode, when its holder is gone, handing a
+"""``db.liveness`` and ``workers.faults.heartbeat`` on SQLite: who holds an episode, when its holder is gone, handing a
 run or a grade back (compare-and-swap), what only a message would start (``unsent``), the workers' own rows, and
 the heartbeat thread. Times are explicit (``now=``, a claim made in the past) and deaths are ``is_dead=``
 callables, so nothing sleeps except the heartbeat thread's own test."""
@@ -28,7 +28,7 @@ from db.liveness import (
 from db.models import Episode, Job, Turn, utcnow
 from tests.service.db_fixtures import sqlite_db_fixture  # noqa: F401  (fixtures)
 from tests.service.test_db_store import Key, _run_to
-from workers.heartbeat import Heartbeat
+from workers.faults.heartbeat import Heartbeat
 
 BOUND = 60.0  # stale_after_s in these tests
 SILENT = timedelta(seconds=BOUND + 5)  # a holder silent this long is gone

@@ -16,13 +16,13 @@ import json
 import pytest
 import yaml
 
-import env.tasks
+import tasks.loading
 from db import connect, sqlite_url
 from db import store as db_store
+from jobs.spec import QUICK_JOB_FILE, JobSpec
+from jobs.submit import create_job_rows, load_tasks, plan_job
 from tests.conftest import docker_status, require
-from workers.execution import execute_episode, grade_stored_episode
-from workers.spec import QUICK_JOB_FILE, JobSpec
-from workers.submit import create_job_rows, load_tasks
+from workers.execution import WorkerContext, execute_episode, grade_stored_episode
 from workers.task_cache import TaskCache
 
 TASK = "humanfmt__humanfmt-1"
@@ -110,9 +110,9 @@ def test_each_seed_samples_its_own_episode_through_the_service_path(tmp_path):
     tasks = TaskCache()
     runs = {}
     for name, spec in (("first", _dense_job([0, 1])), ("again", _dense_job([0]))):
-        _, ids = create_job_rows(db, spec, load_tasks(spec))
+        _, ids = create_job_rows(db, plan_job(spec, load_tasks(spec)))
         for episode_id in ids:
-            assert execute_episode(db, episode_id, tasks=tasks).written
+            assert execute_episode(db, episode_id, worker=WorkerContext(tasks=tasks)).written
             with db.session() as s:
                 row = db_store.get_episode(s, episode_id)
                 runs[(name, row.seed)] = (row.turns[0].tokens["generated"], row.turns[0].completion, dict(row.config))
@@ -143,20 +143,20 @@ def test_each_seed_samples_its_own_episode_through_the_cli_episode_verb():
 @pytest.mark.docker
 @pytest.mark.slow
 def test_the_task_source_is_loaded_once_per_submit_and_once_per_worker_process(tmp_path, monkeypatch):
-    """A counting loader around ``env.tasks.load_source``: the CLI's submit (validation, preflight, fan-out and
+    """A counting loader around ``tasks.loading.load_source``: the CLI's submit (validation, preflight, fan-out and
     storing) loads the source once; a worker process running and grading every episode loads it once more."""
     require(*docker_status())
-    import workers.app
+    import jobs.queue
 
     loads = []
-    real = env.tasks.load_source
+    real = tasks.loading.load_source
 
     def counting(**source):
         loads.append(source)
         return real(**source)
 
-    monkeypatch.setattr(env.tasks, "load_source", counting)
-    monkeypatch.setattr(workers.app, "_APP", [])  # this test's own embedded app, whatever earlier tests built
+    monkeypatch.setattr(tasks.loading, "load_source", counting)
+    monkeypatch.setattr(jobs.queue, "_APP", [])  # this test's own embedded app, whatever earlier tests built
     url = sqlite_url(tmp_path / "nexus-eval.db")
     environ = {"NEXUS_EVAL_DB": url, "NEXUS_EVAL_BROKER": ""}
     args = ["submit", "--backend", "oracle", "--methods", "dense,nexus", "--tasks", f"{TASK},dslib__dslib-1"]
@@ -170,8 +170,8 @@ def test_the_task_source_is_loaded_once_per_submit_and_once_per_worker_process(t
     assert len(ids) == 4
     worker_tasks = TaskCache()  # one per worker process (workers.celery_tasks._TASKS)
     for episode_id in ids:
-        assert execute_episode(db, episode_id, tasks=worker_tasks).needs_grade
-        assert grade_stored_episode(db, episode_id, tasks=worker_tasks) == "resolved"
+        assert execute_episode(db, episode_id, worker=WorkerContext(tasks=worker_tasks)).needs_grade
+        assert grade_stored_episode(db, episode_id, worker=WorkerContext(tasks=worker_tasks)) == "resolved"
     assert len(loads) == 2, loads
 
 

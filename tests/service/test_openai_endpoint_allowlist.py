@@ -14,14 +14,14 @@ import yaml
 from agent_runner.backends.openai import AllowedEndpoints
 from db import store as db_store
 from db.models import Job
+from jobs.settings import ServiceSettings
+from jobs.spec import JobSpec
+from jobs.submit import create_job_rows, load_tasks, plan_job
 from tests.agent.conftest import RecordingEnvironment
 from tests.agent.test_openai_allowlist import Listener, ok_reply
 from tests.service.db_fixtures import sqlite_db_fixture  # noqa: F401  (fixture)
-from workers.app import ServiceSettings
-from workers.execution import EpisodeHooks, execute_episode
-from workers.recovery import retry_infra_failure
-from workers.spec import JobSpec
-from workers.submit import create_job_rows, load_tasks
+from workers.execution import EpisodeHooks, WorkerContext, execute_episode
+from workers.faults.recovery import retry_infra_failure
 
 
 def invoke(*args: str, env: dict[str, str] | None = None):
@@ -131,7 +131,7 @@ def _stored_openai_episode(db, **openai) -> str:
             "openai": {"max_retries": 0, "timeout_s": 5, **openai},
         }
     )
-    _, (episode_id,) = create_job_rows(db, spec, load_tasks(spec))
+    _, (episode_id,) = create_job_rows(db, plan_job(spec, load_tasks(spec)))
     return episode_id
 
 
@@ -166,7 +166,7 @@ def test_the_worker_takes_a_custom_host_its_settings_allow(sqlite_db, listener, 
 
     settings = ServiceSettings.from_env({"NEXUS_EVAL_OPENAI_HOSTS": "127.1"})
     allowed = _stored_openai_episode(sqlite_db, base_url=custom + "/", api_key_env="VLLM_API_KEY")
-    outcome = execute_episode(sqlite_db, allowed, hooks=_hooks(), allowed=settings.openai_allowed)
+    outcome = execute_episode(sqlite_db, allowed, worker=WorkerContext(allowed=settings.openai_allowed), hooks=_hooks())
     assert outcome.status == "submitted", outcome
     assert listener.requests and listener.requests[0]["headers"]["Authorization"] == "Bearer sk-ok"
 

@@ -21,11 +21,11 @@ from rich.console import Console
 
 from db import connect, sqlite_url
 from db import store as db_store
+from jobs.spec import JobSpec
 from nexus_eval.commands._job_progress import Attempt, EndedLines
 from nexus_eval.commands.service import random_weights_note
 from tests.service.test_cli import _finished_job, invoke
 from tests.service.worker_fixtures import ROOT
-from workers.spec import JobSpec
 
 BORDERS = ("└", "┘", "━", "─")
 # [ended/episodes] STATUS METHOD SCOPE PROTOCOL TASK seed SEED [attempt N] (COUNTS, LEFT left)

@@ -21,7 +21,7 @@ from agent_runner.probes import ProbeSettings, fingerprint, run_probes
 from db import connect, sqlite_url
 from db.probes import RESULT_FIELDS, load_probe_run
 from nexus_eval.cli import app
-from workers.stats import bootstrap_mean_ci, mcnemar_paired, wilson_interval
+from results.stats import bootstrap_mean_ci, mcnemar_paired, wilson_interval
 
 CELLS = ["--lengths", "256", "--variants", "dense,snapkv", "--densities", "0.5"]
 ARGS = ["--model", "tiny", "--samples", "2", *CELLS]
@@ -82,7 +82,7 @@ KV = ("kv_held_bytes", "kv_allocated_bytes", "kv_peak_held_bytes", "kv_peak_allo
 
 
 def _recompute(rows: list[dict]) -> dict[tuple, dict]:
-    """The cells' numbers from the stored rows, written out here without workers.probe_stats."""
+    """The cells' numbers from the stored rows, written out here without results.probe_stats."""
     by_cell: dict[tuple, dict[int, dict]] = defaultdict(dict)
     for r in rows:
         by_cell[(r["probe"], r["variant"], r["scope"], r["protocol"], r["density"])][r["sample"]] = r

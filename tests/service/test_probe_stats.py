@@ -10,9 +10,9 @@ import random
 import pytest
 
 from agent_runner.probes import ProbeResult
-from workers.probe_render import delta_text, render
-from workers.probe_stats import ProbeTable, notes_for, summarize
-from workers.stats import bootstrap_mean_ci, mcnemar
+from results.probe_render import delta_text, render
+from results.probe_stats import ProbeTable, notes_for, summarize
+from results.stats import bootstrap_mean_ci, mcnemar
 
 #: the KV figures of every sample (held / allocated at answer start, the peaks over the sample)
 KV = dict(kv_held_bytes=150, kv_allocated_bytes=200, kv_peak_held_bytes=600, kv_peak_allocated_bytes=800)

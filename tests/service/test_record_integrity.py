@@ -14,12 +14,12 @@ import sqlalchemy as sa
 from db import connect, sqlite_url
 from db import store as db_store
 from db.models import Episode, Turn
+from jobs.spec import JobSpec
+from jobs.submit import create_job_rows, load_tasks, plan_job
+from results.compare import compare_jobs
 from tests.service.test_cli import PATCH, invoke, read_cli
 from tests.service.worker_fixtures import oracle_job
-from workers.compare import compare_jobs
 from workers.execution import regrade_job
-from workers.spec import JobSpec
-from workers.submit import create_job_rows, load_tasks
 
 TASKS = ["humanfmt__humanfmt-1", "dslib__dslib-1"]
 STEERED_PATCH = PATCH.replace("+b", "+steered")
@@ -39,6 +39,7 @@ def _run(db, episode_id, status, *, patch=PATCH, intervened=False, action=None, 
             action=action,
             observation="[bold]not markup[/bold]",
             extra={"intervened": True} if intervened else {},
+            steered=intervened,
         )
     with db.session() as s:
         db_store.finish_episode(s, claim, "submitted", patch=patch)
@@ -48,7 +49,7 @@ def _run(db, episode_id, status, *, patch=PATCH, intervened=False, action=None, 
 
 def _job(db, methods, protocols=("true_eviction",)):
     spec = JobSpec.from_dict(oracle_job(TASKS, list(methods), list(protocols)))
-    job_id, ids = create_job_rows(db, spec, load_tasks(spec))
+    job_id, ids = create_job_rows(db, plan_job(spec, load_tasks(spec)))
     with db.session() as s:
         rows = {(r.task_id, r.method, r.protocol): r.id for r in db_store.episodes_for_job(s, job_id)}
     assert len(rows) == len(ids)

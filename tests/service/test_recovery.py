@@ -1,7 +1,7 @@
-"""Riding out faults without a broker, engine or worker, on SQLite: database retries (``workers.db_retry``), the
-Docker gate (``workers.docker_gate``), automatic infra retries, the sweep, the first sweep of a worker and
-``resume`` (``workers.recovery``, ``workers.celery_tasks``), and the settings that time them
-(``workers.app.ServiceSettings``). Clocks and sleeps are fakes; senders and brokers are recording test doubles
+"""Riding out faults without a broker, engine or worker, on SQLite: database retries (``workers.faults.db_retry``), the
+Docker gate (``workers.faults.docker_gate``), automatic infra retries, the sweep, the first sweep of a worker and
+``resume`` (``workers.faults.recovery``, ``workers.celery_tasks``), and the settings that time them
+(``jobs.settings.ServiceSettings``). Clocks and sleeps are fakes; senders and brokers are recording test doubles
 (a broker is outside our control); container removal is replaced by a recorder (the Docker engine is too)."""
 
 from __future__ import annotations
@@ -17,17 +17,18 @@ from db import store as st
 from db.claims import finish_episode
 from db.liveness import claim_grade, unsent
 from db.models import Episode, Job, utcnow
+from jobs.control import NotEnqueued, enqueue_pending, note_unsent
+from jobs.queue import EPISODE_TASK, GRADE_TASK
+from jobs.settings import LIVENESS, Liveness, ServiceSettings
 from tests.service.db_fixtures import sqlite_db_fixture  # noqa: F401  (fixtures)
 from tests.service.test_db_store import _run_to
 from tests.service.test_liveness import _claim, _job, _row, _submitted
 from tests.service.test_rerun import RecordingBroker
 from workers import celery_tasks
-from workers import recovery as rec
-from workers.app import ServiceSettings
-from workers.db_retry import DatabaseUnavailable, is_transient, retrying
-from workers.docker_gate import EngineDown, wait_for_engine
-from workers.heartbeat import LIVENESS, Liveness
-from workers.recovery import UNSENT_NOTE, Recovered, recover_at_start, resume_job, retry_infra_failure, sweep
+from workers.faults import recovery as rec
+from workers.faults.db_retry import DatabaseUnavailable, is_transient, retrying
+from workers.faults.docker_gate import DockerDown, wait_for_docker
+from workers.faults.recovery import UNSENT_NOTE, Recovered, recover_at_start, resume_job, retry_infra_failure, sweep
 
 SILENT = timedelta(seconds=LIVENESS.stale_after_s + 30)  # older than the bound: the holder is gone
 
@@ -48,7 +49,7 @@ class FakeTime:
 
 
 class Senders:
-    """Test double for the broker side of ``workers.recovery``: records what would be sent."""
+    """Test double for the broker side of ``workers.faults.recovery``: records what would be sent."""
 
     def __init__(self) -> None:
         self.runs: list[str] = []
@@ -169,16 +170,16 @@ def test_is_transient_means_the_connection_not_the_statement():
 # 9. the Docker gate
 
 
-def test_the_gate_passes_at_once_when_the_engine_answers():
+def test_the_gate_passes_at_once_when_docker_answers():
     t = FakeTime()
-    wait_for_engine(300, what="episode e1", probe=lambda: None, sleep=t.sleep, clock=t.clock)
+    wait_for_docker(300, what="episode e1", probe=lambda: None, sleep=t.sleep, clock=t.clock)
     assert t.slept == []
 
 
-def test_the_gate_waits_while_the_engine_is_down_and_returns_when_it_answers():
+def test_the_gate_waits_while_docker_is_down_and_returns_when_it_answers():
     t = FakeTime()
     answers = ["engine restarting", "engine restarting", "engine restarting", None]
-    wait_for_engine(300, what="episode e1", probe=lambda: answers.pop(0), sleep=t.sleep, clock=t.clock)
+    wait_for_docker(300, what="episode e1", probe=lambda: answers.pop(0), sleep=t.sleep, clock=t.clock)
     assert t.slept == [1.0, 2.0, 4.0] and answers == []
 
 
@@ -190,8 +191,8 @@ def test_the_gate_gives_up_after_its_budget_with_the_reason():
         probes.append(1)
         return "the Docker engine at unix:///var/run/docker.sock does not answer: connection refused"
 
-    with pytest.raises(EngineDown, match="grade of e1: .*connection refused") as gave_up:
-        wait_for_engine(30, what="grade of e1", probe=probe, sleep=t.sleep, clock=t.clock)
+    with pytest.raises(DockerDown, match="grade of e1: .*connection refused") as gave_up:
+        wait_for_docker(30, what="grade of e1", probe=probe, sleep=t.sleep, clock=t.clock)
     assert t.slept == [1.0, 2.0, 4.0, 8.0] and sum(t.slept) <= 30  # never sleeps past the budget
     assert len(probes) == 5 and "waited 15 s" in str(gave_up.value)
 
@@ -287,23 +288,23 @@ def test_a_sweep_hands_back_and_sends_a_gone_run_and_a_gone_grade_once(sqlite_db
     _grade_claim(sqlite_db, live_grade, "g/2")
     sent = Senders()
 
-    out = sweep(sqlite_db, LIVENESS, engine_up=False, **sent.kw())
+    out = sweep(sqlite_db, LIVENESS, docker_up=False, **sent.kw())
     assert (out.runs, out.grades, out.sent_runs, out.sent_grades) == ([stale_run], [stale_grade], [], [])
     assert (sent.runs, sent.grades) == ([stale_run], [stale_grade])  # a sweep does not send unsent rows
     assert sorted(reaped["episode"]) == sorted([stale_run, stale_grade]) and out.containers == 2
-    assert reaped["finished"] == []  # engine_up=False: no Docker call
+    assert reaped["finished"] == []  # docker_up=False: no Docker call
     assert "1 run(s) taken over" in out.describe() and "1 grade(s) taken over" in out.describe()
     assert (_row(sqlite_db, stale_run).status, _row(sqlite_db, stale_run).claim_token) == ("queued", None)
     assert (_row(sqlite_db, stale_grade).status, _row(sqlite_db, stale_grade).claim_token) == ("submitted", None)
     assert _row(sqlite_db, live_run).status == "running" and _row(sqlite_db, live_grade).claim_token is not None
 
-    again = sweep(sqlite_db, LIVENESS, engine_up=False, **sent.kw())
+    again = sweep(sqlite_db, LIVENESS, docker_up=False, **sent.kw())
     assert not again and again.describe() == "nothing to recover"
     assert (sent.runs, sent.grades) == ([stale_run], [stale_grade])
 
 
-def test_a_sweep_with_the_engine_up_removes_finished_episodes_containers(sqlite_db, reaped):
-    assert not sweep(sqlite_db, LIVENESS, engine_up=True, **Senders().kw())
+def test_a_sweep_with_docker_up_removes_finished_episodes_containers(sqlite_db, reaped):
+    assert not sweep(sqlite_db, LIVENESS, docker_up=True, **Senders().kw())
     assert reaped["finished"] == [True]
 
 
@@ -314,7 +315,7 @@ def test_a_sweep_leaves_a_cancelled_jobs_grade_claim_alone(sqlite_db, reaped):
     with sqlite_db.session() as s:
         st.cancel_job(s, job_id)
     sent = Senders()
-    assert not sweep(sqlite_db, LIVENESS, engine_up=False, **sent.kw())
+    assert not sweep(sqlite_db, LIVENESS, docker_up=False, **sent.kw())
     assert (sent.runs, sent.grades, reaped["episode"]) == ([], [], [])
 
 
@@ -351,8 +352,8 @@ def test_the_first_sweep_resends_what_the_embedded_broker_may_have_lost(sqlite_d
 
 def test_resume_sends_a_lost_jobs_queued_rows_clears_its_note_and_recomputes_its_status(sqlite_db, reaped):
     job_id, ids = _job(sqlite_db, 3)
-    noted = celery_tasks.note_unsent(sqlite_db, job_id, ids, ConnectionError("broker refused"))
-    assert isinstance(noted, celery_tasks.NotEnqueued) and f"nexus-eval resume {job_id}" in str(noted)
+    noted = note_unsent(sqlite_db, job_id, ids, ConnectionError("broker refused"))
+    assert isinstance(noted, NotEnqueued) and f"nexus-eval resume {job_id}" in str(noted)
     with sqlite_db.session() as s:  # an older version marked a failed send as a failed job
         s.execute(update(Job).where(Job.id == job_id).values(status="failed"))
     assert _job_row(sqlite_db, job_id).error.startswith(UNSENT_NOTE)
@@ -409,8 +410,8 @@ def test_celery_resume_sends_through_the_apps_broker_and_counts(sqlite_db, reape
     _claim(sqlite_db, stale, ago=SILENT)
     broker = SettingsBroker(sqlite_db.url)
     counts = celery_tasks.resume(sqlite_db, job_id, app=broker)
-    runs = [args[0] for name, args in broker.sent if name == celery_tasks.RUN_EPISODE]
-    grades = [args[0] for name, args in broker.sent if name == celery_tasks.GRADE_EPISODE]
+    runs = [args[0] for name, args in broker.sent if name == EPISODE_TASK]
+    grades = [args[0] for name, args in broker.sent if name == GRADE_TASK]
     assert sorted(runs) == sorted([stale, queued]) and grades == [waiting]  # each sent once
     assert (counts["taken_over"], counts["grades_taken_over"], counts["grades_sent"]) == (1, 0, 1)
     assert counts["sent"] == len(runs) - counts["taken_over"]  # every run message is counted once
@@ -429,7 +430,7 @@ def test_a_gone_interactive_rerun_ends_as_infra_failure_and_is_never_sent_to_a_w
         st.record_turn(s, claim, 0, completion="kept")
         s.execute(update(Episode).where(Episode.id == rerun_id).values(heartbeat_at=utcnow() - SILENT))
     sent = Senders()
-    out = sweep(sqlite_db, LIVENESS, engine_up=False, **sent.kw())
+    out = sweep(sqlite_db, LIVENESS, docker_up=False, **sent.kw())
     assert (out.ended, out.runs, sent.runs) == ([rerun_id], [], [])
     row = _row(sqlite_db, rerun_id)
     assert (row.status, row.n_turns, row.driver) == ("infra_failure", 1, "interactive")
@@ -443,8 +444,8 @@ def test_enqueue_pending_sends_queued_rows_and_unstarted_grades(sqlite_db):
     _claim(sqlite_db, running)
     _submitted(sqlite_db, waiting)
     broker = RecordingBroker()
-    assert celery_tasks.enqueue_pending(sqlite_db, job_id, app=broker) == {"episodes": 1, "grades": 1}
-    assert broker.sent == [(celery_tasks.RUN_EPISODE, (queued,)), (celery_tasks.GRADE_EPISODE, (waiting,))]
+    assert enqueue_pending(sqlite_db, job_id, app=broker) == {"episodes": 1, "grades": 1}
+    assert broker.sent == [(EPISODE_TASK, (queued,)), (GRADE_TASK, (waiting,))]
 
 
 # 13. the settings
@@ -459,7 +460,7 @@ def test_the_liveness_settings_default_to_liveness():
         LIVENESS.sweep_s,
         LIVENESS.db_retry_s,
     )
-    assert (settings.engine_wait_s, settings.infra_retries) == (300.0, 2)
+    assert (settings.docker_wait_s, settings.infra_retries) == (300.0, 2)
     assert ServiceSettings().liveness == LIVENESS
 
 
@@ -469,12 +470,12 @@ def test_the_liveness_settings_are_read_from_the_environment():
         "NEXUS_EVAL_STALE_AFTER": "20",
         "NEXUS_EVAL_SWEEP": "20",
         "NEXUS_EVAL_DB_RETRY": "45.5",
-        "NEXUS_EVAL_ENGINE_WAIT": "90",
+        "NEXUS_EVAL_DOCKER_WAIT": "90",
         "NEXUS_EVAL_INFRA_RETRIES": "0",
     }
     settings = ServiceSettings.from_env(env)
     assert settings.liveness == Liveness(heartbeat_s=5.0, stale_after_s=20.0, sweep_s=20.0, db_retry_s=45.5)
-    assert (settings.engine_wait_s, settings.infra_retries) == (90.0, 0)
+    assert (settings.docker_wait_s, settings.infra_retries) == (90.0, 0)
     assert ServiceSettings.from_env(env, infra_retries=4).infra_retries == 4  # a flag over the variable
 
 
@@ -498,7 +499,7 @@ def test_a_bad_infra_retries_value_is_rejected(value):
         ServiceSettings.from_env({"NEXUS_EVAL_INFRA_RETRIES": value})
 
 
-@pytest.mark.parametrize("var", ["NEXUS_EVAL_HEARTBEAT", "NEXUS_EVAL_STALE_AFTER", "NEXUS_EVAL_ENGINE_WAIT"])
+@pytest.mark.parametrize("var", ["NEXUS_EVAL_HEARTBEAT", "NEXUS_EVAL_STALE_AFTER", "NEXUS_EVAL_DOCKER_WAIT"])
 def test_a_liveness_variable_that_is_not_a_number_is_rejected_by_name(var):
     with pytest.raises(ValueError, match=rf"\${var}='soon' is not a number of seconds"):
         ServiceSettings.from_env({var: "soon"})

@@ -23,12 +23,13 @@ from agent_runner.records import Completion, TurnRecord
 from db import store as st
 from db.models import Replay, Turn
 from db.replays import config_key
+from jobs.spec import JobSpec
+from results.compare import compare_jobs
+from results.compare_csv import REPLAY_COLUMNS
+from results.compare_render import render
 from tests.service.db_fixtures import any_db_fixture, sqlite_db_fixture  # noqa: F401  (fixtures)
-from workers.compare import compare_jobs
-from workers.compare_render import REPLAY_COLUMNS, render
 from workers.execution import turn_row
 from workers.replay import plan_replays, replay_job
-from workers.spec import JobSpec
 
 TASKS = ["t1", "t2", "t3"]  # t1: an append-only (true_eviction) stream, t2: re-rendered history, t3: no stream
 JOB = {
@@ -255,8 +256,9 @@ def test_cli_replays_and_prints_the_table(sqlite_db, host, monkeypatch):
 
 
 def test_replay_only_cells_get_csv_lines_and_pairing_prefers_the_same_scope():
-    from workers.compare import Outcome, build_table
-    from workers.replay_stats import ReplayOutcome, summarize_replays
+    from results.compare import build_table
+    from results.compare_table import Outcome
+    from results.replay_stats import ReplayOutcome, summarize_replays
 
     def r(ep, task, method, scope, nll):
         return ReplayOutcome(ep, task, method, scope, "true_eviction", "ok", nll, 1.0, 10)
@@ -315,7 +317,7 @@ def test_replay_scores_only_each_keys_result_attempt_never_an_interactive_or_sup
 
 
 def test_nll_top1_and_delta_nll_are_over_the_same_pairs():
-    from workers.replay_stats import ReplayOutcome, summarize_replays
+    from results.replay_stats import ReplayOutcome, summarize_replays
 
     rows = [
         ReplayOutcome("e1", "a", "dense", "prefill_only", "true_eviction", "ok", 1.0, 0.9, 10),

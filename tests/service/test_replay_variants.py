@@ -1,6 +1,6 @@
 """A replay under settings other than its job's own (``replay --method-params``) is a variant: labelled, never merged.
 
-``workers.variants`` names a row whose eviction settings differ from its job's resolved settings for the method
+``jobs.variants`` names a row whose eviction settings differ from its job's resolved settings for the method
 ``method[key=value,...]``; the replay table and the action table of ``compare`` key and print their cells by that
 label, so ``nexus`` with ``head_scores: per_head`` is never counted in (or printed as) the default ``nexus``.
 The replays run on the tiny random Qwen3 of ``test_replay`` (its ``host`` fixture and job); the action-table rows
@@ -20,15 +20,15 @@ from sqlalchemy import select
 from db import store as st
 from db.models import Job, Replay
 from db.replays import record_replay
+from jobs.spec import JobSpec
+from jobs.variants import job_spec_for, order_labels, variant_label
 from nexus.config import EvictionConfig
+from results.compare import compare_jobs
+from results.compare_render import render
 from tests.service.db_fixtures import sqlite_db_fixture  # noqa: F401  (fixtures)
 from tests.service.test_action_table import MODEL, expert_job, score, span
 from tests.service.test_replay import JOB, TASKS, host, make_job, run_stream  # noqa: F401  (host: a fixture)
-from workers.compare import compare_jobs
-from workers.compare_render import render
 from workers.replay import plan_replays, replay_job
-from workers.spec import JobSpec
-from workers.variants import job_spec_for, order_labels, variant_label
 
 PER_HEAD = {"nexus": {"head_scores": "per_head"}}
 VARIANT = "nexus[head_scores=per_head]"

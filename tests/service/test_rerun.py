@@ -1,4 +1,4 @@
-"""``workers.celery_tasks.rerun``, what `nexus-eval rerun JOB --failed` and the dashboard's rerun button call: new
+"""``jobs.control.rerun``, what `nexus-eval rerun JOB --failed` and the dashboard's rerun button call: new
 attempt rows sent to the queue, and when the broker cannot take them, rows that stay queued and an error that
 says so (``NotEnqueued``)."""
 
@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 
 from db import store as st
+from jobs.control import NotEnqueued, rerun
 from tests.service.db_fixtures import sqlite_db_fixture  # noqa: F401  (fixtures)
 from tests.service.test_db_store import Key, _job_with, _run_to
-from workers.celery_tasks import NotEnqueued, rerun
 
 
 class Sent:
@@ -54,7 +54,7 @@ def test_rerun_stores_new_attempts_and_sends_them(sqlite_db):
 def test_rerun_with_the_broker_down_keeps_the_rows_queued_and_resume_sends_them(sqlite_db):
     from types import SimpleNamespace
 
-    from workers.app import ServiceSettings
+    from jobs.settings import ServiceSettings
     from workers.celery_tasks import resume
 
     job_id, _ = _finished_job(sqlite_db)

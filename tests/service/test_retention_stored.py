@@ -8,19 +8,19 @@ import pytest
 
 from agent_runner.model_cache import host_for
 from db import store as db_store
+from jobs.spec import JobSpec
+from jobs.submit import create_job_rows, load_tasks, plan_job
 from nexus.retention import expand
 from tests.agent.conftest import RecordingEnvironment
 from tests.service.db_fixtures import any_db_fixture, sqlite_db_fixture  # noqa: F401  (fixtures)
 from tests.service.worker_fixtures import oracle_job
 from workers.execution import EpisodeHooks, execute_episode
-from workers.spec import JobSpec
-from workers.submit import create_job_rows, load_tasks
 
 HOOKS = EpisodeHooks(open_environment=lambda task, **kw: RecordingEnvironment())
 
 
 def _stored(db, spec: JobSpec) -> list:
-    _, episode_ids = create_job_rows(db, spec, load_tasks(spec))
+    _, episode_ids = create_job_rows(db, plan_job(spec, load_tasks(spec)))
     rows = []
     for episode_id in episode_ids:
         outcome = execute_episode(db, episode_id, hooks=HOOKS)

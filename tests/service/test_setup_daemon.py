@@ -2,7 +2,7 @@
 and a missing task image is rebuilt by `setup` and by `run`'s preflight.
 
 These stop the real dockerd (SIGTERM, then wait until it no longer answers) and always leave a daemon
-running (the same `env.docker_daemon.ensure_daemon` in a finally block). The base image is never removed; the
+running (the same `sandbox.docker_daemon.ensure_daemon` in a finally block). The base image is never removed; the
 task images removed here are rebuilt in seconds."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from env.docker_daemon import daemon_state, dockerd_pid, ensure_daemon
+from sandbox.docker_daemon import daemon_state, dockerd_pid, ensure_daemon
 from tests.conftest import docker_status, require
 from tests.service.worker_fixtures import cli
 
@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.docker, pytest.mark.slow]
 def _client():
     ready, reason = docker_status()
     require(ready, reason)
-    from env.images import docker_client
+    from tasks.images import docker_client
 
     return docker_client()
 
@@ -44,8 +44,8 @@ def _wait(condition, timeout: float, what: str, still=lambda: "") -> None:
 
 
 def _remove_task_image(client, task_id: str) -> str:
-    from env.images import BASE_IMAGE_TAG, task_image_tag
-    from env.tasks import load_suite
+    from tasks.images import BASE_IMAGE_TAG, task_image_tag
+    from tasks.loading import load_suite
 
     task = next(t for t in load_suite("mini") if t.instance_id == task_id)
     tag = task_image_tag(task, client.images.get(BASE_IMAGE_TAG).id)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from agent_runner.config import AgentConfig, EpisodeSpec, ModelSpec, SamplingConfig
+from jobs.spec import JobSpec, JobSpecError
 from nexus.config import EvictionConfig
 from nexus.presets import PAPER, PRESETS
-from workers.spec import JobSpec, JobSpecError
 
 BASE = {"backend": "oracle", "methods": ["dense", "nexus"], "tasks": {"suite": "mini"}}
 

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from workers.stats import (
+from results.stats import (
     EXACT_MCNEMAR_BELOW,
     MIN_BOOTSTRAP_UNITS,
     binomial_cdf,

@@ -11,10 +11,10 @@ from agent_runner.model_host import load_host
 from agent_runner.records import Completion, TurnRecord
 from db import store as st
 from db.models import Replay, Turn
+from jobs.spec import JobSpec
 from tests.service.db_fixtures import sqlite_db_fixture  # noqa: F401  (fixtures)
 from workers.execution import turn_row
 from workers.replay import plan_replays, run_plan
-from workers.spec import JobSpec
 from workers.text_trajectories import TextTrajectoryError, conversation
 
 TASK = "humanfmt__humanfmt-4"
@@ -53,7 +53,7 @@ def expert_job(db, *, intervened: bool = False, sent: str | None = None) -> tupl
             intervened=intervened and i == 1,
         )
         with db.session() as s:
-            st.record_turn(s, claim, i, **turn_row(turn))
+            st.record_turn(s, claim, i, steered=turn.intervened, **turn_row(turn))
     with db.session() as s:
         result = {"scaffold": {"sent_sha256": sent}} if sent else {}
         st.finish_episode(s, claim, "submitted", patch="", result=result)

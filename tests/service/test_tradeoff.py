@@ -18,12 +18,13 @@ from dashboard.app import create_app
 from dashboard.report import write_report
 from dashboard.tradeoff_charts import quality_vs_cost_chart, quality_vs_density_chart
 from db import connect, sqlite_url
+from results.compare import compare_jobs
+from results.compare_csv import to_csv
+from results.compare_render import render
+from results.cost import COST_FIELDS, EpisodeCost, summarize_cost, turn_means
+from results.replay_stats import ReplayOutcome, summarize_replays
 from tests.service.sweep_fixtures import DENSITIES, METHODS, TASKS, expected_cost, store_sweep
 from tests.service.test_cli import invoke
-from workers.compare import compare_jobs
-from workers.compare_render import render, to_csv
-from workers.cost import COST_FIELDS, EpisodeCost, summarize_cost, turn_means
-from workers.replay_stats import ReplayOutcome, summarize_replays
 
 
 @pytest.fixture(scope="module")

@@ -4,14 +4,14 @@ and the flags used to travel in an untyped ``Completion.extra`` that a hand-writ
 
 from __future__ import annotations
 
-from agent_runner.records import Completion, LayerStats, TurnRecord, TurnTokens
+from agent_runner.records import Completion, CompletionInfo, LayerStats, TurnRecord, TurnTokens
 from db import store as db_store
 from db.models import Turn
+from jobs.spec import JobSpec
+from jobs.submit import create_job_rows, load_tasks, plan_job
 from tests.service.db_fixtures import sqlite_db_fixture  # noqa: F401  (fixture)
 from tests.service.worker_fixtures import oracle_job
 from workers.execution import turn_row
-from workers.spec import JobSpec
-from workers.submit import create_job_rows, load_tasks
 
 STATS = LayerStats(min=1, mean=2, max=3)
 
@@ -40,7 +40,10 @@ def _every_field_set() -> TurnRecord:
         history_mismatch=True,
         batch_rows=2.5,
         forced=True,
-        extra={"budget": 64, "request_id": "r1"},
+        info=CompletionInfo(
+            budget=64, forced_agreed=3, forced_from="ids", attempts=2, server_model="m", request_id="r1"
+        ),
+        extra={"a_backends_own_key": 1},
     )
     return TurnRecord(
         index=0,
@@ -67,7 +70,7 @@ def test_every_field_of_the_turn_and_its_completion_is_stored_under_its_name(sql
         for f, info in Completion.model_fields.items()
     )
     spec = JobSpec.from_dict(oracle_job(["humanfmt__humanfmt-1"], ["dense"], ["true_eviction"]))
-    _, (episode_id,) = create_job_rows(sqlite_db, spec, load_tasks(spec))
+    _, (episode_id,) = create_job_rows(sqlite_db, plan_job(spec, load_tasks(spec)))
     with sqlite_db.session() as s:
         claim = db_store.claim_episode(s, episode_id)
     with sqlite_db.session() as s:

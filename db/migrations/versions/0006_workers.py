@@ -5,7 +5,7 @@ Revises: 0005
 Create Date: 2026-12-04 12:00:00.000000
 
 ``workers``: each worker process's last report (its queues, ``ok`` or ``paused`` while the Docker engine does
-not answer, and when it was last seen), written by its sweeper (``workers.sweeper``) and read by ``doctor``
+not answer, and when it was last seen), written by its sweeper (``workers.faults.sweeper``) and read by ``doctor``
 and the dashboard. A new table only: no existing row changes.
 """
 

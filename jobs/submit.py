@@ -1,0 +1,83 @@
+"""Submitting a job: validate the spec and its task selection, plan its episodes, store the job and them, enqueue.
+
+Everything that can be wrong with a job (a bad field, an unknown task id, a missing suite) is found before
+the first row is written, so a rejected job leaves nothing behind: no job row, no message. The fan-out is
+computed once per submission (:func:`plan_job`, through :func:`plan_episodes`); storing and enqueueing take
+that :class:`PlannedJob` and never compute it again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from db import Database
+from db import store as db_store
+from jobs.spec import EpisodeKey, JobSpec, JobSpecError
+
+if TYPE_CHECKING:
+    from celery import Celery
+
+    from tasks.ceilings import GradingCeilings
+    from tasks.loading import Task
+
+
+def load_tasks(spec: JobSpec, ceilings: GradingCeilings | None = None) -> list[Task]:
+    """The job's tasks; ``JobSpecError`` for a bad selection (an unknown id, a missing suite) or a row over the
+    operator's grading ``ceilings`` (``ServiceSettings.grading_ceilings``; None: the defaults)."""
+    try:
+        return spec.tasks.load(ceilings)
+    except JobSpecError:
+        raise
+    except (ValueError, OSError, LookupError) as exc:
+        raise JobSpecError("<task selection>", [("tasks", f"cannot load {spec.tasks.source!r}: {exc}")]) from None
+
+
+def plan_episodes(spec: JobSpec, tasks: list[Task]) -> list[EpisodeKey]:
+    """The fanned-out episodes (``jobs.spec.EpisodeKey``) over the job's loaded ``tasks``
+    (:func:`load_tasks`); raises ``JobSpecError`` for a bad selection. The one place the fan-out is computed."""
+    return spec.episodes([t.instance_id for t in tasks])
+
+
+@dataclass(frozen=True)
+class PlannedJob:
+    """A job ready to be stored: its spec, its tasks as :func:`load_tasks` loaded them, and the episodes they fan
+    out to (:func:`plan_episodes`), in fan-out order. Made once per submission by :func:`plan_job`."""
+
+    spec: JobSpec
+    tasks: tuple[Task, ...]
+    keys: tuple[EpisodeKey, ...]
+
+
+def plan_job(spec: JobSpec, tasks: list[Task]) -> PlannedJob:
+    """``spec`` over its loaded ``tasks``, planned (``JobSpecError`` for a bad selection, before anything is stored)."""
+    return PlannedJob(spec=spec, tasks=tuple(tasks), keys=tuple(plan_episodes(spec, tasks)))
+
+
+def create_job_rows(db: Database, plan: PlannedJob) -> tuple[str, list[str]]:
+    """Store the job and its attempt-1 episodes (status ``queued``), one per planned key; returns
+    (job id, episode ids)."""
+    spec = plan.spec
+    with db.session() as s:
+        job = db_store.create_job(
+            s, config=spec.model_dump(mode="json"), config_hash=spec.config_hash(), name=spec.name
+        )
+        rows = db_store.add_episodes(s, job.id, plan.keys)
+        return job.id, [r.id for r in rows]
+
+
+def submit(db: Database, plan: PlannedJob, *, app: Celery | None = None) -> tuple[str, int]:
+    """Store the planned job (:func:`plan_job`, once per submission: the caller has it already for its checks) and
+    send its episodes to the ``gpu`` queue through ``app`` (default: the process's app, ``jobs.queue.get_app``);
+    returns (job id, number enqueued).
+
+    If the broker cannot take them, the rows stay ``queued`` (the job is not failed: its episodes say where it
+    is) and ``jobs.control.NotEnqueued`` is raised, naming the job and ``nexus-eval resume JOB``."""
+    from jobs.control import enqueue_pending, note_unsent
+
+    job_id, episode_ids = create_job_rows(db, plan)
+    try:
+        counts = enqueue_pending(db, job_id, app=app)
+    except Exception as exc:
+        raise note_unsent(db, job_id, episode_ids, exc) from exc
+    return job_id, counts["episodes"]

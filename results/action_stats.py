@@ -1,0 +1,405 @@
+"""The action table ``compare`` adds when replays scored the spans of an agent's calls (``Replay.action``).
+
+A replay of a *text* trajectory (``nexus-eval replay JOB --model NAME``: an expert demonstration or any job whose
+backend sees only text) scores each call span by span (``agent_runner.action_scores``). The decisive spans are
+**copies**: a value the agent repeats verbatim from an earlier observation (a ``str_replace`` ``old_str``, a path,
+a test id); an evicting cache that dropped the source can break them outright. Per copy span the replay stores
+the NLL and top-1 over its tokens **after its first** (the first token says *what* to copy, a choice the context
+may not determine; the rest say whether the model can still read the source), whether it was greedy-exact, and
+how far back its source was (``back``: tokens from the source's last token to the copy's first).
+
+One :class:`ActionCell` per (method, scope, protocol, density, model). As ``compare``'s Pass@1 and the replay
+table, **per task first**: the copy tokens of a task's replays (several episodes or seeds of one task) are pooled,
+token-weighted, into one value per task, and the cell's number is the mean over tasks, so a task with many
+episodes or many spans never weighs more than one with few. Spans of one task are never treated as independent:
+the interval is a seeded percentile bootstrap over tasks (only from ``MIN_BOOTSTRAP_UNITS`` tasks; fewer: none,
+and the renderers say so) and the paired tests are sign-flip tests over per-task differences.
+
+Every mean of a cell is over the same episodes: those with a dense replay of the *same* episode, protocol and
+model (``paired``; dense's scope is moot: it evicts nothing). A replay without that baseline is ``unpaired`` and
+in no mean. The split by distance (:class:`DistanceCell`) is over the same episodes, span by span, with the
+buckets of :data:`DISTANCE_BUCKETS`. Pure functions over :class:`ActionOutcome`, like ``results.replay_stats``.
+
+A replay run under settings other than its job's own for the method (``replay --method-params``) is a **variant**:
+its cells (and its column) are apart from the method's default ones, named by its label,
+``nexus[head_scores=per_head]`` (``jobs.variants``). Only plain ``dense`` rows are the dense baseline, and only
+plain ``snapkv`` rows the SnapKV one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from agent_runner.config import PROTOCOLS
+from jobs.variants import order_labels, row_labels
+from nexus.methods import DENSE, SCOPES
+from results.stats import bootstrap_mean_ci, sign_flip_test
+
+#: the second baseline every cell is tested against (same scope, protocol, density and model)
+SNAPKV = "snapkv"
+
+#: how far back a copy's source was, in tokens from the source's last token to the copy's first: (label, from,
+#: below); ``None``: no upper bound. K = 1,000 tokens.
+DISTANCE_BUCKETS: tuple[tuple[str, int, int | None], ...] = (
+    ("<1K", 0, 1000),
+    ("1K-2K", 1000, 2000),
+    ("2K-4K", 2000, 4000),
+    (">=4K", 4000, None),
+)
+
+
+def distance_bucket(back: int) -> str:
+    """The label of :data:`DISTANCE_BUCKETS` that ``back`` tokens fall in."""
+    for label, low, high in DISTANCE_BUCKETS:
+        if back >= low and (high is None or back < high):
+            return label
+    return DISTANCE_BUCKETS[0][0]  # a negative distance cannot happen; count it as the nearest
+
+
+@dataclass
+class _Pool:
+    """Sums of one replay's (or one task's pooled) copy and new spans: what a per-task value is made of."""
+
+    copy_tokens: int = 0  # scored copy tokens (after each span's first)
+    copy_top1_sum: float = 0.0  # sum over those tokens of top-1 (0/1)
+    copy_nll_sum: float = 0.0
+    copy_spans: int = 0
+    copy_exact: float = 0.0  # greedy-exact copy spans
+    held_spans: int = 0  # copy spans whose held share was read
+    held_sum: float = 0.0
+    new_tokens: int = 0
+    new_top1_sum: float = 0.0
+    new_nll_sum: float = 0.0
+    unlocated: int = 0  # copy spans whose source was not in the context (no distance)
+    # bucket -> [scored tokens, top-1 sum, spans]
+    by_distance: dict[str, list[float]] = field(default_factory=dict)
+
+    def add(self, other: _Pool) -> None:
+        for name in (
+            "copy_tokens",
+            "copy_top1_sum",
+            "copy_nll_sum",
+            "copy_spans",
+            "copy_exact",
+            "held_spans",
+            "held_sum",
+            "new_tokens",
+            "new_top1_sum",
+            "new_nll_sum",
+            "unlocated",
+        ):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        for bucket, values in other.by_distance.items():
+            mine = self.by_distance.setdefault(bucket, [0.0, 0.0, 0.0])
+            for i, v in enumerate(values):
+                mine[i] += v
+
+    @property
+    def copy_top1(self) -> float | None:
+        return self.copy_top1_sum / self.copy_tokens if self.copy_tokens else None
+
+    @property
+    def copy_nll(self) -> float | None:
+        return self.copy_nll_sum / self.copy_tokens if self.copy_tokens else None
+
+
+@dataclass(frozen=True)
+class ActionOutcome:
+    """One stored replay row with an action summary, as far as the action statistics are concerned."""
+
+    episode_id: str
+    task_id: str
+    method: str  # the method, or a variant's label (jobs.variants): nexus[head_scores=per_head]
+    scope: str
+    protocol: str
+    density: float | None  # None for dense
+    model: str | None  # the model the text trajectory was rendered into and scored on
+    pool: _Pool
+
+
+@dataclass
+class ActionCell:
+    """One (method, scope, protocol, density, model). Every mean is per task first (a task's copy tokens pooled
+    over its episodes), then over tasks; all over the ``paired`` episodes. Fractions in [0, 1]; NLL in nats per
+    token; ``None`` where there is nothing to average (and the interval ``None`` below ``MIN_BOOTSTRAP_UNITS``)."""
+
+    method: str  # the method, or a variant's label (jobs.variants): a variant's rows are never a default's cell
+    scope: str
+    protocol: str
+    density: float | None  # None for dense (it keeps every token)
+    model: str | None
+    episodes: int = 0  # ok replays with an action summary
+    paired: int = 0  # of them, with a dense replay of the same episode, protocol and model
+    unpaired: int = 0  # without one: in no mean
+    tasks: int = 0  # tasks of the paired episodes with scored copy tokens: the units of the interval and tests
+    spans: int = 0  # copy spans of the paired episodes
+    copy_tokens: int = 0  # their scored tokens (after each span's first)
+    copy_top1: float | None = None  # share of those tokens that were the argmax, per task, mean over tasks
+    copy_top1_ci: tuple[float, float] | None = None  # bootstrap over tasks; None with fewer than MIN_BOOTSTRAP_UNITS
+    copy_nll: float | None = None
+    delta_copy_nll: float | None = None  # copy NLL minus dense's on the same episodes, per task, mean over tasks
+    delta_copy_nll_ci: tuple[float, float] | None = None
+    copy_exact: float | None = None  # share of copy spans greedy-exact (every token argmax), per task, mean
+    copy_held: float | None = None  # share of a copy's source the cache held when the copy began, per task, mean
+    new_top1: float | None = None  # the same over new spans (values not copied)
+    new_nll: float | None = None
+    new_tokens: int = 0
+    p_vs_dense: float | None = None  # sign-flip over tasks of (copy top-1 - dense's), paired by episode
+    tasks_vs_dense: int = 0
+    test_vs_dense: str | None = None
+    p_vs_snapkv: float | None = None  # the same against snapkv at this scope, protocol, density and model
+    tasks_vs_snapkv: int = 0
+    test_vs_snapkv: str | None = None
+    spans_unlocated: int = 0  # copy spans whose source was not in the context: in no distance bucket
+
+    @property
+    def too_few_for_interval(self) -> bool:
+        return self.copy_top1 is not None and self.copy_top1_ci is None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {name: _jsonable(getattr(self, name)) for name in self.__dataclass_fields__}
+
+
+@dataclass
+class DistanceCell:
+    """Copy top-1 of one cell's copy spans whose source was ``bucket`` tokens back (:data:`DISTANCE_BUCKETS`):
+    per task (tokens pooled), then the mean over ``tasks``; ``spans`` copy spans in the bucket."""
+
+    method: str
+    scope: str
+    protocol: str
+    density: float | None
+    model: str | None
+    bucket: str
+    copy_top1: float | None = None
+    spans: int = 0
+    tasks: int = 0  # tasks with scored copy tokens in the bucket
+    copy_tokens: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {name: _jsonable(getattr(self, name)) for name in self.__dataclass_fields__}
+
+
+def _jsonable(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
+
+
+def _get(mapping: Any, kind: str) -> Any:
+    return (mapping or {}).get(kind) if isinstance(mapping, Mapping) else None
+
+
+def pool_of(action: Mapping[str, Any], turns: Sequence[Mapping[str, Any]] | None) -> _Pool:
+    """One replay's sums from its ``action`` (``ActionSummary`` dump) and its ``turns`` (for each copy span's
+    distance and held share; without them the held share is ``action.copy_held`` weighted by its copy spans)."""
+    pool = _Pool()
+    tokens = int(_get(action.get("tokens"), "copy") or 0)
+    top1, nll = _get(action.get("top1"), "copy"), _get(action.get("nll"), "copy")
+    if tokens and top1 is not None and nll is not None:
+        pool.copy_tokens, pool.copy_top1_sum, pool.copy_nll_sum = tokens, top1 * tokens, nll * tokens
+    pool.copy_spans = int(_get(action.get("spans"), "copy") or 0)
+    exact = _get(action.get("exact"), "copy")
+    pool.copy_exact = (exact or 0.0) * pool.copy_spans
+    new = int(_get(action.get("tokens"), "new") or 0)
+    new_top1, new_nll = _get(action.get("top1"), "new"), _get(action.get("nll"), "new")
+    if new and new_top1 is not None and new_nll is not None:
+        pool.new_tokens, pool.new_top1_sum, pool.new_nll_sum = new, new_top1 * new, new_nll * new
+    spans = [s for t in turns or () for s in (t.get("spans") or ()) if s.get("kind") == "copy"]
+    if spans:
+        for s in spans:
+            if s.get("held_mean") is not None:
+                pool.held_spans += 1
+                pool.held_sum += s["held_mean"]
+            if s.get("back") is None:
+                pool.unlocated += 1
+                continue
+            slot = pool.by_distance.setdefault(distance_bucket(int(s["back"])), [0.0, 0.0, 0.0])
+            slot[2] += 1
+            if s.get("top1") is not None and s.get("tokens", 0) > 1:
+                slot[0] += s["tokens"] - 1
+                slot[1] += s["top1"] * (s["tokens"] - 1)
+    elif action.get("copy_held") is not None and pool.copy_spans:
+        pool.held_spans, pool.held_sum = pool.copy_spans, action["copy_held"] * pool.copy_spans
+    return pool
+
+
+def outcomes_from_rows(rows: Iterable[Any], *, job_configs: Mapping[str, Any] | None = None) -> list[ActionOutcome]:
+    """``db.models.Replay`` rows (oldest first) -> one outcome per (episode, label, scope, protocol, density, model)
+    whose newest row is ``ok`` and carries an action summary. The label is the method, or for a row run under
+    settings other than its job's own a variant's label (``jobs.variants.row_labels``; ``job_configs``:
+    ``{job id: Job.config}``, default read through the rows' session), so a variant never counts in the default's
+    cell. Rows of one key that differ only in settings the label does not name (the seed) are collapsed to the
+    newest, so one episode never counts twice in a cell."""
+    rows = list(rows)
+    labels = row_labels(rows, job_configs)
+    newest: dict[tuple[Any, ...], Any] = {}
+    for r, label in zip(rows, labels, strict=True):
+        density = None if r.method == DENSE else (r.config or {}).get("density")
+        newest[(r.episode_id, label, r.scope, r.protocol, density, r.model)] = r
+    out = []
+    for (episode, label, scope, protocol, density, model), r in newest.items():
+        if r.status != "ok" or not r.action:
+            continue
+        pool = pool_of(r.action, r.turns)
+        out.append(ActionOutcome(episode, r.task_id, label, scope, protocol, density, model, pool))
+    return out
+
+
+def _order(values: Iterable[str], canonical: Sequence[str]) -> list[str]:
+    present = set(values)
+    return [v for v in canonical if v in present] + sorted(present - set(canonical))
+
+
+def _per_task(outcomes: Iterable[ActionOutcome]) -> dict[str, _Pool]:
+    """Each task's pooled sums over its outcomes."""
+    tasks: dict[str, _Pool] = {}
+    for o in outcomes:
+        tasks.setdefault(o.task_id, _Pool()).add(o.pool)
+    return dict(sorted(tasks.items()))
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def _dense_baseline(outcomes: Sequence[ActionOutcome]) -> dict[tuple[str, str, str | None, str], ActionOutcome]:
+    """Dense outcomes by (episode, protocol, model, scope); scope ``""`` holds the first scope's, the fallback
+    for a method replayed under a scope dense was not (dense evicts nothing: its scope is moot)."""
+    baseline: dict[tuple[str, str, str | None, str], ActionOutcome] = {}
+    rank = {s: i for i, s in enumerate(SCOPES)}
+    for o in sorted((o for o in outcomes if o.method == DENSE), key=lambda o: rank.get(o.scope, len(rank))):
+        baseline[(o.episode_id, o.protocol, o.model, o.scope)] = o
+        baseline.setdefault((o.episode_id, o.protocol, o.model, ""), o)
+    return baseline
+
+
+def _paired_difference(
+    mine: Sequence[ActionOutcome], theirs: dict[str, ActionOutcome], *, seed: int
+) -> tuple[float | None, int, str | None]:
+    """(p, tasks, test): a sign-flip test over tasks of (my copy top-1 - theirs), each task's values pooled over
+    the episodes both sides have (``theirs``: by episode id)."""
+    both = [o for o in mine if o.episode_id in theirs]
+    a, b = _per_task(both), _per_task(theirs[o.episode_id] for o in both)
+    diffs = [
+        a[t].copy_top1 - b[t].copy_top1  # type: ignore[operator]
+        for t in a
+        if a[t].copy_top1 is not None and b[t].copy_top1 is not None
+    ]
+    if not diffs:
+        return None, 0, None
+    test = sign_flip_test(diffs, seed=seed)
+    return test.p_value, len(diffs), test.method
+
+
+def summarize_cell(
+    method: str,
+    scope: str,
+    protocol: str,
+    density: float | None,
+    model: str | None,
+    outcomes: Sequence[ActionOutcome],
+    baseline: dict[tuple[str, str, str | None, str], ActionOutcome],
+    snapkv: Sequence[ActionOutcome] = (),
+    *,
+    confidence: float = 0.95,
+    seed: int = 0,
+) -> tuple[ActionCell, list[DistanceCell]]:
+    """One cell and its split by distance; ``baseline`` from :func:`_dense_baseline`, ``snapkv``: snapkv's
+    outcomes at the same scope, protocol, density and model (none for snapkv itself and dense)."""
+    cell = ActionCell(method, scope, protocol, density, model, episodes=len(outcomes))
+    paired: list[tuple[ActionOutcome, ActionOutcome]] = []
+    for o in outcomes:
+        dense = baseline.get((o.episode_id, protocol, model, scope), baseline.get((o.episode_id, protocol, model, "")))
+        if dense is not None:
+            paired.append((o, dense))
+    cell.paired, cell.unpaired = len(paired), len(outcomes) - len(paired)
+    mine = [o for o, _ in paired]
+    tasks = _per_task(mine)
+    dense_tasks = _per_task(d for _, d in paired)
+    cell.spans = sum(p.copy_spans for p in tasks.values())
+    cell.copy_tokens = sum(p.copy_tokens for p in tasks.values())
+    cell.new_tokens = sum(p.new_tokens for p in tasks.values())
+    cell.spans_unlocated = sum(p.unlocated for p in tasks.values())
+    top1 = [p.copy_top1 for p in tasks.values() if p.copy_top1 is not None]
+    cell.tasks = len(top1)
+    cell.copy_top1 = _mean(top1)
+    ci = bootstrap_mean_ci(top1, confidence=confidence, seed=seed) if top1 else None
+    cell.copy_top1_ci = ci
+    cell.copy_nll = _mean([p.copy_nll for p in tasks.values() if p.copy_nll is not None])
+    delta = [
+        tasks[t].copy_nll - dense_tasks[t].copy_nll  # type: ignore[operator]
+        for t in tasks
+        if tasks[t].copy_nll is not None and dense_tasks[t].copy_nll is not None
+    ]
+    cell.delta_copy_nll = _mean(delta)
+    cell.delta_copy_nll_ci = bootstrap_mean_ci(delta, confidence=confidence, seed=seed) if delta else None
+    cell.copy_exact = _mean([p.copy_exact / p.copy_spans for p in tasks.values() if p.copy_spans])
+    cell.copy_held = _mean([p.held_sum / p.held_spans for p in tasks.values() if p.held_spans])
+    cell.new_top1 = _mean([p.new_top1_sum / p.new_tokens for p in tasks.values() if p.new_tokens])
+    cell.new_nll = _mean([p.new_nll_sum / p.new_tokens for p in tasks.values() if p.new_tokens])
+    if method != DENSE:
+        cell.p_vs_dense, cell.tasks_vs_dense, cell.test_vs_dense = _paired_difference(
+            mine, {o.episode_id: d for o, d in paired}, seed=seed
+        )
+    if snapkv:
+        theirs = {o.episode_id: o for o in snapkv}
+        cell.p_vs_snapkv, cell.tasks_vs_snapkv, cell.test_vs_snapkv = _paired_difference(mine, theirs, seed=seed)
+    by_distance = []
+    for label, _, _ in DISTANCE_BUCKETS:
+        d = DistanceCell(method, scope, protocol, density, model, label)
+        values = []
+        for p in tasks.values():
+            tokens, top1_sum, spans = p.by_distance.get(label, (0.0, 0.0, 0.0))
+            d.spans += int(spans)
+            d.copy_tokens += int(tokens)
+            if tokens:
+                values.append(top1_sum / tokens)
+        d.tasks, d.copy_top1 = len(values), _mean(values)
+        by_distance.append(d)
+    return cell, by_distance
+
+
+def summarize_actions(
+    outcomes: Iterable[ActionOutcome], *, confidence: float = 0.95, seed: int = 0
+) -> tuple[list[ActionCell], list[DistanceCell]]:
+    """One cell per (model, scope, protocol, density, method) present, ordered like ``compare``'s rows and
+    columns (dense, whose density is ``None``, first in its scope x protocol), and their splits by distance."""
+    rows = list(outcomes)
+    baseline = _dense_baseline(rows)
+    cells: list[ActionCell] = []
+    distance: list[DistanceCell] = []
+    for model in sorted({o.model for o in rows}, key=lambda m: (m is not None, m or "")):
+        of_model = [o for o in rows if o.model == model]
+        for scope in _order((o.scope for o in of_model), SCOPES):
+            for protocol in _order((o.protocol for o in of_model if o.scope == scope), PROTOCOLS):
+                here = [o for o in of_model if (o.scope, o.protocol) == (scope, protocol)]
+                for density in sorted({o.density for o in here}, key=lambda d: -1.0 if d is None else d):
+                    at = [o for o in here if o.density == density]
+                    snapkv = [o for o in at if o.method == SNAPKV]
+                    for method in order_labels(o.method for o in at):  # each method's variants after it
+                        mine = [o for o in at if o.method == method]
+                        others = snapkv if method not in (SNAPKV, DENSE) else ()
+                        cell, split = summarize_cell(
+                            method,
+                            scope,
+                            protocol,
+                            density,
+                            model,
+                            mine,
+                            baseline,
+                            others,
+                            confidence=confidence,
+                            seed=seed,
+                        )
+                        cells.append(cell)
+                        distance += split
+    return cells, distance
+
+
+def summarize_rows(
+    rows: Iterable[Any], *, confidence: float = 0.95, seed: int = 0, job_configs: Mapping[str, Any] | None = None
+) -> tuple[list[ActionCell], list[DistanceCell]]:
+    """:func:`summarize_actions` of replay rows (``db.models.Replay``, oldest first, current sources only);
+    ``job_configs`` as for :func:`outcomes_from_rows`."""
+    return summarize_actions(outcomes_from_rows(rows, job_configs=job_configs), confidence=confidence, seed=seed)

@@ -1,0 +1,126 @@
+"""The compare table's notes: what it did with demonstrations, interactive attempts, graders, stale seeds, and
+merged jobs whose settings differ (:func:`results.compare.compare_jobs` adds them to ``CompareTable.notes``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from db.models import (
+    AttemptDriver,
+)
+from nexus.presets import stored_settings
+from results.compare_table import DEMONSTRATION_BACKENDS, CompareTable, Outcome
+
+
+def demonstration_notes(table: CompareTable) -> list[str]:
+    """What the table did with stand-in jobs, and with replays scored on several models."""
+    notes = []
+    if table.demonstrations:
+        named = ", ".join(d.job_id for d in table.demonstrations)
+        notes.append(
+            f"job(s) {named} ran a stand-in backend ({', '.join(sorted(DEMONSTRATION_BACKENDS))}): demonstrations, "
+            "not a model's samples, so none of their episodes is in a Pass@1 cell, a paired test or the per-task "
+            "grid; their replays are in the replay and action tables"
+        )
+    models = {c.model for c in table.replay}
+    if len(models) > 1:
+        shown = ", ".join(m or "the source's own stream" for m in sorted(models, key=lambda m: m or ""))
+        notes.append(f"replays were scored on several models ({shown}): each model's cells are apart")
+    return notes
+
+
+def interactive_notes(interactive: Sequence[Any], *, counted: Sequence[Outcome]) -> list[str]:
+    """What the table did with the jobs' interactive attempts (``interactive``: their rows; ``counted``: the
+    outcomes of them the table counts, empty unless ``include_interactive``)."""
+    if not interactive:
+        return []
+    steered = sum(e.driver == AttemptDriver.steered for e in interactive)
+    if not counted:
+        return [
+            f"{len(interactive)} interactive attempt(s) ({steered} steered by an operator) are kept apart: each "
+            "key's result is the agent's own attempt; `--include-interactive` counts them (marked *)"
+        ]
+    steered_counted = sum(o.driver == AttemptDriver.steered for o in counted)
+    return [
+        f"{len(counted)} result(s) (marked *) come from interactive attempts ({steered_counted} steered by an "
+        "operator), counted in place of the agent's own: a person chose to run them, so they are not the "
+        "method's samples"
+    ]
+
+
+def grading_notes(episodes: Sequence[Any]) -> list[str]:
+    """Which tools graded the table, and the verdicts on tasks that needed a network grading did not have."""
+    graders = sorted({f"{e.grader} ({e.grader_version})" for e in episodes if e.grader})
+    notes = [f"graded by {', '.join(graders)}"] if graders else []
+    offline = sorted(
+        {
+            e.task_id
+            for e in episodes
+            if ((e.result or {}).get("grade") or {}).get("needs_network") and e.status != "resolved"
+        }
+    )
+    if offline:
+        notes.append(
+            f"{len(offline)} task(s) need the network and were graded without it; their unresolved verdicts may "
+            f"not be the agent's: {', '.join(offline[:10])}{' ...' if len(offline) > 10 else ''}"
+        )
+    return notes
+
+
+def seed_notes(episodes: Sequence[Any]) -> list[str]:
+    """A warning for episodes stored before the episode's seed reached its sampler: their config's ``agent.seed``
+    (always 0) is what sampled, whatever their ``seed``, so their seeds are copies, not independent samples."""
+    stale = [
+        e
+        for e in episodes
+        if (e.config or {}).get("backend", "hf") not in ("oracle", *DEMONSTRATION_BACKENDS)
+        and "seed" in ((e.config or {}).get("agent") or {})
+        and e.config["agent"]["seed"] != e.config.get("seed", e.seed)
+    ]
+    if not stale:
+        return []
+    return [
+        f"{len(stale)} episode(s) were sampled with seed {stale[0].config['agent']['seed']} whatever their seed "
+        "(stored before each seed sampled apart): across seeds they are copies, not independent samples, so "
+        "Pass@1 over seeds, pass@k and McNemar pairs overstate the evidence; `nexus-eval rerun` them"
+    ]
+
+
+#: Job settings that change what a column means; merged jobs that differ in them get a warning note. Density is
+#: not one of them: cells are aligned by it (a row per density), so a sweep's jobs differ in it by design.
+COMPARED_SETTINGS = ("model", "backend", "limits", "sampling", "eviction", "preset")
+ALIGNED_SETTINGS = frozenset({"density"})
+
+
+def setting_notes(jobs: Sequence[Any]) -> list[str]:
+    """Warnings for merged jobs whose configs differ in a setting that changes results (the columns are
+    keyed by method alone, and rows by scope, protocol and density only). A method's own settings
+    (``method_params``, resolved from the job's preset) are compared per method, value by value, among the
+    jobs that ran that method."""
+    notes = []
+    for key in COMPARED_SETTINGS:
+        notes += _differences(key, {job.id: (job.config or {}).get(key) for job in jobs})
+    per_method: dict[str, dict[str, dict[str, Any]]] = {}
+    shared: dict[str, dict[str, Any]] = {}  # job -> its eviction block (what a method without an override uses)
+    for job in jobs:
+        shared[job.id] = (job.config or {}).get("eviction") or {}
+        for method, settings in ((job.config or {}).get("method_params") or {}).items():
+            per_method.setdefault(method, {})[job.id] = stored_settings(method, settings or {})
+    for method, by_job in per_method.items():
+        if len(by_job) < 2:
+            continue
+        for name in sorted({name for settings in by_job.values() for name in settings} - ALIGNED_SETTINGS):
+            values = {j: settings.get(name, shared[j].get(name)) for j, settings in by_job.items()}
+            notes += _differences(f"method_params.{method}.{name}", values)
+    return notes
+
+
+def _differences(label: str, values: dict[str, Any]) -> list[str]:
+    """One note naming each job's value of ``label``, when the jobs do not all agree (else none)."""
+    shown = {job: json.dumps(value, sort_keys=True) for job, value in values.items()}
+    if len(set(shown.values())) < 2:
+        return []
+    return [f"jobs differ in {label}: " + ", ".join(f"{j}={v}" for j, v in shown.items())]

@@ -1,0 +1,110 @@
+"""A stored turn's typed data: the fields of a ``TurnRecord`` and of its ``Completion`` that have no column of
+their own in ``turns`` (``db.models.Turn``), stored in its ``extra`` JSON and read back by attribute.
+
+One model, :class:`TurnExtra`, is both ways: ``workers.execution.turn_row`` stores ``TurnExtra.of(turn).stored()``
+and every reader (the dashboard, ``rerun --interactive``, the text replay) parses a row's JSON with
+:meth:`TurnExtra.read`. Nothing reads ``turns.extra`` by key.
+
+Rows stored before a field existed read as that field's default; keys no field knows are ignored. Rows stored
+before ``Completion.info`` kept the backend's known keys in ``backend`` (the openai reply id as ``id``): they are
+read into ``info`` (:meth:`TurnExtra._before_info`), so old and new rows read alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from agent_runner.records import CompletionInfo, TurnRecord
+
+#: the keys of ``backend`` that rows stored before ``Completion.info`` used for its fields
+_BACKEND_KEYS = {
+    "budget": "budget",
+    "forced_agreed": "forced_agreed",
+    "forced_from": "forced_from",
+    "attempts": "attempts",
+    "server_model": "server_model",
+    "id": "request_id",
+}
+
+
+class TurnExtra(BaseModel):
+    """The ``turns.extra`` JSON of one turn: each field is the ``TurnRecord`` / ``Completion`` field of that name
+    (``backend`` is ``Completion.extra``, the backend's free-form keys), except ``format_error``, ``None`` on rows
+    stored before it was (:meth:`format_error_or` reads those as "no action was parsed")."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    # the TurnRecord's
+    parse_error: str | None = None
+    format_error: bool | None = None
+    intervened: bool = False  # an operator's intervene hook replaced the parsed action
+    user_message: str | None = None  # what was sent back (the observation + the step-budget line); None: the last
+    submitted: bool = False
+    model_s: float = 0.0
+    steps_remaining: int = 0
+    # the Completion's
+    finish_reason: str | None = None
+    context_full: bool = False
+    history_mismatch: bool = False
+    batch_rows: float | None = None
+    forced: bool = False
+    info: CompletionInfo = Field(default_factory=CompletionInfo)
+    backend: dict[str, Any] = Field(default_factory=dict)
+
+    @classmethod
+    def of(cls, turn: TurnRecord) -> TurnExtra:
+        """The fields of ``turn`` that ``turns`` has no column for."""
+        c = turn.completion
+        return cls(
+            parse_error=turn.parse_error,
+            format_error=turn.format_error,
+            intervened=turn.intervened,
+            user_message=turn.user_message,
+            submitted=turn.submitted,
+            model_s=turn.model_s,
+            steps_remaining=turn.steps_remaining,
+            finish_reason=c.finish_reason,
+            context_full=c.context_full,
+            history_mismatch=c.history_mismatch,
+            batch_rows=c.batch_rows,
+            forced=c.forced,
+            info=c.info,
+            backend=c.extra,
+        )
+
+    def stored(self) -> dict[str, Any]:
+        """The JSON ``turns.extra`` stores."""
+        return self.model_dump(mode="json")
+
+    @classmethod
+    def read(cls, extra: Mapping[str, Any] | None) -> TurnExtra:
+        """A row's ``turns.extra`` (``None`` or ``{}``: every field at its default), typed."""
+        return cls.model_validate(dict(extra or {}))
+
+    def format_error_or(self, action: Mapping[str, Any] | None) -> bool:
+        """Whether the turn had no usable call: the stored flag, or for a row stored without it, no action."""
+        return self.format_error if self.format_error is not None else action is None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _before_info(cls, data: Any) -> Any:
+        """A row stored before ``Completion.info``: its known keys move from ``backend`` to ``info`` (a value
+        that is not of the field's type, e.g. a server's odd reply id, stays in ``backend``)."""
+        if not isinstance(data, Mapping) or "info" in data or not isinstance(data.get("backend"), Mapping):
+            return data
+        backend, info = dict(data["backend"]), {}
+        for key, field in _BACKEND_KEYS.items():
+            if key in backend and _fits(field, backend[key]):
+                info[field] = backend.pop(key)
+        return {**data, "info": info, "backend": backend}
+
+
+def _fits(field: str, value: Any) -> bool:
+    try:
+        CompletionInfo.model_validate({field: value})
+    except ValidationError:
+        return False
+    return True
