@@ -31,9 +31,9 @@ from sandbox.config import (
 from sandbox.output import (
     FILE_OUTPUT_HEAD_BYTES,
     FILE_OUTPUT_TAIL_BYTES,
+    CappedBuffer,
+    ChunkReader,
     ExecResult,
-    _CappedBuffer,
-    _ChunkReader,
 )
 
 
@@ -174,7 +174,7 @@ class Sandbox:
             stream = api.exec_start(exec_id, stream=True, demux=False)
         except Exception as exc:
             raise SandboxError(f"exec in container {self.container.short_id} failed: {self._why(exc)}") from exc
-        buffer = _CappedBuffer(self.config.max_output_bytes)
+        buffer = CappedBuffer(self.config.max_output_bytes)
         failure: list[BaseException] = []
 
         def pump() -> None:
@@ -236,8 +236,8 @@ class Sandbox:
             chunks, _stat = self.container.get_archive(path)
         except docker.errors.NotFound:
             raise FileNotFoundError(f"{path} does not exist in container {self.container.short_id}") from None
-        buffer = _CappedBuffer(head_bytes + tail_bytes, head=head_bytes)
-        with tarfile.open(fileobj=io.BufferedReader(_ChunkReader(chunks), 1024**2), mode="r|") as tar:
+        buffer = CappedBuffer(head_bytes + tail_bytes, head=head_bytes)
+        with tarfile.open(fileobj=io.BufferedReader(ChunkReader(chunks), 1024**2), mode="r|") as tar:
             member = tar.next()
             if member is None or not member.isfile():
                 raise IsADirectoryError(f"{path} is not a regular file")

@@ -27,7 +27,7 @@ class ExecResult(BaseModel):
     seconds: float
 
 
-class _CappedBuffer:
+class CappedBuffer:
     """Keeps the first `head` bytes (default `cap/2`) and the last `cap - head` bytes of a stream and counts
     what was dropped between them. Memory stays within the cap plus one chunk, whatever the stream's size."""
 
@@ -70,7 +70,7 @@ class _CappedBuffer:
         return decode(self.head) + TRUNCATION_MARK.format(dropped=self.dropped) + decode(self.tail), True
 
 
-class _ChunkReader(io.RawIOBase):
+class ChunkReader(io.RawIOBase):
     """A read-only file over an iterator of byte chunks (docker-py's archive stream), never holding more than
     one chunk."""
 

@@ -35,6 +35,7 @@ from tasks.rows import (
     DEFAULT_TEST_CMD,
     R2E_SWEBENCH_IMAGE,
     REPO_DIR,
+    TASK_FILE,
     Task,
     TaskError,
     TaskKind,
@@ -66,7 +67,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 SUITES_DIR = Path(__file__).resolve().parent / "suites"
-TASK_FILE = "task.json"
 
 # `owner__name-N` as SWE-bench spells ids; local ids must match so they are safe as folder and image-tag parts.
 LOCAL_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*__[A-Za-z0-9][A-Za-z0-9_.-]*-[0-9]+$")

@@ -26,6 +26,7 @@ TaskKind = Literal["swebench", "r2e_swebench", "r2e", "local"]
 
 DEFAULT_TEST_CMD = "python -m pytest -rA"
 REPO_DIR = "repo"
+TASK_FILE = "task.json"  # a local task folder: TASK_FILE and REPO_DIR/ (or a packed suite's bug patch)
 R2E_SWEBENCH_IMAGE = re.compile(r"^slimshetty/swebench-[a-z]+:sweb\.eval\.")
 # R2E-Gym shows the agent only the text between the first [ISSUE] and the last [/ISSUE] (greedy, any lines).
 R2E_ISSUE_TAGS = re.compile(r"\[ISSUE\](.*)\[/ISSUE\]", re.DOTALL)

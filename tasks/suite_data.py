@@ -35,17 +35,16 @@ from pathlib import Path
 from typing import Any
 
 from tasks.images import CONTEXT_IGNORE
-from tasks.rows import REPO_DIR, TaskError
+from tasks.rows import REPO_DIR, TASK_FILE, TaskError
 
 BASES_DIR = "_repos"
 BUG_PATCH = "bug.patch"
-TASK_FILE = "task.json"
 SUITE_REPO_FIELD = "suite_repo"
 # Bump when the way a tree is rebuilt from its patches changes, so trees cached before are not reused.
 TREE_FORMAT = "1"
-# The one place the cache lives: $XDG_CACHE_HOME/nexus-eval/suites, else ~/.cache/nexus-eval/suites.
-_XDG_CACHE = os.environ.get("XDG_CACHE_HOME", "")
-SUITE_CACHE_DIR = (Path(_XDG_CACHE) if os.path.isabs(_XDG_CACHE) else Path.home() / ".cache") / "nexus-eval" / "suites"
+# The one place the cache lives, beside the project's other caches (~/.cache/nexus-eval/models, .../swebench);
+# `cache_dir=` on every loader puts it elsewhere.
+SUITE_CACHE_DIR = Path("~/.cache/nexus-eval/suites")
 
 FOLDER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _IGNORED = shutil.ignore_patterns(*CONTEXT_IGNORE)
@@ -154,7 +153,7 @@ def materialise(task_id: str, base_patch: Path, bug_patch: Path, *, cache_dir: P
     if not base.strip():
         raise TaskError(base_patch, f"task {task_id}: the base tree patch is empty")
     bug = _read_patch(bug_patch, task_id, "bug patch")
-    cache = Path(cache_dir) if cache_dir is not None else SUITE_CACHE_DIR
+    cache = Path(cache_dir if cache_dir is not None else SUITE_CACHE_DIR).expanduser()
     key = tree_key(task_id, base, bug)
     final = cache / key
     if (final / task_id / REPO_DIR).is_dir():

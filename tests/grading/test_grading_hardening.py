@@ -14,7 +14,7 @@ from grading import DEFAULT_TIMEOUT_S, GradeConfig, grade, regrade
 from grading.hostlog import LOG_HEADER, PACKED_PREFIX, UNPACK_MAX_BYTES, unpack, unpack_bounded
 from sandbox.config import SandboxConfig, SandboxError
 from sandbox.container import Sandbox
-from sandbox.output import FILE_OUTPUT_HEAD_BYTES, FILE_OUTPUT_TAIL_BYTES, TRUNCATION_MARK, _CappedBuffer
+from sandbox.output import FILE_OUTPUT_HEAD_BYTES, FILE_OUTPUT_TAIL_BYTES, TRUNCATION_MARK, CappedBuffer
 from tasks.ceilings import DEFAULT_CEILINGS, GradingCeilings, GradingLimitError, check_limits, parse_memory
 from tasks.loading import load_local_task, load_tasks
 from tasks.rows import GradingLimits, TaskError, task_from_row
@@ -176,12 +176,12 @@ def test_tasks_validate_exits_2_and_builds_nothing(tmp_path, monkeypatch):
 
 
 def test_capped_buffer_keeps_a_small_head_and_a_large_tail():
-    buffer = _CappedBuffer(12, head=2)
+    buffer = CappedBuffer(12, head=2)
     for chunk in (b"ab", b"0123456789", b"XYZ", b"0123456789"):
         buffer.add(chunk)
     text, cut = buffer.text()
     assert cut and text == "ab" + TRUNCATION_MARK.format(dropped=13) + "0123456789"
-    whole = _CappedBuffer(100, head=10)
+    whole = CappedBuffer(100, head=10)
     whole.add(b"x" * 60)
     assert whole.text() == ("x" * 60, False)
 

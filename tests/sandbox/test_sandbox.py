@@ -8,7 +8,7 @@ import pytest
 
 from sandbox.config import SandboxConfig, SandboxError
 from sandbox.container import Sandbox, reap
-from sandbox.output import _CappedBuffer
+from sandbox.output import CappedBuffer
 from tests.conftest import TEST_JOB
 
 pytestmark = pytest.mark.docker
@@ -101,7 +101,7 @@ def test_one_gigabyte_print_is_capped(sandbox):
 
 
 def test_capped_buffer_keeps_head_and_tail():
-    buffer = _CappedBuffer(10)
+    buffer = CappedBuffer(10)
     for chunk in (b"01234", b"56789", b"abcdef"):
         buffer.add(chunk)
     text, truncated = buffer.text()
