@@ -5,6 +5,9 @@ sort, and its filters (those with a fixed allowed list, and free-text ones). :me
 request's parameters into a :class:`ListQuery` or raises :class:`BadListParameter` (the page answers 400);
 the query sorts and filters plain rows and writes the links that keep every other parameter.
 Missing values (an episode that never ran has no turns) sort last in either order.
+
+A job's episodes are sorted, filtered and paged in SQL (``db.episode_lists``, whose sort keys and filters are
+:data:`EPISODES`'s); :meth:`ListQuery.apply` is the Python-side definition that module is tested against.
 """
 
 from __future__ import annotations
@@ -98,6 +101,11 @@ class ListQuery:
         order = ("asc" if self.order == "desc" else "desc") if key == self.sort else "asc"
         return "?" + urlencode(self.params(sort=key, order=order))
 
+    def page_link(self, page: int) -> str:
+        """The query string of page ``page`` of this view (page 1: no ``page`` parameter); sort links and the filter
+        form carry no page, so a new sort or filter starts at page 1."""
+        return "?" + urlencode(self.params(page=str(page) if page > 1 else ""))
+
     def hidden(self) -> dict[str, str]:
         """The parameters a filter form carries unchanged (sort, order, limit ...): every one but the filters."""
         return {k: v for k, v in self.params().items() if k not in self.spec.filters}
@@ -190,9 +198,10 @@ class Actions:
     rerun_why: str
 
 
-def job_actions(counts: Mapping[str, int], results: Iterable[Any]) -> Actions:
-    """``counts``: the job's status counts (newest attempts); ``results``: its result attempts (rows with a
-    ``status``), the ones ``db.store.rerun_job`` picks from."""
+def job_actions(counts: Mapping[str, int], result_statuses: Mapping[str, int]) -> Actions:
+    """``counts``: the job's status counts (newest attempts, ``jobs.counts``); ``result_statuses``: how many of its
+    result attempts (the ones ``db.store.rerun_job`` picks from) have each status (``db.episode_lists.facets``), so
+    neither needs the job's rows."""
     active = sum(counts.get(s, 0) for s in CANCELLABLE_STATUSES)
-    failed = sum(1 for r in results if r.status in RUN_FAILURE_STATUSES)
+    failed = sum(result_statuses.get(s, 0) for s in RUN_FAILURE_STATUSES)
     return Actions(active > 0, "" if active else NOTHING_TO_CANCEL, failed, "" if failed else NOTHING_TO_RERUN)

@@ -17,6 +17,7 @@ from dashboard.render import render, svg
 
 NOT_STORED = "Retention map not stored for this episode."
 JOBS_LIMIT = 100  # jobs listed at most unless ?limit= says otherwise
+EPISODES_PAGE = 200  # rows of a job's episode grid per page (?page=N): a 12,800-episode job is 64 pages
 
 
 def notice_text(notice: str | None, n: int) -> str:
@@ -131,6 +132,7 @@ def register(app: FastAPI, ctx: Context) -> None:
         job_id: str,
         notice: str | None = None,
         n: int = Query(0, ge=0),
+        page: int = Query(1, ge=1),
         sort: str | None = None,
         order: str | None = None,
         status: str | None = None,
@@ -145,16 +147,19 @@ def register(app: FastAPI, ctx: Context) -> None:
         full_id = job_id_of(ctx, job_id)
         with ctx.read() as s:
             row = queries.job(s, full_id)
-            episodes = queries.job_episodes(s, full_id)
+            try:  # one page of the grid, its counts and dropdowns: SQL over the job (db.episode_lists)
+                listing = queries.job_episode_page(s, full_id, query, page=page, per_page=EPISODES_PAGE)
+            except list_queries.BadListParameter as exc:
+                raise HTTPException(status_code=400, detail=str(exc)) from None
             interactive = queries.job_interactive(s, full_id)
         return render(
             "job.html",
             job=row,
-            episodes=query.apply(episodes),
-            n_episodes=len(episodes),
+            listing=listing,
+            episodes=listing.rows,
             query=query,
-            options={k: sorted({getattr(e, k) for e in episodes}) for k in ("status", *query.spec.exact)},
-            actions=list_queries.job_actions(row.counts, episodes),
+            options=listing.options,
+            actions=list_queries.job_actions(row.counts, listing.result_statuses),
             human_bytes=list_queries.human_bytes,
             interactive=interactive,
             notice=notice_text(notice, n),

@@ -8,20 +8,22 @@ ids raise ``LookupError`` with the store's wording ("no job with id 'x'"), which
 from __future__ import annotations
 
 import json
+import math
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import LargeBinary, func, select, type_coerce
 from sqlalchemy.orm import Session, defer
 
-from dashboard.list_queries import JOBS, Listing, ListQuery, filtered_jobs
-from db import liveness
+from dashboard.list_queries import JOBS, BadListParameter, Listing, ListQuery, filtered_jobs
+from db import episode_lists, liveness
 from db import store as db_store
 from db.job_status import JobSummary, summarize, summarize_jobs
 from db.models import Episode, Replay, Turn, is_interactive, utcnow
+from db.packing import packed_keep
 from grading.hostlog import unpack
 from nexus.methods import DENSE, METHODS
 from results.compare import cell_outcomes, compare_jobs
@@ -206,10 +208,44 @@ def _episode_row(e: Any) -> EpisodeRow:
     )  # fmt: skip
 
 
-def job_episodes(session: Session, job_id: str) -> list[EpisodeRow]:
-    """The result attempt of each of the job's episode keys (the first the agent drove alone that did not break), by
-    key."""
-    return [_episode_row(e) for e in db_store.result_attempts(session, [job_id])]
+@dataclass
+class EpisodePage:
+    """One page of a job's episode grid (``db.episode_lists``): its rows, how many pass the filters (``matched``) of
+    how many result attempts (``total``), which page of how many, what each filter's dropdown offers, and how many
+    result attempts have each status (what ``job_actions`` needs)."""
+
+    rows: list[EpisodeRow]
+    matched: int
+    total: int
+    page: int
+    pages: int
+    per_page: int
+    options: dict[str, list[str]]
+    result_statuses: dict[str, int]
+
+    @property
+    def first(self) -> int:
+        """The 1-based position of the page's first row in the list (0 when the page is empty)."""
+        return (self.page - 1) * self.per_page + 1 if self.rows else 0
+
+    @property
+    def last(self) -> int:
+        return self.first + len(self.rows) - 1 if self.rows else 0
+
+
+def job_episode_page(session: Session, job_id: str, query: ListQuery, *, page: int, per_page: int) -> EpisodePage:
+    """Page ``page`` (1-based, ``per_page`` rows) of the result attempt of each of the job's episode keys (the first
+    the agent drove alone that did not break), filtered and sorted by ``query``, all in SQL: three small queries
+    however large the job. ``BadListParameter`` for a page past the last one."""
+    facets = episode_lists.facets(session, job_id)
+    matched = episode_lists.count(session, job_id, query.values) if query.filtered else facets.total
+    pages = max(1, math.ceil(matched / per_page))
+    if page > pages:
+        raise BadListParameter(f"page {page} is past the last page of this list ({pages}); allowed: 1 to {pages}")
+    rows = episode_lists.page(session, job_id, filters=query.values, sort=query.sort, order=query.order,
+                              limit=per_page, offset=(page - 1) * per_page)  # fmt: skip
+    return EpisodePage([_episode_row(r) for r in rows], matched, facets.total, page, pages, per_page, facets.values,
+                       facets.statuses)  # fmt: skip
 
 
 def job_interactive(session: Session, job_id: str) -> list[EpisodeRow]:
@@ -239,7 +275,7 @@ def _clip(text: str | None) -> str:
 
 
 def _turn_view(t: Turn, keep: int | None = None) -> TurnView:
-    extra = TurnExtra.read(t.extra)
+    extra = TurnExtra.of_row(t)
     action = t.action
     return TurnView(
         index=t.index,
@@ -275,9 +311,11 @@ def siblings(session: Session, e: Episode) -> list[EpisodeRow]:
     """The result attempts (the first the agent drove alone that did not break) of the same job, task and seed under
     the other methods / scopes / protocols."""
     rows = session.execute(
-        select(Episode).where(Episode.job_id == e.job_id, Episode.task_id == e.task_id, Episode.seed == e.seed)
-    ).scalars()
-    newest: dict[str, Episode] = {}
+        select(*episode_lists.ROW_COLUMNS, Episode.episode_key).where(
+            Episode.job_id == e.job_id, Episode.task_id == e.task_id, Episode.seed == e.seed
+        )
+    )
+    newest: dict[str, Any] = {}
     for r in rows:
         if r.episode_key == e.episode_key or is_interactive(r.driver):
             continue
@@ -293,9 +331,9 @@ def episode(session: Session, episode_id: str) -> EpisodeView:
     turns = session.execute(
         select(Turn).where(Turn.episode_id == e.id).order_by(Turn.index).options(defer(Turn.tokens))
     ).scalars()
-    # ... but where each turn's new tokens start in the stream (the retention map's turn marks): one number
-    keep = select(Turn.index, Turn.tokens["keep"].as_integer()).where(Turn.episode_id == e.id)
-    keeps: dict[int, int | None] = {index: start for index, start in session.execute(keep)}
+    # ... but where each turn's new tokens start in the stream (the retention map's turn marks): one number each
+    keep = select(Turn.index, type_coerce(Turn.tokens, LargeBinary)).where(Turn.episode_id == e.id)
+    keeps: dict[int, int | None] = {index: packed_keep(stored) for index, stored in session.execute(keep)}
     log = unpack(e.test_log)
     cut = max(0, len(log) - MAX_LOG_CHARS)
     return EpisodeView(
@@ -432,24 +470,23 @@ def method_curves(
     session: Session, job_id: str, *, include_interactive: bool = False
 ) -> dict[tuple[str, str], dict[str, list[tuple[int, float, float]]]]:
     """Per (scope, protocol) and method, per turn: (turn, mean physical slots after eviction, mean eviction
-    events), averaged over the job's result attempts that reached that turn. Only telemetry columns are read."""
+    events), averaged over the job's result attempts that reached that turn (a turn without ``physical_after["mean"]``
+    is left out of the slots' mean, NaN when none has it). One GROUP BY in SQL: no turn row comes to Python."""
     full_id = db_store.get_job(session, job_id).id
-    episodes = {e.id: e for e in db_store.result_attempts(session, [full_id], include_interactive=include_interactive)}
-    if not episodes:
-        return {}
-    query = select(Turn.episode_id, Turn.index, Turn.physical_after, Turn.eviction_events).where(
-        Turn.episode_id.in_(list(episodes))
+    numbers = db_store.result_attempt_numbers([full_id], include_interactive=include_interactive)
+    slots = Turn.physical_after["mean"].as_float()
+    cell = (Episode.scope, Episode.protocol, Episode.method, Turn.index)
+    query = (
+        select(
+            *cell, func.sum(slots), func.count(slots), func.sum(func.coalesce(Turn.eviction_events, 0)), func.count()
+        )
+        .select_from(Turn)
+        .join(Episode, Episode.id == Turn.episode_id)
+        .join(numbers, db_store.at_numbers(numbers))
+        .group_by(*cell)
     )
-    sums: dict[tuple[str, str, str, int], list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0, 0.0])
-    for episode_id, index, physical, events in session.execute(query):
-        e = episodes[episode_id]
-        acc = sums[(e.scope, e.protocol, e.method, index)]
-        if physical and physical.get("mean") is not None:
-            acc[0] += float(physical["mean"])
-            acc[1] += 1
-        acc[2] += events or 0
-        acc[3] += 1
     out: dict[tuple[str, str], dict[str, list[tuple[int, float, float]]]] = defaultdict(lambda: defaultdict(list))
-    for (scope, protocol, method, index), (slots, n_slots, events, n) in sorted(sums.items()):
-        out[(scope, protocol)][method].append((index, slots / n_slots if n_slots else float("nan"), events / n))
+    for scope, protocol, method, index, slot_sum, n_slots, events, n in sorted(session.execute(query)):
+        mean_slots = float(slot_sum) / n_slots if n_slots else float("nan")
+        out[(scope, protocol)][method].append((index, mean_slots, (events or 0) / n))
     return {k: dict(v) for k, v in out.items()}

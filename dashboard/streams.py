@@ -94,13 +94,12 @@ class TurnStream:
 
 def turn_streams(session: Session, episode_id: str) -> list[TurnStream]:
     """The episode's generated ids and completion texts per turn (not the appended ids: only what it sampled)."""
-    query = (
-        select(Turn.index, Turn.tokens["generated"], Turn.completion)
-        .where(Turn.episode_id == episode_id)
-        .order_by(Turn.index)
-    )
-    rows = session.execute(query)
-    return [TurnStream(i, list(ids) if isinstance(ids, list) else None, text or "") for i, ids, text in rows]
+    # the stream is stored packed (db.packing): one episode's, unpacked here
+    query = select(Turn.index, Turn.tokens, Turn.completion).where(Turn.episode_id == episode_id).order_by(Turn.index)
+    return [
+        TurnStream(i, list(stream["generated"]) if stream else None, text or "")
+        for i, stream, text in session.execute(query)
+    ]
 
 
 @dataclass

@@ -25,7 +25,7 @@ from __future__ import annotations
 import os
 import socket
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -154,7 +154,7 @@ def claim_episode(
     elif row.n_claims and row.worker is not None:  # handed back by db.liveness.release: a takeover too
         took_over_from = row.worker
 
-    token = uuid.uuid4().hex
+    token, before = uuid.uuid4().hex, row.status
     swapped = session.execute(
         update(Episode)
         .where(
@@ -178,9 +178,7 @@ def claim_episode(
     expire_loaded(session, {episode_id})
     if took_over_from is not None:
         session.execute(delete(Turn).where(Turn.episode_id == episode_id))
-    if job.status == JobStatus.pending:
-        job.status = JobStatus.running.value
-    session.flush()
+    refresh_job_status(session, job_id, moved=[(episode_id, before, EpisodeStatus.running.value)])
     return Claim(
         episode_id=episode_id,
         job_id=job_id,
@@ -236,9 +234,30 @@ def record_turn(session: Session, claim: Claim, index: int, *, steered: bool = F
     return turn
 
 
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def turn_means(turns: Iterable[tuple[int | None, dict[str, Any] | None, int | None]]) -> dict[str, float | None]:
+    """``(kv_held_bytes, physical_after, logical_length)`` of an episode's turns, in turn order -> the episode's
+    summaries (``results.cost``): ``mean_kv_held_bytes``, the mean of ``kv_held_bytes`` over the turns that report
+    it; ``kept_fraction``, the mean of ``physical_after["mean"] / logical_length`` over the turns that report both
+    (``None`` when none does, never 0)."""
+    held: list[float] = []
+    kept: list[float] = []
+    for kv_held_bytes, physical_after, logical_length in turns:
+        if kv_held_bytes is not None:
+            held.append(float(kv_held_bytes))
+        slots = (physical_after or {}).get("mean")
+        if slots is not None and logical_length:
+            kept.append(float(slots) / logical_length)
+    return {"mean_kv_held_bytes": _mean(held), "kept_fraction": _mean(kept)}
+
+
 def turn_totals(session: Session, episode_id: str) -> dict[str, Any]:
-    """Sums over the episode's stored turns, and its KV peaks: the largest of its turns' peaks (``None`` when no
-    turn reported one)."""
+    """Sums over the episode's stored turns, its KV peaks (the largest of its turns' peaks, ``None`` when no turn
+    reported one) and :func:`turn_means`: every summary a job-level read needs, written with the episode so no
+    read loads its turns."""
     n, prompt, appended, generated, peak_held, peak_allocated = session.execute(
         select(
             func.count(Turn.id),
@@ -249,6 +268,13 @@ def turn_totals(session: Session, episode_id: str) -> dict[str, Any]:
             func.max(Turn.kv_peak_allocated_bytes),
         ).where(Turn.episode_id == episode_id)
     ).one()
+    means = turn_means(
+        session.execute(
+            select(Turn.kv_held_bytes, Turn.physical_after, Turn.logical_length)
+            .where(Turn.episode_id == episode_id)
+            .order_by(Turn.index)
+        )
+    )
     return {
         "n_turns": n,
         "prompt_tokens": prompt or 0,
@@ -256,6 +282,7 @@ def turn_totals(session: Session, episode_id: str) -> dict[str, Any]:
         "generated_tokens": generated or 0,
         "kv_peak_held_bytes": peak_held,
         "kv_peak_allocated_bytes": peak_allocated,
+        **means,
     }
 
 
@@ -276,6 +303,8 @@ FINISH_FIELDS = frozenset(
         "n_turns",
         "kv_peak_held_bytes",
         "kv_peak_allocated_bytes",
+        "mean_kv_held_bytes",
+        "kept_fraction",
         "retention",
         "result",
         "config",
@@ -314,7 +343,7 @@ def finish_episode(session: Session, claim: Claim, status: str, **fields: Any) -
     if written.rowcount != 1:
         return False
     expire_loaded(session, {claim.episode_id})
-    refresh_job_status(session, claim.job_id)
+    refresh_job_status(session, claim.job_id, moved=[(claim.episode_id, EpisodeStatus.running.value, status)])
     return True
 
 
@@ -341,7 +370,7 @@ def fail_running_episode(
     if written.rowcount != 1:
         return False
     expire_loaded(session, {episode_id})
-    refresh_job_status(session, job_id)
+    refresh_job_status(session, job_id, moved=[(episode_id, EpisodeStatus.running.value, status)])
     return True
 
 
@@ -386,6 +415,7 @@ def record_grade(
     if row.status in AGENT_EXIT_STATUSES and row.error:
         result["agent_error"] = row.error
     error = "\n".join(part for part in (result.get("agent_error"), error) if part) or None
+    before = row.status
     written = session.execute(
         update(Episode)
         .where(Episode.id == episode_id, Episode.status == row.status)
@@ -404,5 +434,5 @@ def record_grade(
     if written.rowcount != 1:
         return False
     expire_loaded(session, {episode_id})
-    refresh_job_status(session, job_id)
+    refresh_job_status(session, job_id, moved=[(episode_id, before, status)])
     return True

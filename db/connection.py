@@ -157,6 +157,23 @@ def current_revision(url: str | None = None) -> str | None:
         engine.dispose()
 
 
+def shipped_head() -> str:
+    """The newest revision shipped, from the file names alone (``NNNN_name.py``, revision ``NNNN``; a test holds it
+    to Alembic's :func:`head_revision`), so opening an up-to-date database imports no Alembic."""
+    names = [p.name.split("_", 1)[0] for p in (MIGRATIONS_DIR / "versions").glob("[0-9][0-9][0-9][0-9]_*.py")]
+    return max(names)
+
+
+def _at_head(engine: Engine) -> bool:
+    """Whether the database's ``alembic_version`` already names the shipped head (one SELECT)."""
+    try:
+        with engine.connect() as connection:
+            stored = connection.execute(text("SELECT version_num FROM alembic_version")).scalars().all()
+    except Exception:  # no such table yet (a fresh database), or anything odd: let migrate() decide
+        return False
+    return stored == [shipped_head()]
+
+
 def head_revision() -> str:
     """The newest revision shipped in ``db/migrations``."""
     from alembic.script import ScriptDirectory
@@ -201,7 +218,7 @@ def connect(url: str | None = None, *, upgrade: bool = True, echo: bool = False)
         raise ValueError(
             f"in-memory SQLite ({masked(url)!r}) is not supported; give a file, e.g. {sqlite_url('nexus-eval.db')}"
         )
-    if upgrade:
-        migrate(url)
     engine = make_engine(url, echo=echo)
+    if upgrade and not _at_head(engine):
+        migrate(url)
     return Database(url=url, engine=engine, sessions=sessionmaker(engine, expire_on_commit=False))

@@ -106,6 +106,7 @@ def _release(session: Session, episode_id: str, gone: Callable[[Episode], bool],
     if not held or (token is not None and row.claim_token != token) or not gone(row):
         return None
     values: dict = {"claim_token": None, "heartbeat_at": None}
+    before = row.status  # the row expires below
     ended = running and is_interactive(row.driver)
     if ended:  # no operator is left to drive it: the attempt ends here, its turns kept (never sent to a worker)
         reason = f"the interactive rerun's process {row.worker} is gone; the attempt ended unfinished"
@@ -124,7 +125,7 @@ def _release(session: Session, episode_id: str, gone: Callable[[Episode], bool],
     if running and not ended:
         session.execute(delete(Turn).where(Turn.episode_id == episode_id))  # the next run starts from turn 0
     expire_loaded(session, {episode_id})
-    refresh_job_status(session, job_id)
+    refresh_job_status(session, job_id, moved=[(episode_id, before, values.get("status", before))])
     return Released(row.worker or "?", running, ended)
 
 

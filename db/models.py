@@ -31,7 +31,9 @@ from sqlalchemy import (
     UniqueConstraint,
 )
 from sqlalchemy.dialects.postgresql import JSONB
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+from sqlalchemy.orm import DeclarativeBase, Mapped, column_property, mapped_column, relationship
+
+from db.packing import PackedJSON, PackedTokens
 
 
 class JobStatus(StrEnum):
@@ -167,6 +169,9 @@ class Job(Base):
     package_versions: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
     git_revision: Mapped[str | None] = mapped_column(String(64))
     error: Mapped[str | None] = mapped_column(Text)
+    # {status: number of episode keys whose newest attempt has it}, kept in step by every writer that changes an
+    # episode's status (db.job_status.refresh_job_status), so a job's status and counts never scan its episodes
+    counts: Mapped[dict[str, int] | None] = mapped_column(JSONType)
 
     episodes: Mapped[list[Episode]] = relationship(back_populates="job", cascade="all, delete-orphan")
 
@@ -187,8 +192,11 @@ class Episode(Base):
         CheckConstraint(_in_check("status", EpisodeStatus), name="ck_episodes_status"),
         CheckConstraint("attempt >= 1", name="ck_episodes_attempt"),
         CheckConstraint(_in_check("driver", AttemptDriver), name="ck_episodes_driver"),
-        Index("ix_episodes_job_key", "job_id", "episode_key"),
+        # covers the newest / result attempt subqueries (db.store, db.job_status): no table row is read for them
+        Index("ix_episodes_job_key_attempt", "job_id", "episode_key", "attempt", "driver", "status"),
         Index("ix_episodes_job_status", "job_id", "status"),
+        Index("ix_episodes_job_method", "job_id", "method"),
+        Index("ix_episodes_job_task", "job_id", "task_id"),
     )
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
@@ -226,6 +234,10 @@ class Episode(Base):
     # (nexus.memory; None for backends without a cache and for rows stored before revision 0007)
     kv_peak_held_bytes: Mapped[int | None] = mapped_column(BigInteger)
     kv_peak_allocated_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    # summaries of the turns written at finish, so no job-level read loads turns (results.cost): the mean over
+    # turns of kv_held_bytes, and of physical_after["mean"] / logical_length (None when no turn reports it)
+    mean_kv_held_bytes: Mapped[float | None] = mapped_column(Float)
+    kept_fraction: Mapped[float | None] = mapped_column(Float)
 
     worker: Mapped[str | None] = mapped_column(String(200))  # "hostname/pid" of the current claim
     claim_token: Mapped[str | None] = mapped_column(String(32))
@@ -237,7 +249,8 @@ class Episode(Base):
     result: Mapped[dict[str, Any] | None] = mapped_column(JSONType)  # extra result fields (grade report...)
     # the final cache's retention map {"logical_length", "kv_heads", "layers": per layer [[count, run], ...]}
     # (nexus.retention); None for backends without a cache and for runs that ended before the agent loop did
-    retention: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
+    # (stored packed: db.packing.PackedJSON, revision 0009)
+    retention: Mapped[dict[str, Any] | None] = mapped_column(PackedJSON)
 
     job: Mapped[Job] = relationship(back_populates="episodes")
     turns: Mapped[list[Turn]] = relationship(
@@ -247,6 +260,16 @@ class Episode(Base):
     @property
     def is_terminal(self) -> bool:
         return self.status in TERMINAL_STATUSES
+
+
+# Values inside the JSON columns that a job-level read (compare) needs, read in SQL so it parses neither ``result``
+# nor ``config`` per row: the grade's "the task needs the network" flag (None without a grade report), and the
+# episode config's density, backend, sampler seed (``agent.seed``, set by versions before issue 19) and seed.
+Episode.needs_network = column_property(Episode.result[("grade", "needs_network")].as_boolean())
+Episode.config_density = column_property(Episode.config[("eviction", "density")].as_float())
+Episode.config_backend = column_property(Episode.config["backend"].as_string())
+Episode.config_agent_seed = column_property(Episode.config[("agent", "seed")].as_integer())
+Episode.config_seed = column_property(Episode.config["seed"].as_integer())
 
 
 class Turn(Base):
@@ -290,8 +313,9 @@ class Turn(Base):
     observation: Mapped[str | None] = mapped_column(Text)
     extra: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)  # format_error, intervened, ...
     # the turn's token stream {"keep", "append", "generated"} (agent_runner.counterfactual.TurnTokens) when the
-    # backend reports one (hf); what counterfactual replay feeds through another method's cache
-    tokens: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
+    # backend reports one (hf); what counterfactual replay feeds through another method's cache. Stored packed
+    # (db.packing.PackedTokens, revision 0009)
+    tokens: Mapped[dict[str, Any] | None] = mapped_column(PackedTokens)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
     episode: Mapped[Episode] = relationship(back_populates="turns")

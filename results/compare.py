@@ -87,7 +87,7 @@ from results.compare_table import (
     is_demonstration,
     natural_key,
 )
-from results.cost import EpisodeCost, episode_costs, summarize_cost
+from results.cost import EpisodeCost, episode_cost, summarize_cost
 from results.replay_stats import current_replays, outcomes_from_rows, replay_notes, summarize_replays
 from results.stats import (
     bootstrap_mean_ci,
@@ -245,6 +245,9 @@ def build_table(
     methods = in_canonical_order((o.method for o in rows_in), METHODS)
     evicting = [o for o in rows_in if o.method != DENSE]
     cells_present = {(o.scope, o.protocol) for o in evicting} or {(o.scope, o.protocol) for o in rows_in}
+    by_cell: dict[tuple, list[Outcome]] = defaultdict(list)  # cell_outcomes for every cell in one pass
+    for o in evicting:
+        by_cell[(o.scope, o.protocol, o.density, o.method)].append(o)
     rows: list[Row] = []
     grid: dict[GridKey, dict[str, list[str]]] = {}
     drivers: dict[GridKey, dict[str, list[str]]] = {}
@@ -256,7 +259,7 @@ def build_table(
                 cells = {}
                 for method in methods:
                     key = (scope, protocol, None if method == DENSE else density, method)
-                    mine = dense if method == DENSE else cell_outcomes(rows_in, key)
+                    mine = dense if method == DENSE else by_cell.get(key, [])
                     keys = {o.key for o in mine}
                     extra = [o for o in later if o.key in keys]
                     cell = summarize_cell(
@@ -326,11 +329,11 @@ def _by_task(outcomes: Sequence[Outcome]) -> tuple[dict[str, list[str]], dict[st
     return dict(statuses), dict(driven)
 
 
-def outcome_density(method: str, config: dict[str, Any] | None) -> float | None:
-    """The density an episode ran at, from its stored config; ``None`` for dense (it keeps everything)."""
+def outcome_density(method: str, density: float | None) -> float | None:
+    """The density an episode ran at (its config's ``eviction.density``, ``Episode.config_density``); ``None`` for
+    dense (it keeps everything)."""
     if method == DENSE:
         return None
-    density = ((config or {}).get("eviction") or {}).get("density")
     return None if density is None else float(density)
 
 
@@ -338,7 +341,7 @@ def outcomes_from_episodes(
     episodes: Iterable[Any], costs: dict[str, EpisodeCost] | None = None, *, grades: bool = True
 ) -> list[Outcome]:
     """``db.models.Episode`` rows (or anything with the same attributes) -> outcomes; ``costs`` by episode id
-    (:func:`results.cost.episode_costs`), when the table should carry them; ``grades``: whether their job grades."""
+    (:func:`results.cost.episode_cost`), when the table should carry them; ``grades``: whether their job grades."""
     costs = costs or {}
     return [
         Outcome(
@@ -352,7 +355,7 @@ def outcomes_from_episodes(
             attempt=e.attempt,
             episode_id=e.id,
             driver=e.driver,
-            density=outcome_density(e.method, e.config),
+            density=outcome_density(e.method, e.config_density),
             cost=costs.get(e.id),
             exit_status=e.exit_status,
             grades=grades,
@@ -373,17 +376,18 @@ def compare_jobs(
     key's first agent attempt that did not break (``db.store.result_attempts``); with ``include_interactive`` a
     key's newest interactive attempt stands in, counted and marked. Later agent attempts are resamples."""
     from db.job_status import job_grades
-    from db.store import get_job, interactive_attempts, resample_attempts, result_attempts
+    from db.store import get_job, interactive_attempts, resample_attempts, result_rows
 
     jobs = [get_job(session, j) for j in job_ids]
     ids = [job.id for job in jobs]
-    agent = [result_attempts(session, [j]) for j in ids]  # also what replays are sources of
-    episodes = [result_attempts(session, [j], include_interactive=True) for j in ids] if include_interactive else agent
+    # plain rows of the summary columns, not ORM objects: what keeps a 12,800-episode job under a second
+    agent = [result_rows(session, [j]) for j in ids]  # also what replays are sources of
+    episodes = [result_rows(session, [j], include_interactive=True) for j in ids] if include_interactive else agent
     every = [e for per_job in episodes for e in per_job]
     grading = [job_grades(job) for job in jobs]
     demos = [is_demonstration(job) for job in jobs]  # stand-ins: a demonstrations line each, never a Pass@1 cell
     samples = [e for per_job, demo in zip(episodes, demos, strict=True) if not demo for e in per_job]
-    costs = episode_costs(session, samples)
+    costs = {e.id: episode_cost(e) for e in samples}
     outcomes, notes = merge_jobs(
         [
             outcomes_from_episodes(e, costs, grades=g)

@@ -55,13 +55,7 @@ def grading_notes(episodes: Sequence[Any]) -> list[str]:
     """Which tools graded the table, and the verdicts on tasks that needed a network grading did not have."""
     graders = sorted({f"{e.grader} ({e.grader_version})" for e in episodes if e.grader})
     notes = [f"graded by {', '.join(graders)}"] if graders else []
-    offline = sorted(
-        {
-            e.task_id
-            for e in episodes
-            if ((e.result or {}).get("grade") or {}).get("needs_network") and e.status != "resolved"
-        }
-    )
+    offline = sorted({e.task_id for e in episodes if e.needs_network and e.status != "resolved"})
     if offline:
         notes.append(
             f"{len(offline)} task(s) need the network and were graded without it; their unresolved verdicts may "
@@ -76,14 +70,14 @@ def seed_notes(episodes: Sequence[Any]) -> list[str]:
     stale = [
         e
         for e in episodes
-        if (e.config or {}).get("backend", "hf") not in ("oracle", *DEMONSTRATION_BACKENDS)
-        and "seed" in ((e.config or {}).get("agent") or {})
-        and e.config["agent"]["seed"] != e.config.get("seed", e.seed)
+        if (e.config_backend or "hf") not in ("oracle", *DEMONSTRATION_BACKENDS)
+        and e.config_agent_seed is not None
+        and e.config_agent_seed != (e.seed if e.config_seed is None else e.config_seed)
     ]
     if not stale:
         return []
     return [
-        f"{len(stale)} episode(s) were sampled with seed {stale[0].config['agent']['seed']} whatever their seed "
+        f"{len(stale)} episode(s) were sampled with seed {stale[0].config_agent_seed} whatever their seed "
         "(stored before each seed sampled apart): across seeds they are copies, not independent samples, so "
         "Pass@1 over seeds, pass@k and McNemar pairs overstate the evidence; `nexus-eval rerun` them"
     ]

@@ -7,13 +7,16 @@ pre-eviction state included.
 
 Per episode (:class:`EpisodeCost`), from what the episode stored:
 
-- ``n_turns``, ``generated_tokens``, ``wall_s``, ``kv_peak_held_bytes``, ``kv_peak_allocated_bytes``: the
-  ``episodes`` columns as written at finish (``db.claims.finish_episode``: sums / maxima over the stored turns,
-  the peaks the largest of the turns' peaks, ``wall_s`` as the worker measured);
+every value is an ``episodes`` column written at finish (``db.claims.finish_episode``, from the stored turns by
+``db.claims.turn_totals``), so no read of a job loads its turns:
+
+- ``n_turns``, ``generated_tokens``, ``wall_s``, ``kv_peak_held_bytes``, ``kv_peak_allocated_bytes``: sums /
+  maxima over the stored turns, the peaks the largest of the turns' peaks, ``wall_s`` as the worker measured;
 - ``mean_kv_held_bytes``: the mean over its turns of ``turns.kv_held_bytes`` (KV held after the turn);
 - ``kept_fraction``: the mean over its turns of ``physical_after["mean"] / logical_length``: the cache slots a
   layer holds after the turn's eviction, on average over layers, as a share of the tokens the model has seen.
   Dense keeps 1.0; a method at density 0.2 keeps about 0.2 once the stream is longer than its window.
+  (``db.claims.turn_means``; ``tests/service/test_episode_summaries.py`` holds the stored values to a recount.)
 
 A value a backend does not report (the oracle and openai backends have no visible cache), or a row stored
 before the column existed, stays ``None`` and is left out of the means, never read as 0.
@@ -22,12 +25,11 @@ Per cell (:class:`CellCost`): the mean of each value over the cell's counted epi
 resolved rate) that have it (``mean_kv_held_bytes``: KV held after a turn; ``mean_kv_peak_held_bytes``,
 ``mean_kv_peak_allocated_bytes``: the episodes' peaks), ``max_kv_peak_allocated_bytes`` the largest allocated
 peak of any of them (the memory the cell's worst episode needed), and ``episodes`` how many had any cost
-stored. Pure functions, except :func:`episode_costs`, the database entry point.
+stored. Pure functions.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
@@ -85,47 +87,17 @@ def summarize_cost(costs: Sequence[EpisodeCost | None]) -> CellCost:
     )
 
 
-def turn_means(turns: Iterable[tuple[str, int | None, dict[str, Any] | None, int | None]]) -> dict[str, tuple]:
-    """``(episode_id, kv_held_bytes, physical_after, logical_length)`` per turn -> per episode
-    ``(mean KV held bytes, mean kept fraction)`` over the turns that report each."""
-    held: dict[str, list[float]] = defaultdict(list)
-    kept: dict[str, list[float]] = defaultdict(list)
-    for episode_id, kv_held_bytes, physical_after, logical_length in turns:
-        if kv_held_bytes is not None:
-            held[episode_id].append(kv_held_bytes)
-        slots = (physical_after or {}).get("mean")
-        if slots is not None and logical_length:
-            kept[episode_id].append(float(slots) / logical_length)
-    return {e: (_mean(held.get(e, [])), _mean(kept.get(e, []))) for e in set(held) | set(kept)}
-
-
-def episode_costs(session: Any, episodes: Sequence[Any]) -> dict[str, EpisodeCost]:
-    """The cost of each ``db.models.Episode`` row, by episode id (one query over their turns)."""
-    from sqlalchemy import select
-
-    from db.models import Turn
-
-    ids = [e.id for e in episodes]
-    means: dict[str, tuple] = {}
-    for start in range(0, len(ids), 500):  # bounded IN lists
-        rows = session.execute(
-            select(Turn.episode_id, Turn.kv_held_bytes, Turn.physical_after, Turn.logical_length).where(
-                Turn.episode_id.in_(ids[start : start + 500])
-            )
-        )
-        means.update(turn_means(rows))
-    return {
-        e.id: EpisodeCost(
-            n_turns=e.n_turns,
-            generated_tokens=e.generated_tokens,
-            wall_s=e.wall_s,
-            kv_peak_held_bytes=e.kv_peak_held_bytes,
-            kv_peak_allocated_bytes=e.kv_peak_allocated_bytes,
-            mean_kv_held_bytes=means.get(e.id, (None, None))[0],
-            kept_fraction=means.get(e.id, (None, None))[1],
-        )
-        for e in episodes
-    }
+def episode_cost(e: Any) -> EpisodeCost:
+    """The cost of one ``db.models.Episode`` row (or any object with its summary columns)."""
+    return EpisodeCost(
+        n_turns=e.n_turns,
+        generated_tokens=e.generated_tokens,
+        wall_s=e.wall_s,
+        kv_peak_held_bytes=e.kv_peak_held_bytes,
+        kv_peak_allocated_bytes=e.kv_peak_allocated_bytes,
+        mean_kv_held_bytes=e.mean_kv_held_bytes,
+        kept_fraction=e.kept_fraction,
+    )
 
 
 def human_bytes(n: float | None) -> str:

@@ -1,9 +1,14 @@
 """A stored turn's typed data: the fields of a ``TurnRecord`` and of its ``Completion`` that have no column of
 their own in ``turns`` (``db.models.Turn``), stored in its ``extra`` JSON and read back by attribute.
 
-One model, :class:`TurnExtra`, is both ways: ``workers.execution.turn_row`` stores ``TurnExtra.of(turn).stored()``
-and every reader (the dashboard, ``rerun --interactive``, the text replay) parses a row's JSON with
-:meth:`TurnExtra.read`. Nothing reads ``turns.extra`` by key.
+One model, :class:`TurnExtra`, is both ways: ``workers.execution.turn_row`` stores
+``TurnExtra.of(turn).stored(turn.observation)`` and every reader (the dashboard, ``rerun --interactive``, the text
+replay, ``inspect``) parses a row with :meth:`TurnExtra.of_row` (its ``extra`` and its ``observation``). Nothing reads
+``turns.extra`` by key.
+
+The message sent back after a turn is its observation plus the step-budget line: stored whole it repeated the
+observation (~4 KB a turn), so a ``user_message`` that starts with the row's observation is stored as the rest of it
+(``USER_MESSAGE_TAIL``) and read back as observation + rest. Rows stored whole before read as they are.
 
 Rows stored before a field existed read as that field's default; keys no field knows are ignored. Rows stored
 before ``Completion.info`` kept the backend's known keys in ``backend`` (the openai reply id as ``id``): they are
@@ -20,6 +25,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from agent_runner.records import CompletionInfo, TurnRecord
 
 #: the keys of ``backend`` that rows stored before ``Completion.info`` used for its fields
+#: the stored key holding what ``user_message`` adds after the row's observation (module docstring)
+USER_MESSAGE_TAIL = "user_message_after_observation"
+
 _BACKEND_KEYS = {
     "budget": "budget",
     "forced_agreed": "forced_agreed",
@@ -75,14 +83,34 @@ class TurnExtra(BaseModel):
             backend=c.extra,
         )
 
-    def stored(self) -> dict[str, Any]:
-        """The JSON ``turns.extra`` stores."""
-        return self.model_dump(mode="json")
+    def stored(self, observation: str | None) -> dict[str, Any]:
+        """The JSON ``turns.extra`` stores beside the row's ``observation``: a ``user_message`` that starts with the
+        observation keeps only the rest (module docstring)."""
+        dumped = self.model_dump(mode="json")
+        message = self.user_message
+        if message is not None and observation and message.startswith(observation):
+            dumped["user_message"] = None
+            dumped[USER_MESSAGE_TAIL] = message[len(observation) :]
+        return dumped
 
     @classmethod
-    def read(cls, extra: Mapping[str, Any] | None) -> TurnExtra:
-        """A row's ``turns.extra`` (``None`` or ``{}``: every field at its default), typed."""
-        return cls.model_validate(dict(extra or {}))
+    def read(cls, extra: Mapping[str, Any] | None, observation: str | None = None) -> TurnExtra:
+        """A row's ``turns.extra`` (``None`` or ``{}``: every field at its default) and its ``observation``, typed.
+        ``ValueError`` when the stored user message is kept as a tail and ``observation`` is not given."""
+        data = dict(extra or {})
+        tail = data.pop(USER_MESSAGE_TAIL, None)
+        if tail is not None:
+            if observation is None:
+                raise ValueError("this turn's user message is stored after its observation: read it with of_row")
+            data["user_message"] = observation + tail
+        return cls.model_validate(data)
+
+    @classmethod
+    def of_row(cls, row: Any) -> TurnExtra:
+        """:meth:`read` of a ``db.models.Turn`` row, or of a mapping of its columns."""
+        if isinstance(row, Mapping):
+            return cls.read(row.get("extra"), row.get("observation"))
+        return cls.read(row.extra, row.observation)
 
     def format_error_or(self, action: Mapping[str, Any] | None) -> bool:
         """Whether the turn had no usable call: the stored flag, or for a row stored without it, no action."""

@@ -18,7 +18,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -95,16 +94,16 @@ class EmbeddedWorker:
 
 
 def progress_table(db: Database, job_id: str):
-    """A rich Table: one row per method x scope x protocol with counts per status (newest attempts)."""
+    """A rich Table: one row per method x scope x protocol with counts per status (newest attempts). Redrawn every
+    second by ``status --watch`` and ``run``: one GROUP BY (``db.progress.group_counts``), no episode row loaded."""
     from rich.table import Table
+
+    from db.progress import group_counts
 
     with db.session() as s:
         job = db_store.get_job(s, job_id)
-        rows = db_store.latest_attempts(s, [job.id])
+        groups = group_counts(s, job.id)
         job_status = job.status
-    groups: dict[tuple[str, str, str], Counter] = {}
-    for r in rows:
-        groups.setdefault((r.method, r.scope, r.protocol), Counter())[r.status] += 1
     statuses = sorted({st for c in groups.values() for st in c}, key=lambda st: (st not in ACTIVE_STATUSES, st))
     table = Table(title=f"job {job_id}: {job_status}")
     for col in ("method", "scope", "protocol", *statuses, "done"):
@@ -117,12 +116,15 @@ def progress_table(db: Database, job_id: str):
 
 
 def job_finished(db: Database, job_id: str) -> bool:
-    """No episode is queued/running/awaiting its grade, or the job is cancelled/failed."""
+    """No episode is queued/running/awaiting its grade, or the job is cancelled/failed. Asked on every poll: one
+    GROUP BY over the newest attempts' statuses (``db.progress.status_counts``)."""
+    from db.progress import status_counts
+
     with db.session() as s:
         job = db_store.get_job(s, job_id)
         if job.status in ("cancelled", "failed"):
             return True
-        return all(r.status in ENDED_STATUSES for r in db_store.latest_attempts(s, [job.id]))
+        return all(status in ENDED_STATUSES for status in status_counts(s, job.id))
 
 
 def wait_for_job(

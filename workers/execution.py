@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from agent_runner import spec_diff
 from agent_runner.backends.openai import AllowedEndpoints, EndpointNotAllowed, OpenAIConfig
 from agent_runner.config import EpisodeSpec
 from agent_runner.episode import EpisodeHooks, run_episode  # callers of the worker import EpisodeHooks from here
@@ -132,8 +133,26 @@ def turn_row(turn: TurnRecord) -> dict[str, Any]:
         "action": turn.action.model_dump(mode="json") if turn.action else None,
         "observation": turn.observation,
         "tokens": dumped["tokens"],  # the token stream counterfactual replay feeds (None without one)
-        "extra": TurnExtra.of(turn).stored(),
+        "extra": TurnExtra.of(turn).stored(turn.observation),
     }
+
+
+def _runner_record(config: dict[str, Any], ran: dict[str, Any]) -> dict[str, Any]:
+    record = dict(ran)
+    if "episode" in record:
+        record["episode_changes"] = spec_diff.changes(config, record.pop("episode"))
+    return record
+
+
+def runner_spec(config: dict[str, Any], result: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The episode spec as the worker ran it, from an episode's ``config`` and ``result`` (``None``: the run did not
+    start). Rows stored before the record was kept as changes hold the spec whole."""
+    runner = (result or {}).get("runner")
+    if runner is None:
+        return None
+    if "episode" in runner:
+        return runner["episode"]
+    return spec_diff.apply(config, runner.get("episode_changes") or {})
 
 
 def _reap_episode_containers(job_id: str, episode_id: str) -> int:
@@ -261,9 +280,10 @@ def execute_episode(
         "took_over_from": claim.took_over_from,
         "worker": claim.worker,  # `episodes.worker` names the grader once a grade is claimed
         "scaffold": result.scaffold.model_dump(mode="json") if result is not None and result.scaffold else None,
-        # what ran, as the runner recorded it: the spec with the host's device, the sandbox, the backend's class
-        # and the device the model is on (None: the run did not start)
-        "runner": dict(result.config) if result is not None else None,
+        # what ran, as the runner recorded it: the spec with the host's device (stored as what it changed from the
+        # episode's config: runner_spec reads it whole), the sandbox, the backend's class and the device the model
+        # is on (None: the run did not start)
+        "runner": _runner_record(config, result.config) if result is not None else None,
     }
     if isinstance(interrupted, EndpointNotAllowed):  # the operator's settings: a new attempt is refused alike
         fields["result"][NOT_RETRIED] = "the worker's allow-lists refuse this endpoint"
@@ -380,14 +400,17 @@ def regrade_job(db: Database, job_id: str, *, include_interactive: bool = False)
     from grading import regrade
 
     with db.session() as s:
-        rows = [
-            (r.id, r.status, r.patch, r.test_log, dict(r.config or {}))
+        ids = [
+            r.id
             for r in db_store.result_attempts(
                 s, [db_store.get_job(s, job_id).id], include_interactive=include_interactive
             )
         ]
     changes, tasks = [], TaskCache()
-    for episode_id, old, patch, log, config in rows:
+    for episode_id in ids:  # one episode's log and patch in memory at a time, whatever the job's size
+        with db.session() as s:
+            r = db_store.get_episode(s, episode_id)
+            old, patch, log, config = r.status, r.patch, r.test_log, dict(r.config or {})
         if not log and not (patch is not None and not patch.strip()):
             continue
         spec = EpisodeSpec.model_validate(config)

@@ -38,7 +38,7 @@ def conversation(db: Database, episode_id: str, tasks: TaskCache | None = None) 
         episode = db_store.get_episode(s, episode_id)
         config, result = dict(episode.config or {}), dict(episode.result or {})
         turns = list(s.execute(select(Turn).where(Turn.episode_id == episode_id).order_by(Turn.index)).scalars())
-        rows = [(t.index, t.completion or "", TurnExtra.read(t.extra)) for t in turns]
+        rows = [(t.index, t.completion or "", TurnExtra.of_row(t)) for t in turns]
     if not rows:
         raise TextTrajectoryError(f"episode {episode_id} has no turns")
     spec = worker_episode_spec(config)

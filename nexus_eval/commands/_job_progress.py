@@ -12,10 +12,11 @@ the counts so far: resolved always, each other end status that occurred, and how
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, fields
+from collections.abc import Callable
+from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Any
 
-from db import store as db_store
+from db import progress as db_progress
 from db.models import EpisodeStatus
 from nexus_eval.commands._progress import line, live, say
 from workers.embedded import ENDED_STATUSES, progress_table, wait_for_job
@@ -59,25 +60,41 @@ def attempt_line(attempt: Attempt, counts: Counter, total: int) -> str:
 
 
 class EndedLines:
-    """Says each attempt once, when it ends: :meth:`report` takes the job's newest attempts, poll after poll."""
+    """Says each attempt once, when it ends: :meth:`report` takes the job's newest attempts, poll after poll.
+
+    A poll (:meth:`poll`) reads two short columns per key (id, status) and the shown fields of only the attempts
+    that ended since the last poll, so a 12,800-episode job's log line costs milliseconds, not whole rows."""
 
     def __init__(self, console: Any) -> None:
         self.console = console
         self.said: set[str] = set()
 
     def report(self, attempts: list[Attempt]) -> None:
-        ended = [a for a in attempts if a.status in ENDED_STATUSES]
-        counts = Counter(a.status for a in ended if a.id in self.said)  # a retried attempt is no longer newest
-        for a in ended:
-            if a.id not in self.said:
-                self.said.add(a.id)
-                counts[a.status] += 1
-                say(self.console, attempt_line(a, counts, len(attempts)))
+        by_id = {a.id: a for a in attempts}
+        statuses = [(a.id, a.status) for a in attempts]
+        self._report(statuses, lambda ids: {i: by_id[i] for i in ids})
 
     def poll(self, database: Database, job_id: str) -> None:
+        shown = [f.name for f in fields(Attempt) if f.name != "id"]  # id first, the rest in the row's order
         with database.session() as s:
-            attempts = [Attempt.of(row) for row in db_store.latest_attempts(s, [job_id])]
-        self.report(attempts)
+
+            def details(ids: list[str]) -> dict[str, Attempt]:
+                rows = db_progress.attempt_fields(s, ids, shown)
+                return {i: Attempt(i, *rows[i]) for i in ids}
+
+            self._report(db_progress.newest_statuses(s, job_id), details)
+
+    def _report(self, statuses: list[tuple[str, str]], details: Callable[[list[str]], dict[str, Attempt]]) -> None:
+        """``statuses``: (id, status) of every newest attempt, by key; ``details``: the Attempts of some ids."""
+        ended = [(i, status) for i, status in statuses if status in ENDED_STATUSES]
+        counts = Counter(status for i, status in ended if i in self.said)  # a retried attempt is no longer newest
+        new = [(i, status) for i, status in ended if i not in self.said]
+        shown = details([i for i, _ in new]) if new else {}
+        for i, status in new:
+            attempt = replace(shown[i], status=status)  # the status this poll read, as the counts do
+            self.said.add(i)
+            counts[status] += 1
+            say(self.console, attempt_line(attempt, counts, len(statuses)))
 
 
 def watch_job(

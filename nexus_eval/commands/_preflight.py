@@ -86,13 +86,15 @@ def first_line(error: str | None) -> str:
 
 def failure_reasons(database: Database, job_id: str) -> list[tuple[int, str]]:
     """(count, "status: reason") for the job's latest attempts that ended as infra_failure / timeout,
-    most frequent first: the answer to "why is the compare table full of `!`"."""
-    from db import store as db_store
+    most frequent first (ties: the reason of the first key first): the answer to "why is the compare table full of
+    `!`". Read as one GROUP BY per distinct (status, error) (``db.progress.failure_groups``), not row by row."""
+    from db import progress as db_progress
     from db.models import RUN_FAILURE_STATUSES
 
+    counts: Counter[str] = Counter()
     with database.session() as s:
-        rows = db_store.latest_attempts(s, [job_id])
-        counts = Counter(f"{r.status}: {first_line(r.error)}" for r in rows if r.status in RUN_FAILURE_STATUSES)
+        for status, error, n in db_progress.failure_groups(s, job_id, RUN_FAILURE_STATUSES):
+            counts[f"{status}: {first_line(error)}"] += n
     return [(n, reason) for reason, n in counts.most_common()]
 
 

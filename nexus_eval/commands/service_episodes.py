@@ -1,9 +1,14 @@
 """CLI verbs over one job's episode rows: ``episodes JOB`` lists them (the ids ``inspect`` and ``rerun`` take),
-``inspect EPISODE`` shows one trajectory with its per-turn cache telemetry."""
+``inspect EPISODE`` shows one trajectory with its per-turn cache telemetry.
+
+``episodes`` reads one streamed query (``db.episode_lists.attempts``: the "result" mark computed in SQL) and prints
+each row as it arrives in a pipe (tsv, json), so a 12,800-episode job prints at once in bounded memory."""
 
 from __future__ import annotations
 
 import json
+import textwrap
+from collections.abc import Iterable
 
 import typer
 
@@ -29,6 +34,7 @@ def episodes(
     (an operator changed an action); `result` marks the attempt compare counts for its key."""
     import sys
 
+    from db import episode_lists
     from db import store as db_store
 
     fmt = fmt or ("table" if sys.stdout.isatty() else "tsv")
@@ -39,35 +45,46 @@ def episodes(
     try:
         with database.session() as s:
             the_job = db_store.get_job(s, job)
-            results = {r.id for r in db_store.result_attempts(s, [the_job.id])}
-            rows = [
-                dict(
-                    zip(
-                        EPISODE_COLUMNS,
-                        (r.id, r.task_id, r.method, r.scope, r.protocol, r.seed, r.attempt, r.driver)
-                        + (r.id in results, r.status),
-                        strict=True,
-                    )
-                )
-                for r in db_store.episodes_for_job(s, the_job.id)
-                if (wanted is None or r.status in wanted)
-                and (method is None or r.method == method)
-                and (not results_only or r.id in results)
-            ]
+            # one query, read in chunks and printed as it comes: a 12,800-episode job starts printing at once and
+            # never holds its rows (the rich table needs them all for its widths: a terminal only)
+            listed = episode_lists.attempts(s, the_job.id, statuses=wanted, method=method, results_only=results_only)
+            rows = (_row(r) for r in listed)
+            if fmt == "table":
+                _table(the_job.id, list(rows))
+            else:
+                (_json_array if fmt == "json" else _tsv)(rows)
     except LookupError as exc:
         fail(str(exc))
-    if fmt == "json":
-        typer.echo(json.dumps(rows, indent=1))
-        return
-    if fmt == "tsv":
-        text = "\t".join(EPISODE_COLUMNS) + "\n"
-        text += "".join("\t".join(_cell(row[c]) for c in EPISODE_COLUMNS) + "\n" for row in rows)
-        typer.echo(text, nl=False)
-        return
+
+
+ATTEMPT_FIELDS = ("id", "task_id", "method", "scope", "protocol", "seed", "attempt", "driver", "result", "status")
+
+
+def _row(attempt: object) -> dict:
+    """One ``episode_lists.attempts`` row under the printed column names."""
+    return dict(zip(EPISODE_COLUMNS, (getattr(attempt, f) for f in ATTEMPT_FIELDS), strict=True))
+
+
+def _tsv(rows: Iterable[dict]) -> None:
+    typer.echo("\t".join(EPISODE_COLUMNS))
+    for row in rows:
+        typer.echo("\t".join(_cell(row[c]) for c in EPISODE_COLUMNS))
+
+
+def _json_array(rows: Iterable[dict]) -> None:
+    """The same bytes as ``json.dumps(list(rows), indent=1)`` (and a newline), written a row at a time."""
+    out = "["
+    for row in rows:
+        typer.echo(out + "\n" + textwrap.indent(json.dumps(row, indent=1), " "), nl=False)
+        out = ","
+    typer.echo("[]" if out == "[" else "\n]")
+
+
+def _table(job_id: str, rows: list[dict]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"job {the_job.id}: {len(rows)} attempts", caption="result: the attempt compare counts")
+    table = Table(title=f"job {job_id}: {len(rows)} attempts", caption="result: the attempt compare counts")
     for column in EPISODE_COLUMNS:
         table.add_column(column, justify="right" if column in ("seed", "attempt") else "left")
     for row in rows:
@@ -114,8 +131,13 @@ def inspect(
         fail(str(exc))
     if as_json:
         from grading.hostlog import unpack
+        from results.turn_data import USER_MESSAGE_TAIL, TurnExtra
 
         info["test_log"] = unpack(info.get("test_log")) or None
+        for t in turn_rows:  # the user message whole, as it was sent (stored after the observation)
+            if USER_MESSAGE_TAIL in (t["extra"] or {}):
+                message = TurnExtra.of_row(t).user_message
+                t["extra"] = {k: v for k, v in t["extra"].items() if k != USER_MESSAGE_TAIL} | {"user_message": message}
         typer.echo(json.dumps({"episode": info, "turns": turn_rows}, default=str))
         return
     from db.models import is_interactive
@@ -148,7 +170,7 @@ def inspect(
         table.add_column(col, justify="left" if col == "action" else "right")
     for t in turn_rows:
         action = (t["action"] or {}).get("name", "(no call)")
-        if TurnExtra.read(t["extra"]).intervened:
+        if TurnExtra.of_row(t).intervened:
             action += " *"
         table.add_row(
             *(str(t["index"]), escape(action), str(t["tokens_appended"]), str(t["tokens_generated"])),
@@ -167,7 +189,7 @@ def _print_turn(console, t: dict) -> None:
     """One turn's texts: each label in bold (markup), each stored text verbatim (no markup, no highlighting)."""
     from results.turn_data import TurnExtra
 
-    extra = TurnExtra.read(t["extra"])
+    extra = TurnExtra.of_row(t)
     console.rule(f"turn {t['index']}")
     sections = [("thought", t["thought"] or ""), ("action", json.dumps(t["action"], ensure_ascii=False))]
     if t["action"] is None or extra.format_error or extra.intervened:

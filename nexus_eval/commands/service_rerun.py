@@ -72,7 +72,7 @@ def _interactive(database, episode: str, from_turn: int, allowed) -> None:
             edits = {
                 t.index: ParsedAction(thought=t.thought or "", call=ToolCall.model_validate(t.action))
                 for t in source.turns
-                if t.index < from_turn and TurnExtra.read(t.extra).intervened and t.action is not None
+                if t.index < from_turn and TurnExtra.of_row(t).intervened and t.action is not None
             }
             if len(recorded) < from_turn:
                 raise ValueError(f"--from-turn {from_turn}: episode {source.id} has only {len(recorded)} turns")

@@ -85,12 +85,14 @@ def export(
     One configuration (method, scope, protocol, seed) per file, since the harness keeps one prediction per
     instance: pick one with --method/--scope/--protocol/--seed, or use --output-dir for one file each. Each
     key's result attempt (its first the agent drove alone that did not break) that left a non-empty patch is written."""
-    from results.export import collect, file_name, prediction_lines
+    from results.export import collect, write_each, write_one
 
     if output is not None and output_dir is not None:
         fail("give --output FILE or --output-dir DIR, not both")
     database = open_db(db)
     only = {"method": method, "scope": scope, "protocol": protocol, "seed": seed}
+    # two streaming reads, a chunk of patches held at a time (results.export): what the files will hold first, so
+    # an ambiguous or empty export is refused before anything is written; then the lines, written as they come
     try:
         with database.session() as s:
             found = collect(s, job, r2e_filter=r2e_filter, include_interactive=include_interactive, only=only)
@@ -107,22 +109,23 @@ def export(
         )
     if model_name and len(found.files) > 1:
         fail("--model-name names one configuration; with several, each file is named model__method__scope__...")
-    for prediction in found.interactive:
-        typer.echo(f"note: {prediction.instance_id} comes from interactive attempt {prediction.episode_id}", err=True)
+    for instance_id, episode_id in found.interactive:
+        typer.echo(f"note: {instance_id} comes from interactive attempt {episode_id}", err=True)
     if output_dir is None:
-        ((configuration, predictions),) = found.files.items()
-        text = prediction_lines(predictions, model_name or configuration.model_name(found.model))
-        if output is None:
-            typer.echo(text, nl=False)
-        else:
-            output.write_text(text, encoding="utf-8")
+        (configuration,) = found.files
+        name = model_name or configuration.model_name(found.model)
+        with database.session() as s:
+            if output is None:
+                write_one(s, found, name, lambda text: typer.echo(text, nl=False))
+            else:
+                with output.open("w", encoding="utf-8") as f:
+                    write_one(s, found, name, f.write)
         typer.echo(f"{configuration.label}: {found.summary()}" + (f" -> {output}" if output else ""), err=True)
         return
     try:
         output_dir.mkdir(parents=True, exist_ok=True)
-        for configuration, predictions in found.files.items():
-            name = configuration.model_name(found.model)
-            (output_dir / file_name(name)).write_text(prediction_lines(predictions, name), encoding="utf-8")
+        with database.session() as s:
+            write_each(s, found, output_dir)
     except OSError as exc:
         fail(f"cannot write into {output_dir}: {exc.strerror or exc}", 1)
     typer.echo(f"wrote {found.summary()} to {output_dir}", err=True)

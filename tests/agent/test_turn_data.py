@@ -60,7 +60,8 @@ def database(tmp_path) -> Database:
 
 
 def _stored(db: Database, turn: TurnRecord) -> dict[str, Any]:
-    """``turn`` written as a worker writes it (claim, ``record_turn(**turn_row(turn))``); its ``extra`` read back."""
+    """``turn`` written as a worker writes it (claim, ``record_turn(**turn_row(turn))``); its ``extra`` and
+    ``observation`` read back."""
     return _stored_row(db, turn_row(turn))
 
 
@@ -74,7 +75,8 @@ def _stored_row(db: Database, row: dict[str, Any]) -> dict[str, Any]:
     with db.session() as s:
         db_store.record_turn(s, claim, 0, **row)
     with db.session() as s:
-        return s.query(Turn).filter_by(episode_id=episode_id).one().extra
+        row = s.query(Turn).filter_by(episode_id=episode_id).one()
+        return {"extra": row.extra, "observation": row.observation}
 
 
 def test_extra_holds_exactly_the_fields_without_a_column():
@@ -90,27 +92,27 @@ def test_extra_holds_exactly_the_fields_without_a_column():
 @pytest.mark.parametrize("name", sorted(INFO_VALUES))
 def test_each_backend_field_round_trips_through_the_row(database, name):
     completion = Completion(text="x", info=CompletionInfo(**{name: INFO_VALUES[name]}))
-    read = TurnExtra.read(_stored(database, _turn(completion)))
+    read = TurnExtra.of_row(_stored(database, _turn(completion)))
     assert getattr(read.info, name) == INFO_VALUES[name]
     assert read.info == completion.info and read.backend == {}
 
 
 @pytest.mark.parametrize("name", sorted(TURN_VALUES))
 def test_each_turn_field_round_trips_through_the_row(database, name):
-    read = TurnExtra.read(_stored(database, _turn(Completion(text="x"), **{name: TURN_VALUES[name]})))
+    read = TurnExtra.of_row(_stored(database, _turn(Completion(text="x"), **{name: TURN_VALUES[name]})))
     assert getattr(read, name) == TURN_VALUES[name]
 
 
 @pytest.mark.parametrize("name", sorted(COMPLETION_VALUES))
 def test_each_completion_field_round_trips_through_the_row(database, name):
-    read = TurnExtra.read(_stored(database, _turn(Completion(text="x", **{name: COMPLETION_VALUES[name]}))))
+    read = TurnExtra.of_row(_stored(database, _turn(Completion(text="x", **{name: COMPLETION_VALUES[name]}))))
     assert getattr(read, name) == COMPLETION_VALUES[name]
 
 
 def test_every_field_at_once_and_a_backends_own_key(database):
     completion = Completion(text="x", info=CompletionInfo(**INFO_VALUES), extra={"queue_ms": 12}, **COMPLETION_VALUES)
     turn = _turn(completion, **TURN_VALUES)
-    read = TurnExtra.read(_stored(database, turn))
+    read = TurnExtra.of_row(_stored(database, turn))
     assert read == TurnExtra.of(turn)
     assert read.info == CompletionInfo(**INFO_VALUES) and read.backend == {"queue_ms": 12}
 
@@ -121,7 +123,7 @@ def test_a_forced_turn_says_how_it_was_forced_through_the_row(database):
     forced.reset(seed=0)
     completion = forced.complete(MESSAGES)
     assert completion.text == "stored text" and completion.forced and completion.info.forced_from == "stepped"
-    read = TurnExtra.read(_stored(database, _turn(completion)))
+    read = TurnExtra.of_row(_stored(database, _turn(completion)))
     assert read.forced and read.info.forced_from == "stepped"
 
 
@@ -141,7 +143,7 @@ OLD_ROW = {
 
 def test_a_row_stored_before_reads_into_the_typed_model(database):
     old = _stored_row(database, {"completion": "x", "extra": OLD_ROW})
-    read = TurnExtra.read(old)
+    read = TurnExtra.of_row(old)
     assert read.info == CompletionInfo(**INFO_VALUES)
     assert read.backend == {"queue_ms": 12}
     for name, value in {**TURN_VALUES, **COMPLETION_VALUES}.items():

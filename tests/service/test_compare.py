@@ -266,9 +266,8 @@ def test_grading_notes_name_the_tools_and_the_offline_verdicts():
     from results.compare_notes import grading_notes
 
     def ep(task, status, grader="swebench", needs_network=False):
-        grade = {"needs_network": needs_network}
         return SimpleNamespace(
-            task_id=task, status=status, grader=grader, grader_version="swebench==5.0.2", result={"grade": grade}
+            task_id=task, status=status, grader=grader, grader_version="swebench==5.0.2", needs_network=needs_network
         )
 
     notes = grading_notes(
@@ -291,9 +290,9 @@ def test_seed_notes_flag_episodes_stored_when_every_seed_sampled_with_seed_0():
 
     from results.compare_notes import seed_notes
 
-    def ep(seed, agent=None, backend="hf"):
-        config = {"backend": backend, "seed": seed, "agent": {"max_steps": 4, **(agent or {})}}
-        return SimpleNamespace(seed=seed, config=config)
+    def ep(seed, agent=None, backend="hf"):  # the config's values as Episode's column properties read them
+        agent_seed = (agent or {}).get("seed")
+        return SimpleNamespace(seed=seed, config_backend=backend, config_seed=seed, config_agent_seed=agent_seed)
 
     old = [ep(0, {"seed": 0}), ep(1, {"seed": 0}), ep(2, {"seed": 0})]
     notes = seed_notes(old)

@@ -303,3 +303,26 @@ def test_0007_renames_kv_columns_without_losing_a_value_postgresql():
         _check_0007_keeps_every_value(url)
     finally:
         drop()
+
+
+def test_the_shipped_head_read_from_file_names_is_alembics_head():
+    from db.connection import shipped_head
+
+    assert shipped_head() == head_revision()
+
+
+def test_opening_an_up_to_date_database_imports_no_alembic(tmp_path):
+    """A read verb (``status``, ``compare``) opens the database on every call: an up-to-date one costs one SELECT,
+    not an Alembic environment (~0.3 s of imports and script parsing)."""
+    import subprocess
+    import sys
+
+    url = sqlite_url(tmp_path / "x.db")
+    migrate(url)
+    code = f"import sys; from db import connect; connect({url!r}); print('alembic' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+    fresh = sqlite_url(tmp_path / "new.db")
+    code = f"import sys; from db import connect; connect({fresh!r}); print('alembic' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "True"  # a fresh one is migrated

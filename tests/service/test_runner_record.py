@@ -4,13 +4,14 @@ worker host's own settings, such as its device override, are on the row. The tin
 
 from __future__ import annotations
 
+from agent_runner.config import EpisodeSpec
 from db import store as db_store
 from jobs.spec import JobSpec
 from jobs.submit import create_job_rows, load_tasks, plan_job
 from tests.agent.conftest import RecordingEnvironment
 from tests.service.db_fixtures import sqlite_db_fixture  # noqa: F401  (fixture)
 from tests.service.worker_fixtures import oracle_job
-from workers.execution import EpisodeHooks, WorkerContext, execute_episode
+from workers.execution import EpisodeHooks, WorkerContext, execute_episode, runner_spec
 
 HOOKS = EpisodeHooks(open_environment=lambda task, **kw: RecordingEnvironment())
 TASK = "humanfmt__humanfmt-1"
@@ -39,10 +40,14 @@ def test_a_workers_device_override_is_stored_with_the_episode(sqlite_db):
     assert config["model"]["device"] == "auto"  # the job's, as submitted
     runner = result["runner"]
     assert runner is not None, error
-    assert runner["episode"]["model"]["device"] == "cpu"  # the host's, as it ran
+    ran = runner_spec(config, result)
+    assert ran["model"]["device"] == "cpu"  # the host's, as it ran
     assert runner["device"] == "cpu"  # where the weights were
-    assert runner["model"] == "HFBackend" and runner["episode"]["grade"] is False
-    assert runner["episode"]["task_id"] == TASK and runner["episode"]["seed"] == config["seed"]
+    assert runner["model"] == "HFBackend" and ran["grade"] is False
+    assert ran["task_id"] == TASK and ran["seed"] == config["seed"]
+    # stored as what the worker changed, not a second copy of the config
+    assert runner["episode_changes"]["set"] == {"model.device": "cpu", "grade": False}
+    assert EpisodeSpec.model_validate(ran).model_dump(mode="json") == ran
 
 
 def test_a_backend_without_weights_records_no_device(sqlite_db):

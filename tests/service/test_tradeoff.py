@@ -18,10 +18,11 @@ from dashboard.app import create_app
 from dashboard.report import write_report
 from dashboard.tradeoff_charts import quality_vs_cost_chart, quality_vs_density_chart
 from db import connect, sqlite_url
+from db.claims import turn_means
 from results.compare import compare_jobs
 from results.compare_csv import to_csv
 from results.compare_render import render
-from results.cost import COST_FIELDS, EpisodeCost, summarize_cost, turn_means
+from results.cost import COST_FIELDS, EpisodeCost, summarize_cost
 from results.replay_stats import ReplayOutcome, summarize_replays
 from tests.service.sweep_fixtures import DENSITIES, METHODS, TASKS, expected_cost, store_sweep
 from tests.service.test_cli import invoke
@@ -128,8 +129,8 @@ def test_cost_summary_skips_what_a_backend_did_not_report():
     assert cost.kept_fraction is None  # no turn reported its slots: not 0
     none = summarize_cost([EpisodeCost(n_turns=1)])
     assert [getattr(none, name) for name in COST_FIELDS if "kv" in name] == [None] * 4
-    means = turn_means([("e", 100, {"mean": 10}, 40), ("e", None, {"mean": 30}, 60), ("e", 300, None, 0)])
-    assert means == {"e": (200.0, pytest.approx((0.25 + 0.5) / 2))}
+    means = turn_means([(100, {"mean": 10}, 40), (None, {"mean": 30}, 60), (300, None, 0)])
+    assert means == {"mean_kv_held_bytes": 200.0, "kept_fraction": pytest.approx((0.25 + 0.5) / 2)}
 
 
 def test_replays_at_two_densities_are_two_cells():

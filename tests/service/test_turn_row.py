@@ -9,6 +9,7 @@ from db import store as db_store
 from db.models import Turn
 from jobs.spec import JobSpec
 from jobs.submit import create_job_rows, load_tasks, plan_job
+from results.turn_data import TurnExtra
 from tests.service.db_fixtures import sqlite_db_fixture  # noqa: F401  (fixture)
 from tests.service.worker_fixtures import oracle_job
 from workers.execution import turn_row
@@ -53,8 +54,8 @@ def _every_field_set() -> TurnRecord:
         parse_error="none really",
         format_error=True,
         intervened=True,
-        observation="obs",
-        user_message="obs\nSteps Remaining: 3",
+        observation="the observation",
+        user_message="the observation\nSteps Remaining: 3",
         submitted=True,
         env_s=0.125,
         model_s=0.75,
@@ -78,6 +79,9 @@ def test_every_field_of_the_turn_and_its_completion_is_stored_under_its_name(sql
     with sqlite_db.session() as s:
         row = s.query(Turn).filter_by(episode_id=episode_id).one()
         stored = {c.name: getattr(row, c.name) for c in Turn.__table__.columns}
+        assert turn.observation not in str(stored["extra"])  # the user message is stored after it, not again
+        assert stored["extra"]["user_message_after_observation"] == "\nSteps Remaining: 3"
+        stored["extra"] = {**stored["extra"], **TurnExtra.of_row(row).model_dump(mode="json")}
     c = turn.completion.model_dump(mode="json")
     assert stored["completion"] == c["text"] and stored["tokens"] == c["tokens"]
     assert stored["extra"]["backend"] == c["extra"]
