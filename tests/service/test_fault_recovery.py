@@ -79,8 +79,8 @@ def status_counts(db, job_id: str) -> str:
 
     with db.session() as s:
         job = db_store.get_job(s, job_id)
-        newest = Counter(r.status for r in db_store.latest_attempts(s, [job_id]))
-        every = Counter(r.status for r in db_store.episodes_for_job(s, job_id))
+        newest = Counter(r.status for r in db_store.latest_attempts(s, [job_id], full=True))
+        every = Counter(r.status for r in db_store.episodes_for_job(s, job_id, full=True))
         return f"job {job.status}; newest {dict(sorted(newest.items()))}; attempts {dict(sorted(every.items()))}"
 
 
@@ -108,8 +108,8 @@ def assert_finished_exactly_once(db, job_id: str, *, n_keys: int, host: str | No
     print(f"AFTER job {job_id}: {status_counts(db, job_id)}")  # the evidence line (pytest -s shows it)
     with db.session() as s:
         job = db_store.get_job(s, job_id)
-        rows = db_store.episodes_for_job(s, job_id)
-        newest = db_store.latest_attempts(s, [job_id])
+        rows = db_store.episodes_for_job(s, job_id, full=True)
+        newest = db_store.latest_attempts(s, [job_id], full=True)
         assert job.status == "done", job.status
         assert len(newest) == len({r.episode_key for r in rows}) == n_keys
         assert [r.status for r in rows if r.status in ("queued", "running")] == []
@@ -169,13 +169,13 @@ def test_embedded_worker_killed_mid_episode_and_mid_grade_recovers_at_its_next_s
         _poll(lambda: _agent_box(job_id), 120, "an agent container", first.tail)
         _kill_group(first)
         with db.session() as s:
-            assert [r.status for r in db_store.episodes_for_job(s, job_id)].count("running") == 1
+            assert [r.status for r in db_store.episodes_for_job(s, job_id, full=True)].count("running") == 1
         second = start()
         grading = lambda: _containers(job_id, **{"nexus-eval.role": "grade"}) != []  # noqa: E731
         _poll(grading, 120, "a grading box", _evidence(db, job_id, second))
         _kill_group(second)
         with db.session() as s:
-            assert any(r.status == "submitted" for r in db_store.episodes_for_job(s, job_id))
+            assert any(r.status == "submitted" for r in db_store.episodes_for_job(s, job_id, full=True))
         third = start()
         wait_until(lambda: job_done(db, job_id), 180, f"job {job_id}", _evidence(db, job_id, third))
     finally:
@@ -225,7 +225,7 @@ def test_redis_worker_killed_whole_is_taken_over_within_the_heartbeat_bound(pg_d
     try:
         job_id = submit_file(job, env)
         with pg_db.session() as s:
-            (episode_id,) = [r.id for r in db_store.episodes_for_job(s, job_id)]
+            (episode_id,) = [r.id for r in db_store.episodes_for_job(s, job_id, full=True)]
 
         def turn_stored() -> bool:
             with pg_db.session() as s:
@@ -310,7 +310,7 @@ def test_a_lost_send_names_the_job_and_resume_finishes_it(pg_db, tmp_path):
         assert f"nexus-eval resume {job_id}" in done.stderr
         with pg_db.session() as s:
             assert db_store.get_job(s, job_id).status == "pending"  # not failed: its episodes say where it is
-            assert {r.status for r in db_store.episodes_for_job(s, job_id)} == {"queued"}
+            assert {r.status for r in db_store.episodes_for_job(s, job_id, full=True)} == {"queued"}
         subprocess.run([*acl, "+lpush", "+rpush"], check=True, capture_output=True)
         resumed = cli("resume", job_id, env=env)
         assert resumed.returncode == 0, resumed.stderr

@@ -64,7 +64,7 @@ def test_sigkilled_worker_mid_episode_is_redelivered_with_exactly_one_result(pg_
     try:
         job_id = submit_file(job, env)
         with pg_db.session() as s:
-            (episode_id,) = [r.id for r in db_store.episodes_for_job(s, job_id)]
+            (episode_id,) = [r.id for r in db_store.episodes_for_job(s, job_id, full=True)]
 
         def first_turn_stored() -> bool:
             with pg_db.session() as s:
@@ -82,7 +82,7 @@ def test_sigkilled_worker_mid_episode_is_redelivered_with_exactly_one_result(pg_
         grade.stop()
 
     with pg_db.session() as s:
-        rows = db_store.episodes_for_job(s, job_id)
+        rows = db_store.episodes_for_job(s, job_id, full=True)
         assert len(rows) == 1  # redelivery made no second row
         row = rows[0]
         assert row.n_claims == 2 and row.worker != victim  # taken over from the dead process
@@ -155,7 +155,7 @@ def test_redis_restarted_mid_job_and_the_job_completes(pg_db, tmp_path):
         redis.wait(20)
 
     with pg_db.session() as s:
-        rows = db_store.episodes_for_job(s, job_id)
+        rows = db_store.episodes_for_job(s, job_id, full=True)
         assert len(rows) == 4 and {r.status for r in rows} == {"resolved"}
         assert all(r.attempt == 1 for r in rows)
 
@@ -189,7 +189,7 @@ def test_two_workers_never_run_the_same_episode_twice(pg_db, tmp_path):
             w.stop()
 
     with pg_db.session() as s:
-        rows = db_store.episodes_for_job(s, job_id)
+        rows = db_store.episodes_for_job(s, job_id, full=True)
         assert len(rows) == 6
         for r in rows:
             assert r.n_claims == 1, (r.id, r.n_claims)  # the duplicate delivery got no claim
@@ -235,7 +235,7 @@ def test_soft_time_limit_keeps_the_partial_trajectory_and_marks_timeout(pg_db, t
     finally:
         gpu.stop()
     with pg_db.session() as s:
-        (row,) = db_store.episodes_for_job(s, job_id)
+        (row,) = db_store.episodes_for_job(s, job_id, full=True)
         assert row.status == "timeout" and "soft time limit" in row.error
         assert 1 <= row.n_turns < 100 and _turn_count(s, row.id) == row.n_turns  # the turns so far are kept
     assert _containers(job_id) == []

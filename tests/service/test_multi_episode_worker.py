@@ -61,7 +61,7 @@ def test_four_episodes_in_one_worker_equal_each_run_alone_and_replay(pg_db, tmp_
         grade.stop()
 
     with pg_db.session() as s:
-        rows = db_store.episodes_for_job(s, job_id)
+        rows = db_store.episodes_for_job(s, job_id, full=True)
         stored = {r.id: ([t.completion for t in r.turns], [t.extra for t in r.turns], dict(r.config)) for r in rows}
         assert (
             len(rows) == 4 and len({r.result["worker"] for r in rows}) == 1
@@ -101,12 +101,12 @@ def test_killed_multi_episode_worker_leaves_one_result_per_episode(pg_db, tmp_pa
 
         def all_running_with_a_turn() -> bool:
             with pg_db.session() as s:
-                rows = db_store.episodes_for_job(s, job_id)
+                rows = db_store.episodes_for_job(s, job_id, full=True)
                 return len(rows) == 4 and all(r.status == "running" and r.turns for r in rows)
 
         wait_until(all_running_with_a_turn, 300, "four running episodes", first.tail)
         with pg_db.session() as s:
-            victims = {r.worker for r in db_store.episodes_for_job(s, job_id)}
+            victims = {r.worker for r in db_store.episodes_for_job(s, job_id, full=True)}
         assert victims == {f"{os.uname().nodename}/{first.process.pid}"}  # all four in the one process
         os.killpg(first.process.pid, signal.SIGKILL)
         first.process.wait(10)
@@ -119,7 +119,7 @@ def test_killed_multi_episode_worker_leaves_one_result_per_episode(pg_db, tmp_pa
             second.stop()
 
     with pg_db.session() as s:
-        rows = db_store.episodes_for_job(s, job_id)
+        rows = db_store.episodes_for_job(s, job_id, full=True)
         assert len(rows) == 4  # redelivery made no second row
         for row in rows:
             assert row.n_claims == 2 and row.worker not in victims and row.result["took_over_from"] in victims
