@@ -190,6 +190,15 @@ def decode_rest(
     return torch.cat(logits), forwards
 
 
+def token_scores(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(-log p, argmax == target) per position of `logits` [..., n, V] for `targets` [n]: fp32 at least (bf16
+    logits are too coarse for an NLL), never a copy to fp64 of [n, vocab]; top1 as float64."""
+    logp = torch.log_softmax(logits if logits.dtype in (torch.float32, torch.float64) else logits.float(), dim=-1)
+    wanted = targets.expand(*logits.shape[:-1]).unsqueeze(-1)
+    nll = -logp.gather(-1, wanted).squeeze(-1)
+    return nll, (logits.argmax(dim=-1) == targets).double()
+
+
 class Scorer:
     """Accumulates one replay's ``TurnScore``s (and, with ``actions``, its span scores) turn by turn."""
 
@@ -217,23 +226,23 @@ class Scorer:
                 self.held[t, p.first] = held_share(cache, *p.source)
 
     def turn(self, t: int, cache, logits: torch.Tensor, targets: list[int], forwards: int, start: float) -> None:
+        nll, top1 = token_scores(logits, torch.as_tensor(targets, device=logits.device))
+        self.scored(t, cache, nll, top1, forwards, time.perf_counter() - start)
+
+    def scored(self, t: int, cache, nll: torch.Tensor, top1: torch.Tensor, forwards: int, seconds: float) -> None:
+        """Turn t's score from its per-token ``nll`` and ``top1`` ([n]) and the cache it ended with."""
         if self.protocol == "full_context":
             self.events = 0
-        target = torch.as_tensor(targets, device=logits.device)
-        # fp32 at least (bf16 logits are too coarse for an NLL), never a copy to fp64 of [n, vocab]
-        logp = torch.log_softmax(logits if logits.dtype in (torch.float32, torch.float64) else logits.float(), dim=-1)
-        nll = -logp.gather(1, target.view(-1, 1)).view(-1)
-        top1 = (logits.argmax(dim=-1) == target).double()
         score = TurnScore(
             index=t,
-            tokens=len(targets),
+            tokens=len(nll),
             nll_mean=float(nll.mean()),
             top1=float(top1.mean()),
             eviction_events=len(cache.events) - self.events,
             physical_after=LayerStats.of([cache.occupancy(i) for i in range(cache.num_layers)]),
             **dataclasses.asdict(cache.memory()),
             chunks=forwards - 1,
-            seconds=time.perf_counter() - start,
+            seconds=seconds,
         )
         if self.actions is not None:
             mine = {j: share for (u, j), share in self.held.items() if u == t}
@@ -282,41 +291,3 @@ def replay_episode(
             break
         scorer.turn(t, cache, logits, targets, forwards, start)
     return scorer.result()
-
-
-@torch.no_grad()
-def replay_full_context_shared(
-    model: torch.nn.Module,
-    forward: Forward,
-    turns: list[TurnTokens],
-    evictions: Sequence[nexus.EvictionConfig],
-    *,
-    chunked: bool = True,
-    actions: Sequence[Sequence[PlannedSpan]] | None = None,
-) -> list[ReplayScore]:
-    """``replay_episode`` under full_context for several eviction settings at once, paying each turn's prefill once:
-    every turn starts from an empty cache, so its prefill computes the same keys, values, queries and logits
-    under every method (``nexus.shared_prefill``); only what each method keeps differs. The prefill is recorded
-    dense once per turn (extending the previous turn's recording by the part of the context that is new) and each
-    method's cache is built from it, then the turn's tokens are fed back per method. Returns one score per
-    eviction setting, equal to ``replay_episode``'s up to float rounding (tested)."""
-    from nexus.shared_prefill import record_prefill
-
-    ctxs = contexts(turns)
-    scorers = [Scorer(e, "full_context", turns, chunked, actions) for e in evictions]
-    device = next(model.parameters()).device
-    recorded = None
-    for t, turn in enumerate(turns):
-        if not turn.generated:
-            continue
-        ids = torch.as_tensor(ctxs[t], dtype=torch.long, device=device).view(1, -1)
-        # the history this turn starts with was recorded last turn: only the rest of the context is computed
-        recorded = record_prefill(model, ids, logits_to_keep=1, reuse=recorded)
-        first = recorded.logits[0, -1:]
-        for scorer in scorers:
-            start = time.perf_counter()
-            cache = recorded.cache_for(scorer.eviction)
-            marks = (scorer.marks or {}).get(t, ())
-            logits, forwards = decode_rest(forward, cache, first, turn.generated, marks, chunked, t, scorer.snapshot)
-            scorer.turn(t, cache, logits, list(turn.generated), forwards, start)
-    return [s.result() for s in scorers]

@@ -149,11 +149,11 @@ def _sinks_kept(cache, n_sink: int) -> float:
 def _continued_cache(host, recorded, config, target: list[int]):
     """The cache after teacher-forcing `target[:-1]` (what run_cell's nll scoring leaves), fed as run_cell feeds
     it (split at decode-time events, so it equals one token at a time)."""
-    from agent_runner.probes.runner import CellStream
+    from agent_runner.rows import Rows
 
-    stream = CellStream(host.model, recorded.cache_for(config))
-    stream.decoded(target[:-1])
-    return stream.cache
+    cache = recorded.cache_for(config)
+    Rows(host.model, [cache]).feed_decoded(target[:-1])
+    return cache
 
 
 def run_ours(host, samples, methods: list[str], args) -> list[dict]:

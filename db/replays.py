@@ -21,7 +21,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import delete, select
+from sqlalchemy import Row, delete, select
 from sqlalchemy.orm import Session
 
 from db.connection import begin_write
@@ -111,6 +111,15 @@ def replays_for_jobs(session: Session, job_ids: Sequence[str]) -> list[Replay]:
     """Every replay row of the given jobs, oldest first (so a later row of the same key wins in a dict)."""
     query = select(Replay).where(Replay.job_id.in_(list(job_ids))).order_by(Replay.created_at, Replay.id)
     return list(session.execute(query).scalars())
+
+
+def replay_keys(session: Session, job_ids: Sequence[str]) -> list[Row]:
+    """What identifies and qualifies each replay row of the given jobs, in one query and without its scores or
+    per-turn dumps: ``episode_id``, ``method``, ``scope``, ``protocol``, ``config_key``, ``model``, ``status`` and
+    ``chunked`` (a planner's question: which configurations are already measured)."""
+    columns = (Replay.episode_id, Replay.method, Replay.scope, Replay.protocol, Replay.config_key, Replay.model)
+    query = select(*columns, Replay.status, Replay.chunked).where(Replay.job_id.in_(list(job_ids)))
+    return list(session.execute(query))
 
 
 #: the statuses of an attempt whose trajectory is a whole sample of the agent: a verdict, or an agent exit (its grade

@@ -102,6 +102,11 @@ def make_attention(base: str):
         else:
             kernel, kbase = _base_kernel(base, module), base
         mask = None
+        layer = cache.layers[layer_idx]
+        if kbase == "sdpa" and not stacked and not layer.ragged and layer.length == q_len:
+            # a prefill from an empty layer: plain causal attention, which sdpa runs without a mask (its fused
+            # kernels; an explicit [q, q] mask would send it to the math path and materialise every score)
+            needs_mask = False
         if needs_mask and not kbase.startswith("flash"):
             build = cache.layer_mask if stacked else partial(_layer_mask, cache)
             mask = build(layer_idx, q_len, query, additive=(kbase == "eager"))

@@ -1,4 +1,4 @@
-"""`CacheStack`: several conversations' `EvictableCache`s decoded together, one token each per forward.
+"""`CacheStack`: several conversations' `EvictableCache`s fed together, one token each per forward, or q each.
 
 Why: batch-1 decode of a large model reads every weight once per token; N conversations decoded in one forward
 read them once for N tokens. No serving stack we know batches caches that evict per sequence, because each
@@ -18,6 +18,13 @@ row's cache, which touches only its own row). A row that evicts keeps its place:
 marked -1. A row's own forward (a new turn's prefill) can run on its cache while it is stacked: it writes into
 its row and grows the whole stack if it needs more room.
 
+Several tokens per row (input_ids [N, q], position_ids `position_ids(q=q)`): every row appends q tokens after its
+own slots and attends to its held slots and its new tokens causally (the mask compares logical positions), then
+each row observes and evicts on its own, as a q-token forward of its cache alone would: a prefill (evicting at its
+end) or, inside `decoding()`, teacher-forced decoded tokens (split at `decode_chunk`, the first row's next
+decode-time event). The probes and the replay feed every cell of one sample this way: the cells see the same
+tokens, only their caches differ.
+
 Memory: each row's `EvictableLayer` keeps the memory figures it would have alone (`nexus.memory`: held
 entries, and the capacity its own buffers would have by the same growth and sizing rules), and `release` gives
 it buffers of exactly that capacity, so an episode reports the same held, allocated and peak bytes whether it
@@ -30,6 +37,8 @@ Turns are long (hundreds of decode steps), so the copy is paid rarely.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
@@ -124,12 +133,17 @@ class StackedLayer(CacheLayerMixin):
         return any(row.ragged for row in self.rows)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        """Append one token per row ([N, Hkv, 1, D]); returns every row's slots [N, Hkv, longest, D]."""
+        """Append q tokens per row ([N, Hkv, q, D]); returns every row's slots [N, Hkv, longest, D].
+
+        q = 1 is a decode step (one indexed write, device copies of the rows' lengths kept between steps). q > 1
+        feeds every row the same number of tokens at once (a prompt prefill, or teacher-forced decoded tokens
+        under `decoding()`): row r's tokens go to its slots [length_r, length_r + q) at its own logical
+        positions, causal among themselves, each row still evicting on its own afterwards."""
         n, _, q, _ = key_states.shape
-        if q != 1 or n != len(self.rows):
+        if n != len(self.rows):
             raise ValueError(
-                f"a CacheStack of {len(self.rows)} rows decodes one token per row per forward, got keys of shape "
-                f"{tuple(key_states.shape)}; feed a row's prefill through that row's own EvictableCache"
+                f"a CacheStack of {len(self.rows)} rows needs keys of batch {len(self.rows)}, got keys of shape "
+                f"{tuple(key_states.shape)}"
             )
         known = [(row.length, row.n_seen, row._q_count) for row in self.rows]
         if known != self._known:  # a row evicted or prefilled since the last step: refresh the device copies
@@ -138,30 +152,45 @@ class StackedLayer(CacheLayerMixin):
             if self.q is not None:
                 slots = [known[r][2] % self.q.shape[2] for r in self.ring_rows]
                 self._q_slots = torch.tensor(slots, device=self.device)
-        need = max(k[0] for k in known) + 1
+        need = max(k[0] for k in known) + q
         if need > self.k.shape[2]:
             self.ensure_capacity(grown_capacity(need))  # chunked growth, as a row alone grows
-        # one indexed write for all rows: row r's token goes to slot lengths[r] at logical position n_seen[r]
-        self.k[self._index, :, self._lengths_t] = key_states[:, :, 0]
-        self.v[self._index, :, self._lengths_t] = value_states[:, :, 0]
-        self.pos[self._index, :, self._lengths_t] = self._n_seen_t.unsqueeze(1)
-        self._lengths_t += 1
-        self._n_seen_t += 1
+        if q == 1:
+            # one indexed write for all rows: row r's token goes to slot lengths[r] at logical position n_seen[r]
+            self.k[self._index, :, self._lengths_t] = key_states[:, :, 0]
+            self.v[self._index, :, self._lengths_t] = value_states[:, :, 0]
+            self.pos[self._index, :, self._lengths_t] = self._n_seen_t.unsqueeze(1)
+        else:
+            step = torch.arange(q, device=self.device)
+            slots = self._lengths_t.unsqueeze(1) + step  # [N, q]
+            rows = self._index.unsqueeze(1)
+            self.k[rows, :, slots] = key_states.transpose(1, 2)  # advanced indexing puts [N, q] first
+            self.v[rows, :, slots] = value_states.transpose(1, 2)
+            self.pos[rows, :, slots] = (self._n_seen_t.unsqueeze(1) + step).unsqueeze(-1)
+        self._lengths_t += q
+        self._n_seen_t += q
         for row in self.rows:
-            row.length, row.n_seen, row.occupancy = row.length + 1, row.n_seen + 1, row.occupancy + 1
+            row.length, row.n_seen, row.occupancy = row.length + q, row.n_seen + q, row.occupancy + q
             row._refresh_views()
-            row._appended(1)  # the row's own memory figures, as if it had appended alone
-        ring = set(self.ring_rows)
-        self._known = [(k[0] + 1, k[1] + 1, k[2] + (r in ring)) for r, k in enumerate(known)]
+            row._appended(q)  # the row's own memory figures, as if it had appended alone
+        ring = set(self.ring_rows) if q == 1 else set()  # several queries: each row records its own (after)
+        self._known = [(k[0] + q, k[1] + q, k[2] + (r in ring)) for r, k in enumerate(known)]
         return self.k[:, :, :need], self.v[:, :, :need]  # `need` is now the longest row
 
     def attention_mask(self, query: torch.Tensor, additive: bool) -> torch.Tensor:
-        """[N, 1 or Hq, 1, longest]: each row attends to its held slots only."""
-        held = self.pos[:, :, : self.longest] >= 0  # [N, Hkv, P]
-        if self.ragged:
-            allowed = held.repeat_interleave(query.shape[1] // held.shape[1], dim=1).unsqueeze(2)
+        """[N, 1 or Hq, q, longest]: each row attends to its held slots only, its q new tokens causally."""
+        q = query.shape[2]
+        pos = self.pos[:, :, : self.longest]  # [N, Hkv, P]
+        if not self.ragged:
+            pos = pos[:, :1]  # every head of a row holds the same slots
+        held = pos >= 0
+        if q == 1:  # at a decode step every held token is earlier than the new one
+            allowed = held.unsqueeze(2)
         else:
-            allowed = held[:, :1].unsqueeze(2)  # every head of a row holds the same slots
+            qpos = self._n_seen_t.view(-1, 1, 1, 1) - q + torch.arange(q, device=pos.device).view(1, 1, q, 1)
+            allowed = held.unsqueeze(2) & (pos.unsqueeze(2) <= qpos)  # [N, H, q, P]
+        if self.ragged:
+            allowed = allowed.repeat_interleave(query.shape[1] // allowed.shape[1], dim=1)
         if additive:
             return torch.zeros(allowed.shape, dtype=query.dtype, device=query.device).masked_fill(
                 ~allowed, torch.finfo(query.dtype).min
@@ -175,7 +204,12 @@ class StackedLayer(CacheLayerMixin):
         Every held slot of a non-ragged row lies in its first `length` slots (eviction compacts the row), so
         `flash_attn_with_kvcache(cache_seqlens=lengths)` reads exactly the slots the sdpa mask would allow, and
         no mask or padding is computed. Returns [N, 1, Hq, D], the layout transformers' kernels return."""
-        if self.ragged or not query.is_cuda or query.dtype not in (torch.float16, torch.bfloat16):
+        if (
+            query.shape[2] != 1
+            or self.ragged
+            or not query.is_cuda
+            or query.dtype not in (torch.float16, torch.bfloat16)
+        ):
             return None
         try:
             from flash_attn import flash_attn_with_kvcache
@@ -224,9 +258,22 @@ class CacheStack(Cache):
         self.num_layers = num_layers
         self._returned: dict[int, torch.Tensor] = {}
 
-    def position_ids(self, device: torch.device | None = None) -> torch.Tensor:
-        """[N, 1] the logical position of each row's next token."""
-        return torch.tensor([[c.logical_length] for c in self.caches], device=device)
+    def position_ids(self, device: torch.device | None = None, q: int = 1) -> torch.Tensor:
+        """[N, q] the logical positions of each row's next `q` tokens."""
+        return torch.tensor([[c.logical_length + i for i in range(q)] for c in self.caches], device=device)
+
+    @contextlib.contextmanager
+    def decoding(self):
+        """Every row's `EvictableCache.decoding()`: multi-token feeds stand for decoded tokens (teacher forcing)."""
+        with contextlib.ExitStack() as rows:
+            for cache in self.caches:
+                rows.enter_context(cache.decoding())
+            yield self
+
+    def decode_chunk(self, remaining: int) -> int:
+        """Tokens of `remaining` to feed every row in the next forward inside `decoding()` so each row's result
+        equals feeding them one at a time: up to and including the first row's next decode-time event."""
+        return min(cache.decode_chunk(remaining) for cache in self.caches)
 
     def release(self) -> None:
         """Detach every row: each gets its own buffers back and the stack's memory is freed."""
@@ -243,6 +290,10 @@ class CacheStack(Cache):
 
     # -- the transformers Cache API and what `nexus.attention` asks -------------------------------------------
     def update(self, key_states, value_states, layer_idx: int, *args, **kwargs):
+        if layer_idx == 0 and key_states.shape[2] > 1:
+            for cache in self.caches:  # decode chunks: each row's figures as if decoded token by token
+                if cache.phase_override == "decode":
+                    cache.precharge(key_states.shape[2] - 1)
         keys, values = self.layers[layer_idx].update(key_states, value_states)
         self._returned[layer_idx] = keys
         ACTIVE_CACHE.set(self)
@@ -261,9 +312,10 @@ class CacheStack(Cache):
         """Each row records its query, observes and evicts on its own, exactly as it would alone."""
         self._returned.pop(layer_idx, None)
         layer = self.layers[layer_idx]
-        if layer.q is not None:
+        ring = set()
+        if layer.q is not None and query.shape[2] == 1:  # several queries: each row records its own window
             layer.push_queries(query)
-        ring = set(layer.ring_rows)
+            ring = set(layer.ring_rows)
         for r, cache in enumerate(self.caches):
             cache.after_attention(layer_idx, query[r : r + 1], scaling, queries_recorded=r in ring)
 

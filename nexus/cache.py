@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,6 +54,14 @@ class EvictionEvent:
 def grown_capacity(need: int) -> int:
     """The slots a buffer grows to when an append needs `need` (chunked growth: amortised O(1) appends)."""
     return need + max(256, need // 8)
+
+
+def stepped_capacity(capacity: int, need: int) -> int:
+    """The capacity one-token appends reach from `capacity` once `need` slots are held (each growth by
+    `grown_capacity`): what decoding token by token allocates, whatever chunks teacher forcing feeds."""
+    while need > capacity:
+        capacity = grown_capacity(capacity + 1)
+    return capacity
 
 
 class EvictableLayer(CacheLayerMixin):
@@ -103,6 +112,7 @@ class EvictableLayer(CacheLayerMixin):
         self._q_pos: torch.Tensor | None = None  # [W] logical positions, -1 = empty
         self._q_count = 0
         self._owner = None  # a nexus.batch stack whose [N, Hkv, C, D] buffers this layer is a row view of
+        self._precharged = 0  # decoded tokens of the running chunk already accounted (`precharge`)
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.dtype, self.device = key_states.dtype, key_states.device
@@ -123,12 +133,27 @@ class EvictableLayer(CacheLayerMixin):
 
     def _appended(self, q: int) -> None:
         """Account for q tokens per row and head just appended (`length` already advanced): the capacity the
-        buffers would have alone grows by `update`'s rule, and the meter samples the new totals."""
+        buffers would have alone grows by `update`'s rule, and the meter samples the new totals. Tokens of a
+        decode chunk that `precharge` accounted ahead are not counted again."""
         grown = 0
+        precharged, self._precharged = self._precharged, 0
+        q -= precharged
         if self.length > self.capacity:
-            capacity = grown_capacity(self.length)
+            capacity = stepped_capacity(self.capacity, self.length) if precharged else grown_capacity(self.length)
             grown, self.capacity = capacity - self.capacity, capacity
         self.entries += self._slot_entries * q
+        self.meter.change(self._slot_entries * q * self.entry_bytes, self._slot_entries * grown * self.entry_bytes)
+
+    def precharge(self, q: int) -> None:
+        """Account q decoded tokens ahead of their append: a chunk of q + 1 teacher-forced tokens then leaves the
+        memory figures (peaks included) of decoding them one at a time, when every layer appends q tokens before
+        the last token's step runs layer by layer (see `EvictableCache.update`)."""
+        if not self.is_initialized or q <= 0:
+            return
+        capacity = stepped_capacity(self.capacity, self.length + q)
+        grown, self.capacity = capacity - self.capacity, capacity
+        self.entries += self._slot_entries * q
+        self._precharged = q
         self.meter.change(self._slot_entries * q * self.entry_bytes, self._slot_entries * grown * self.entry_bytes)
 
     def _reallocate(self, capacity: int) -> None:
@@ -178,8 +203,8 @@ class EvictableLayer(CacheLayerMixin):
                 f"but got keys of shape {tuple(key_states.shape)}; use a fresh EvictableCache per conversation"
             )
         need = self.length + q
-        if need > self._k.shape[2]:
-            self._grow(grown_capacity(need))
+        if need > self._k.shape[2]:  # a decode chunk grows as one-token steps would
+            self._grow(stepped_capacity(self.capacity, need) if self._precharged else grown_capacity(need))
         self._k[:, :, self.length : need] = key_states
         self._v[:, :, self.length : need] = value_states
         self._pos[:, :, self.length : need] = torch.arange(self.n_seen, self.n_seen + q, device=self._pos.device)
@@ -303,6 +328,8 @@ class EvictableCache(Cache):
 
     # -- the transformers Cache API -------------------------------------------------------------------------
     def update(self, key_states, value_states, layer_idx: int, *args, **kwargs):
+        if layer_idx == 0 and self.phase_override == "decode" and key_states.shape[2] > 1:
+            self.precharge(key_states.shape[2] - 1)
         keys, values = self.layers[layer_idx].update(key_states, value_states)
         self._returned[layer_idx] = keys
         ACTIVE_CACHE.set(self)
@@ -310,6 +337,16 @@ class EvictableCache(Cache):
 
     def crop(self, max_length: int) -> None:
         raise NotImplementedError("EvictableCache cannot be cropped: evicted tokens are gone")
+
+    def precharge(self, q: int) -> None:
+        """Before a chunk of q + 1 teacher-forced tokens (inside `decoding()`, split at `decode_chunk`): account
+        every layer's first q tokens now. Decoding one token at a time, every layer holds those q before the last
+        token's step, which then appends (and may evict) layer by layer; a chunk forward appends all q + 1 per
+        layer in turn instead, which would understate the peak by the later layers' q tokens, and would grow the
+        buffers in one step rather than as the steps would. With the precharge the memory figures (held,
+        allocated and their peaks) are those of token-by-token decoding, however the chunks fall."""
+        for layer in self.layers:
+            layer.precharge(q)
 
     def reset(self) -> None:
         super().reset()
@@ -397,10 +434,26 @@ class EvictableCache(Cache):
         return self._returned.get(layer_idx) is key
 
     def after_attention(
-        self, layer_idx: int, query: torch.Tensor, scaling: float, queries_recorded: bool = False
+        self,
+        layer_idx: int,
+        query: torch.Tensor,
+        scaling: float,
+        queries_recorded: bool = False,
+        *,
+        observed: dict[str, Any] | None = None,
+        observed_rows: int | None = None,
+        on_observed: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         """Record the queries, let the policy observe, and evict this layer if its budget says so.
-        queries_recorded: a `nexus.batch.CacheStack` already wrote this step's query into the layer's ring."""
+        queries_recorded: a `nexus.batch.CacheStack` already wrote this step's query into the layer's ring.
+
+        For `nexus.shared_prefill`, which replays one recorded prefill into many caches (they matter only to a
+        policy that `observes`; the eviction that follows is the same as after observing every row here):
+        observed:      the policy's state after observing the first `observed_rows` rows of `query` (all of them
+                       when None), known from an identical earlier observation. It becomes the layer's state (the
+                       cache owns it from then on: pass a copy) and only the remaining rows are observed on top.
+        on_observed:   called with the layer's state right after the observation, before any eviction changes it
+                       (the cache goes on updating that state: copy what you keep)."""
         cfg, policy, layer = self.config, self.config.policy, self.layers[layer_idx]
         self._returned.pop(layer_idx, None)
         if not policy.evicts:
@@ -410,8 +463,14 @@ class EvictableCache(Cache):
         if policy.needs_queries and not queries_recorded:
             layer.push_queries(query)
         if policy.observes:
-            new_pos = torch.arange(layer.n_seen - q, layer.n_seen, device=query.device)
-            policy.observe(self._view(layer, scaling, phase), query, new_pos)
+            start = 0
+            if observed is not None:
+                layer.state, start = observed, q if observed_rows is None else observed_rows
+            if start < q:
+                new_pos = torch.arange(layer.n_seen - q + start, layer.n_seen, device=query.device)
+                policy.observe(self._view(layer, scaling, phase), query[:, :, start:] if start else query, new_pos)
+            if on_observed is not None:
+                on_observed(layer.state)
         if phase == "prefill" or layer.budget is None:
             base = prefill_budget(cfg, layer.n_seen)
             layer.budget = policy.layer_budget(base, layer_idx, self.num_layers, layer.length, cfg.window)

@@ -15,6 +15,11 @@ episodes of that method are comparable. ``method_params`` overrides some of them
 itself is replayed once per protocol (its scope is moot): it is the baseline of ``compare``'s delta-NLL. Asked for
 other methods only, dense is still replayed where an episode has no dense replay under that protocol yet.
 
+A sweep resumes where it stopped: a planned replay whose configuration (source episode, method, scope, protocol,
+``db.replays.config_key``) already has an ``ok`` row measured the same way (``chunked``) is left out of the plan's
+``items`` and listed in its ``done``; a failed or skipped row is planned again, and ``redo=True`` plans every one
+(each new row replaces the stored one). The summary's cells are over every stored row, those of earlier runs too.
+
 Bad names, an unknown job or a job without dense episodes fail in :func:`plan_replays`, before a model is loaded.
 Running the plan (:func:`run_plan`, and what each planned replay's row says) is ``workers.replay_run``'s; this
 module re-exports it and the plan's data types, so ``from workers.replay import plan_replays, run_plan`` holds.
@@ -32,7 +37,7 @@ from agent_runner.config import ModelSpec, check_protocol
 from db import Database
 from db import store as db_store
 from db.models import ACTIVE_STATUSES
-from db.replays import is_replay_source, replays_for_jobs, turn_streams
+from db.replays import config_key, is_replay_source, replay_keys, turn_streams
 from jobs.spec import JobSpec
 from jobs.variants import job_spec_for
 from nexus.config import EvictionConfig
@@ -114,6 +119,8 @@ def plan_replays(
     model: str | None = None,
     method_params: Mapping[str, Mapping[str, Any]] | None = None,
     tasks: Sequence[str] | None = None,
+    chunked: bool = True,
+    redo: bool = False,
 ) -> ReplayPlan:
     """What :func:`replay_job` would run (on ``device``, default the job's own model device). ``densities``: replay
     each method at each of these densities instead of the job's own (a sweep over the budget on the same dense
@@ -123,7 +130,10 @@ def plan_replays(
     merged over the job's own for this replay only (``{"nexus": {"head_scores": "per_head"}}``); its rows are a
     *variant*, tabled apart from the method's default rows under ``nexus[head_scores=per_head]``
     (``jobs.variants``). ``tasks``: only the episodes of these task ids (shell-style globs; default every
-    task). ``LookupError`` for an unknown job, ``ValueError`` for a bad name, density or setting
+    task). ``chunked``: how :func:`run_plan` will feed completions; a replay already stored ``ok`` with the same
+    ``chunked`` is not planned again but listed in ``plan.done`` (a token-by-token run re-measures chunked rows, and
+    the other way round), unless ``redo``: then every replay is planned, and each new row replaces its stored one.
+    ``LookupError`` for an unknown job, ``ValueError`` for a bad name, density or setting
     or a job without dense episodes. Loads no model; imports no torch unless ``method_params`` is given (its
     policies are built to check the values)."""
     check_settings(methods, scopes, protocols, densities)
@@ -143,11 +153,9 @@ def plan_replays(
             raise ValueError(
                 f"job {job.id} has no dense episode{among} the agent ran: a replay scores a dense trajectory"
             )
-        have_dense = {
-            (r.episode_id, r.protocol)
-            for r in replays_for_jobs(s, [job.id])
-            if r.method == DENSE and r.status == "ok" and r.model == model
-        }
+        stored = [r for r in replay_keys(s, [job.id]) if r.status == "ok"]  # one query: every row's key
+        have_dense = {(r.episode_id, r.protocol) for r in stored if r.method == DENSE and r.model == model}
+        done = {(r.episode_id, r.method, r.scope, r.protocol, r.config_key) for r in stored if r.chunked == chunked}
         combos = [(m, sc, p) for m in methods for sc in (scopes[:1] if m == DENSE else scopes) for p in protocols]
         plan = ReplayPlan(job.id, None, [], combos, protocols, text_model=model)
         for episode in dense:
@@ -176,7 +184,8 @@ def plan_replays(
                 for at in [spec] if method == DENSE else specs:  # dense keeps every token: the job's own settings
                     config = _EVICTION.dump_python(at.eviction_config(method, scope, episode.seed), mode="json")
                     item = ReplayItem(episode.id, episode.task_id, method, scope, protocol, config, model)
-                    plan.items.append(item)
+                    key = (episode.id, method, scope, protocol, config_key(config, model))
+                    (plan.done if not redo and key in done else plan.items).append(item)
     return plan
 
 
@@ -193,8 +202,10 @@ def replay_job(
     progress: Progress | None = None,
     model: str | None = None,
     method_params: Mapping[str, Mapping[str, Any]] | None = None,
+    redo: bool = False,
 ) -> ReplaySummary:
-    """Plan (:func:`plan_replays`) and run (:func:`run_plan`) the replays of ``job_id``'s dense episodes."""
+    """Plan (:func:`plan_replays`) and run (:func:`run_plan`) the replays of ``job_id``'s dense episodes: those not
+    yet stored ``ok`` measured the same way (``chunked``), or every one with ``redo``."""
     plan = plan_replays(
         db,
         job_id,
@@ -204,5 +215,7 @@ def replay_job(
         densities=densities,
         model=model,
         method_params=method_params,
+        chunked=chunked,
+        redo=redo,
     )
     return run_plan(db, plan, chunked=chunked, host=host, progress=progress)

@@ -1,8 +1,9 @@
 """Running a replay plan (``workers.replay.plan_replays``): score each item's source stream under its method's cache.
 
-:func:`run_plan` teacher-forces each planned item's token stream (``agent_runner.counterfactual``) through a cache
-managed by the item's method, one source episode at a time (its stream, or its text rendered into the model, read
-once); full_context items of one source share every turn's prefill. Each item's row is stored as it finishes.
+:func:`run_plan` teacher-forces each planned item's token stream through a cache managed by the item's method, one
+source episode and protocol at a time (its stream, or its text rendered into the model, read once): every item of
+the group is a row of one stack (``agent_runner.replay_cells``: shared dense prefills where exact, then the rows
+fed together, each equal to its replay alone). Each item's row is stored as its group finishes.
 
 Every planned replay ends as a row: ``ok`` with its scores, ``skipped`` when the stream cannot be replayed
 that way (a ``ReplayError``, e.g. a full_context stream under true_eviction), ``failed`` with the error for
@@ -20,7 +21,7 @@ import traceback
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from itertools import groupby
+from functools import partial
 from typing import Any
 
 from pydantic import ValidationError
@@ -28,6 +29,7 @@ from pydantic import ValidationError
 from agent_runner.config import ModelSpec
 from db import Database
 from db import store as db_store
+from db.connection import begin_write
 from db.models import Replay
 from db.replays import record_replay, replay_sources, replays_for_jobs, turn_streams
 from nexus.config import EvictionConfig
@@ -57,6 +59,7 @@ class ReplayPlan:
     protocols: list[str]
     missing: list[tuple[str, str, str]] = field(default_factory=list)  # (episode, task, why it is not replayed)
     text_model: str | None = None  # the model text trajectories are rendered into (None: stored streams)
+    done: list[ReplayItem] = field(default_factory=list)  # left out: already stored ok, measured the same way
 
 
 @dataclass
@@ -85,36 +88,48 @@ Progress = Callable[[ReplayResult, int, int], None]  # (result, done, total)
 
 
 def run_plan(
-    db: Database, plan: ReplayPlan, *, chunked: bool = True, host: Any = None, progress: Progress | None = None
+    db: Database,
+    plan: ReplayPlan,
+    *,
+    chunked: bool = True,
+    host: Any = None,
+    progress: Progress | None = None,
+    workers: int = 1,
+    threads: int = 1,
 ) -> ReplaySummary:
     """Run every item of ``plan`` and store its row. ``host``: a loaded ``ModelHost`` (default: the job's
-    model through ``agent_runner.model_cache.host_for``); a model that cannot load raises before any row is written."""
+    model through ``agent_runner.model_cache.host_for``); a model that cannot load raises before any row is written.
+    ``workers`` > 1: the groups (a source episode under one protocol) spread over that many processes
+    (``agent_runner.processes.run_pool``), each loading the model with ``threads`` torch threads, taking the next
+    group when done with one and storing its own rows."""
     results: list[ReplayResult] = []
-    if plan.items:
-        from agent_runner.counterfactual import model_forward
+    groups: dict[tuple[str, str], list[ReplayItem]] = {}
+    for item in plan.items:  # one source episode and protocol: all its settings as rows of one stack
+        groups.setdefault((item.episode_id, item.protocol), []).append(item)
+    if len(groups) > 1 and host is None and workers > 1:
+        from agent_runner.processes import run_pool
 
+        url = db.engine.url.render_as_string(hide_password=False)
+        setup = partial(_open_share, url, plan.model or ModelSpec())
+        for result in run_pool(setup, partial(_run_group, chunked), list(groups.values()), workers=workers,
+                               threads=threads):  # fmt: skip
+            results.append(result)
+            if progress is not None:
+                progress(result, len(results), len(plan.items))
+    elif plan.items:
         if host is None:
             from agent_runner.model_cache import host_for
 
             host = host_for(plan.model or ModelSpec())
-        forward = model_forward(host.model, host.device)
 
-        def emit(item: ReplayItem, outcome: Outcome) -> None:
-            results.append(_store(db, item, *outcome, chunked=chunked))
+        def emit(result: ReplayResult) -> None:
+            results.append(result)
             if progress is not None:
-                progress(results[-1], len(results), len(plan.items))
+                progress(result, len(results), len(plan.items))
 
-        for _, grouped in groupby(plan.items, key=lambda i: i.episode_id):  # one source episode at a time
-            group, sources = list(grouped), {}
-            for item in group:
-                if item.protocol != "full_context":
-                    emit(item, _score(item, _source(sources, db, item, host), forward, host.model.config, chunked))
-            # full_context: every turn's prefill is paid once for all of this source's settings
-            shared = [i for i in group if i.protocol == "full_context"]
-            if shared:
-                outcomes = _score_shared(shared, _source(sources, db, shared[0], host), host.model, forward, chunked)
-                for item, outcome in zip(shared, outcomes, strict=True):
-                    emit(item, outcome)
+        sources: dict[str, dict] = {}
+        for group in groups.values():
+            _run_group(chunked, (db, host, sources), group, emit)
     with db.session() as s:
         current = {e.id for e in replay_sources(s, [plan.job_id], method=DENSE)}
         rows = [
@@ -126,6 +141,23 @@ def run_plan(
         ]
         cells = summarize_replays(outcomes_from_rows(rows))
     return ReplaySummary(plan.job_id, results, plan.missing, cells)
+
+
+def _run_group(chunked: bool, state: tuple, group: list[ReplayItem], emit) -> None:
+    """Replay and store one group (a source episode under one protocol, every setting a row), emitting each row's
+    result. ``state``: (database, loaded host, the sources read so far per episode)."""
+    db, host, sources = state
+    source = _source(sources.setdefault(group[0].episode_id, {}), db, group[0], host)
+    for item, outcome in zip(group, _score_cells(group, source, host.model, chunked), strict=True):
+        emit(_store(db, item, *outcome, chunked=chunked))
+
+
+def _open_share(url: str, model: ModelSpec) -> tuple:
+    """A measuring process's state (``agent_runner.processes.run_pool``): its own connection and model."""
+    from agent_runner.model_cache import host_for
+    from db.connection import connect
+
+    return connect(url, upgrade=False), host_for(model), {}
 
 
 @dataclass
@@ -185,27 +217,11 @@ def _failure(exc: Exception) -> Outcome:
     return "failed", f"{type(exc).__name__}: {exc}\n" + "".join(traceback.format_exception(exc)).strip(), {}
 
 
-def _score(item: ReplayItem, source: _Source, forward: Any, model_config: Any, chunked: bool) -> Outcome:
-    """Replay one item (never raises: a failure is the outcome's status and error)."""
-    from agent_runner.counterfactual import replay_episode
-
-    t0 = time.perf_counter()
-    try:
-        if source.error is not None:
-            raise source.error
-        eviction = EvictionConfig(**item.eviction)  # builds the policy: a bad parameter fails this row only
-        score = replay_episode(
-            forward, model_config, source.turns, eviction, item.protocol, chunked=chunked, actions=source.actions
-        )
-        return "ok", None, score.model_dump(mode="json")
-    except Exception as exc:  # noqa: BLE001 - stored as the row's error, never swallowed
-        status, error, _ = _failure(exc)
-        return status, error, {"seconds": time.perf_counter() - t0}
-
-
-def _score_shared(items: list[ReplayItem], source: _Source, model: Any, forward: Any, chunked: bool) -> list[Outcome]:
-    """Replay full_context items of one source together (``replay_full_context_shared``): one prefill per turn."""
-    from agent_runner.counterfactual import replay_full_context_shared
+def _score_cells(items: list[ReplayItem], source: _Source, model: Any, chunked: bool) -> list[Outcome]:
+    """Replay items of one source and protocol together (``agent_runner.replay_cells``): every setting a row of one
+    stack, each equal to its replay alone. Never raises: a bad setting fails its own row; a stream that cannot be
+    replayed under the protocol is every row's ``skipped``, any other error every row's ``failed``."""
+    from agent_runner.replay_cells import replay_cells
 
     t0 = time.perf_counter()
     outcomes: list[Outcome | None] = [None] * len(items)
@@ -214,14 +230,15 @@ def _score_shared(items: list[ReplayItem], source: _Source, model: Any, forward:
         try:
             if source.error is not None:
                 raise source.error
-            evictions[k] = EvictionConfig(**item.eviction)  # a bad parameter fails this row only
-        except Exception as exc:  # noqa: BLE001 - stored as the row's error
+            evictions[k] = EvictionConfig(**item.eviction)  # builds the policy: a bad parameter fails this row only
+        except Exception as exc:  # noqa: BLE001 - stored as the row's error, never swallowed
             outcomes[k] = _failure(exc)
     if evictions:
         try:
-            scores = replay_full_context_shared(
-                model, forward, source.turns, list(evictions.values()), chunked=chunked, actions=source.actions
-            )
+            scores = replay_cells(
+                model, source.turns, list(evictions.values()), items[0].protocol, chunked=chunked,
+                actions=source.actions,
+            )  # fmt: skip
             for k, score in zip(evictions, scores, strict=True):
                 outcomes[k] = ("ok", None, score.model_dump(mode="json"))
         except Exception as exc:  # noqa: BLE001 - every row of the batch carries the error
@@ -234,6 +251,9 @@ def _score_shared(items: list[ReplayItem], source: _Source, model: Any, forward:
 def _store(db: Database, item: ReplayItem, status: str, error: str | None, score: dict, *, chunked: bool):
     """Write ``item``'s row (replacing the row of the same configuration) and say what it holds."""
     with db.session() as s:
+        # a write from the start: a read first would leave a snapshot that another process's write makes stale,
+        # and SQLite refuses to upgrade it ("database is locked") instead of waiting
+        begin_write(s)
         episode = db_store.get_episode(s, item.episode_id)
         row: Replay = record_replay(
             s,

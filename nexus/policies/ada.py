@@ -28,8 +28,8 @@ eviction event (each prefill, and each decode event under prefill_decode) reallo
 compresses once after the prompt.
 The number of slots a head keeps is decided by this allocation; which slots is the inner policy's
 `select_counts` (SnapKV/PyramidKV: per-head top-count; Nexus: per-head block reservoir, see nexus.py).
-min_budget, layer_budget (so Ada-PyramidKV gets the pyramid schedule), needs_queries, observes and
-observe are the inner policy's.
+min_budget, layer_budget (so Ada-PyramidKV gets the pyramid schedule), needs_queries, observes, observe_additive
+and observe are the inner policy's.
 """
 
 from __future__ import annotations
@@ -106,6 +106,10 @@ class AdaKV(Policy):
     @property
     def observes(self) -> bool:  # type: ignore[override]
         return self.inner.observes
+
+    @property
+    def observe_additive(self) -> bool:  # type: ignore[override]
+        return self.inner.observe_additive
 
     def min_budget(self, window: int, block_size: int) -> int:
         return self.inner.min_budget(window, block_size)

@@ -112,6 +112,10 @@ class Policy:
     needs_queries: ClassVar[bool] = True
     #: `observe` is called after every forward's attention (H2O's accumulated attention)
     observes: ClassVar[bool] = False
+    #: `observe`'s state is a sum over query rows: observing rows A, then rows B of the same forward (the view
+    #: holding every slot either sees, causal by position) leaves the state observing A and B at once does, up to
+    #: float summation order (H2O). `nexus.shared_prefill` then extends an earlier turn's state by the new rows
+    observe_additive: ClassVar[bool] = False
     #: False only for dense: the cache never calls `select`
     evicts: ClassVar[bool] = True
 

@@ -95,6 +95,7 @@ class H2O(ScorePolicy):
     name: ClassVar[str] = "h2o"
     needs_queries: ClassVar[bool] = False
     observes: ClassVar[bool] = True
+    observe_additive: ClassVar[bool] = True  # acc (and seen) add up over query rows
 
     recent_rule: str = "ratio"
     recent_ratio: float = 0.5

@@ -15,6 +15,13 @@ if TYPE_CHECKING:
     from db import Database
 
 DB_OPTION = typer.Option(None, "--db", help="results database URL or SQLite path (default $NEXUS_EVAL_DB)")
+WORKERS = typer.Option(
+    0,
+    "--workers",
+    min=0,
+    help="measuring processes, each loading the model with --threads torch threads (0: one per CPU core, at most "
+    "4; 1 on a GPU)",
+)
 
 
 def fail(message: str, code: int = 2) -> NoReturn:

@@ -8,7 +8,9 @@
    against dense) and its split by how far back each copy's source was.
 
 Everything is stored in the results database (``--db``), so ``compare``, the dashboard and the report show it
-later. Names are checked before anything runs.
+later. Names are checked before anything runs. Each run submits a new job; when its replays stop part way (killed,
+or some failed), the ``nexus-eval replay JOB --model ...`` line it prints continues them: only the replays not yet
+stored ``ok`` run.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ import typer
 
 from nexus.config import EVICTION_DEFAULTS
 from nexus_eval.commands import _job_flags as jf
-from nexus_eval.commands._common import DB_OPTION, csv_list, fail
+from nexus_eval.commands._common import DB_OPTION, WORKERS, csv_list, fail
+from nexus_eval.commands.replay import REDO_OPTION
 
 #: what the first command replays: the paper's method, its Ada variant and the two baselines it is read against
 DEFAULT_METHODS = "dense,snapkv,streaming_llm,nexus,ada_nexus"
@@ -35,7 +38,9 @@ def agent_case(
     densities: str = typer.Option(
         str(EVICTION_DEFAULTS["density"]), "--densities", help="comma-separated densities, e.g. 0.1,0.2,0.3"
     ),
-    threads: int = typer.Option(1, min=1, help="torch CPU threads (on a small shared CPU 1 is the fastest)"),
+    threads: int = typer.Option(1, min=1, help="torch CPU threads a process (on a small shared CPU 1 is the fastest)"),
+    workers: int = WORKERS,
+    redo: bool = REDO_OPTION,
     db: str = DB_OPTION,
     fmt: str = typer.Option("table", "--format", help="table | json | csv | markdown"),
 ) -> None:
@@ -44,7 +49,7 @@ def agent_case(
     from rich.console import Console
 
     from jobs.spec import AGENT_CASE_JOB_FILE
-    from nexus_eval.commands.replay import parse_densities, run_with_progress
+    from nexus_eval.commands.replay import parse_densities, run_with_progress, say_resuming
     from nexus_eval.commands.service import run_here
     from results.compare import compare_jobs
     from results.compare_render import render
@@ -70,23 +75,31 @@ def agent_case(
     console = Console(stderr=True, highlight=False)
     database, job_id = run_here(plan, db, console)
     try:
-        plan = plan_replays(database, job_id, model=model, **wanted)
+        plan = plan_replays(database, job_id, model=model, chunked=True, redo=redo, **wanted)
     except (LookupError, ValueError) as exc:
         fail(str(exc))
     for episode_id, task_id, why in plan.missing:
         console.print(f"[yellow]not replayed:[/yellow] episode {episode_id} ({task_id}): {why}")
+    say_resuming(console, plan)
     import torch
 
     torch.set_num_threads(threads)  # more threads than free cores makes this small-matrix work slower, not faster
+    again = (  # what continues these replays: the same settings on this job, only those not stored ok
+        f"`nexus-eval replay {job_id} --model {model} --methods {methods} --scopes {scopes} "
+        f"--protocols {protocols} --densities {densities}{f' --db {db}' if db else ''}`"
+    )
     try:
-        summary = run_with_progress(console, database, plan, chunked=True)
+        summary = run_with_progress(console, database, plan, chunked=True, workers=workers, threads=threads)
     except ValueError as exc:  # the model could not load
         fail(str(exc), code=1)
+    except KeyboardInterrupt:
+        console.print(f"[yellow]interrupted[/yellow]: {again} continues where it stopped", soft_wrap=True)
+        raise typer.Exit(130) from None
     with database.session() as s:
         table = compare_jobs(s, [job_id])
     typer.echo(render(table, fmt))
     if summary.counts["failed"]:
-        console.print(f"[red]{summary.counts['failed']} replays failed[/red]: `nexus-eval replay {job_id}` reruns them")
+        console.print(f"[red]{summary.counts['failed']} replays failed[/red]: {again} reruns them", soft_wrap=True)
         raise typer.Exit(1)
 
 

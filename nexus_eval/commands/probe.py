@@ -19,7 +19,7 @@ from typing import Any
 import typer
 from typer.core import TyperCommand
 
-from nexus_eval.commands._common import DB_OPTION, csv_list, fail, open_db
+from nexus_eval.commands._common import DB_OPTION, WORKERS, csv_list, fail, open_db
 from nexus_eval.commands._flag_group import flag, takes_flags
 
 FORMAT = typer.Option("table", "--format", help="table | json | csv | markdown")
@@ -123,7 +123,10 @@ def settings_from_flags(flags: SettingsFlags) -> Any:
 @takes_flags
 def run(
     flags: SettingsFlags,
-    threads: int = typer.Option(1, min=1, help="torch CPU threads (on a small shared CPU 1 is the fastest)"),
+    threads: int = typer.Option(
+        1, min=1, help="torch CPU threads per process (on a small shared CPU 1 is the fastest)"
+    ),
+    workers: int = WORKERS,
     db: str = DB_OPTION,
     fmt: str = FORMAT,
     output: Path = typer.Option(None, "--output", "-o", help="write the table here instead of stdout"),
@@ -137,7 +140,10 @@ def run(
         fail(f"cannot write {output}: the folder {output.parent} does not exist; nothing was run")
     settings = settings_from_flags(flags)
     _check_model(settings.model)
-    provenance = _provenance(threads)  # reads the filler corpus: exit 2 if a source is missing here
+    from agent_runner.processes import resolve_workers
+
+    workers = resolve_workers(workers)
+    provenance = _provenance(threads, workers)  # reads the filler corpus: exit 2 if a source is missing here
     import torch
 
     torch.set_num_threads(threads)  # more threads than free cores makes this small-matrix work slower, not faster
@@ -150,7 +156,7 @@ def run(
         run_id = create_probe_run(
             s, settings=settings.model_dump(mode="json"), provenance=provenance, n_planned=n_planned
         ).id
-    _measure(database, run_id, settings, n_planned)
+    _measure(database, run_id, settings, n_planned, workers=workers, threads=threads)
     show_table(database, run_id, fmt, output)
 
 
@@ -167,7 +173,7 @@ def _check_model(name: str) -> None:
         fail(f"model path {name!r} does not exist; nothing was run")
 
 
-def _provenance(threads: int) -> dict[str, Any]:
+def _provenance(threads: int, workers: int) -> dict[str, Any]:
     from agent_runner.probes import fingerprint
     from db.claims import worker_identity
     from db.provenance import git_revision, package_versions
@@ -183,35 +189,38 @@ def _provenance(threads: int) -> dict[str, Any]:
         "git_revision": git_revision(),
         "python": platform.python_version(),
         "threads": threads,
+        "workers": workers,
     }
 
 
-def _measure(database: Any, run_id: str, settings: Any, n_planned: int) -> None:
-    """Load the model, run the probes, store each result; the run ends done, or failed with its first cause."""
+def _measure(database: Any, run_id: str, settings: Any, n_planned: int, *, workers: int, threads: int) -> None:
+    """Load the model (in each of `workers` processes), run the probes, store each result as it arrives; the run
+    ends done, or failed with its first cause."""
     from rich.console import Console
 
     from agent_runner.config import ModelSpec
-    from agent_runner.model_host import load_host
-    from agent_runner.probes import run_probes
+    from agent_runner.probes.parallel import measure
     from db.probes import add_result, finish_probe_run, start_probe_run
     from nexus_eval.commands._probe_progress import progress
 
     console = Console(stderr=True, highlight=False)
-    console.print(f"probe run {run_id}: {n_planned} results planned; loading {settings.model}")
+    where = f"{workers} processes" if workers > 1 else "this process"
+    console.print(f"probe run {run_id}: {n_planned} results planned; loading {settings.model} in {where}")
     stored = 0
     try:
-        host = load_host(ModelSpec(name=settings.model))
-        dtype = next(host.model.parameters()).dtype
-        with database.session() as s:
-            start_probe_run(s, run_id, device=str(host.device), dtype=str(dtype).removeprefix("torch."))
         with progress(console, n_planned) as advance:
-            for result in run_probes(host, settings):
+            for result in measure(settings, ModelSpec(name=settings.model), workers=workers, threads=threads):
+                if isinstance(result, tuple):  # ("loaded", device, dtype): the model is up
+                    with database.session() as s:
+                        start_probe_run(s, run_id, device=result[1], dtype=result[2])
+                    continue
                 with database.session() as s:
                     add_result(s, run_id, result.to_dict())
                 stored += 1
                 advance(result)
     except BaseException as exc:  # record why, whatever stopped it (Ctrl-C too), then stop as it would have
         cause = "".join(traceback.format_exception_only(type(exc), exc)).strip() or type(exc).__name__
+        cause = getattr(exc, "cause", None) or cause  # a measuring process's error: its own first line
         with database.session() as s:
             finish_probe_run(s, run_id, "failed", error=f"{cause}\n\n{traceback.format_exc()}")
         if not isinstance(exc, Exception):

@@ -7,13 +7,20 @@ is scored span by span (the agent's case: ``expert`` demonstrations, or any orac
 job are checked before the model loads, so a typo costs nothing. ``--method-params`` runs a method under other
 settings than the job's (``{"nexus": {"head_scores": "per_head"}}``, or a YAML/JSON file): a variant, whose rows
 ``compare`` tables apart, named ``nexus[head_scores=per_head]``.
+
+Running the same command again continues where it stopped: a replay already stored ``ok`` (measured the same way:
+chunked or ``--token-by-token``) is not measured again, failed and skipped ones are; ``--redo`` measures every one.
 """
 
 from __future__ import annotations
 
 import typer
 
-from nexus_eval.commands._common import DB_OPTION, csv_list, fail, open_db
+from nexus_eval.commands._common import DB_OPTION, WORKERS, csv_list, fail, open_db
+
+REDO_OPTION = typer.Option(
+    False, "--redo", help="measure again replays already stored ok (default: run only those not stored ok yet)"
+)
 
 
 def replay(
@@ -42,8 +49,10 @@ def replay(
         help='per-method settings over the job\'s own, for this replay only: JSON (\'{"nexus": {"head_scores": '
         '"per_head"}}\') or a YAML/JSON file; its rows are tabled apart as nexus\\[head_scores=per_head]',
     ),
-    threads: int = typer.Option(1, min=1, help="torch CPU threads (on a small shared CPU 1 is the fastest)"),
+    threads: int = typer.Option(1, min=1, help="torch CPU threads a process (on a small shared CPU 1 is the fastest)"),
+    workers: int = WORKERS,
     tasks: str = typer.Option(None, "--tasks", help="comma-separated task ids or globs (default: every task)"),
+    redo: bool = REDO_OPTION,
     db: str = DB_OPTION,
 ) -> None:
     """Teacher-force the job's dense episodes through each method's cache; store NLL and top-1 per replay."""
@@ -64,26 +73,44 @@ def replay(
             model=model,
             tasks=csv_list(tasks) if tasks else None,
             method_params=_method_params(method_params) if method_params else None,
+            chunked=not token_by_token,
+            redo=redo,
         )
     except (LookupError, ValueError) as exc:
         fail(str(exc))
     console = Console(stderr=True, highlight=False)
     for episode_id, task_id, why in plan.missing:
         console.print(f"[yellow]not replayed:[/yellow] dense episode {episode_id} ({task_id}): {why}")
-    if not plan.items:
+    if not plan.items and not plan.done:
         what = "a trajectory to render" if model else "a stored token stream (text trajectories: --model NAME)"
         fail(f"nothing to replay in job {plan.job_id}: no dense episode has {what}", code=1)
-    import torch
+    say_resuming(console, plan)
+    if plan.items:
+        import torch
 
-    torch.set_num_threads(threads)  # more threads than free cores makes this small-matrix work slower, not faster
+        torch.set_num_threads(threads)  # more threads than free cores makes this small-matrix work slower
     try:
-        summary = run_with_progress(console, database, plan, chunked=not token_by_token)
+        summary = run_with_progress(
+            console, database, plan, chunked=not token_by_token, workers=workers, threads=threads
+        )
     except ValueError as exc:  # the model host could not load
         fail(str(exc), code=1)
-    Console().print(_table(summary))
+    Console().print(_table(summary, stored=len(plan.done)))
     _problems(console, summary.results)
     if summary.counts["failed"]:
         raise typer.Exit(1)
+
+
+def say_resuming(console, plan) -> None:  # type: ignore[no-untyped-def]
+    """One line when some planned replays are already stored ok (``plan.done``): how many are left to run."""
+    done, total = len(plan.done), len(plan.done) + len(plan.items)
+    if not done:
+        return
+    if plan.items:
+        line = f"resuming: {done} of {total} replays already stored, {len(plan.items)} to run"
+    else:
+        line = f"all {total} replays already stored, none to run"
+    console.print(f"{line} (--redo measures them again)", soft_wrap=True)
 
 
 def parse_densities(text: str) -> list[float]:
@@ -119,10 +146,16 @@ def _method_params(text: str) -> dict:
     return data
 
 
-def run_with_progress(console, database, plan, *, chunked: bool):  # type: ignore[no-untyped-def]
+def run_with_progress(console, database, plan, *, chunked: bool, workers: int = 1, threads: int = 1):  # type: ignore[no-untyped-def]
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from agent_runner.processes import resolve_workers
     from workers.replay import run_plan
+
+    workers = resolve_workers(workers, plan.model.device if plan.model else None)
+
+    if not plan.items:  # every replay is stored already: the summary of the stored rows, no model loaded
+        return run_plan(database, plan, chunked=chunked)
 
     def describe(result) -> str:  # type: ignore[no-untyped-def]
         i = result.item
@@ -130,12 +163,13 @@ def run_with_progress(console, database, plan, *, chunked: bool):  # type: ignor
         return f"{i.method}{at}/{i.scope}/{i.protocol} {i.task_id}"
 
     if not console.is_terminal:  # a pipe or a log file: one plain line per replay as it is stored
-        console.print(f"replay {plan.job_id}: {len(plan.items)} replays planned; loading the model")
+        where = f" in {workers} processes" if workers > 1 else ""
+        console.print(f"replay {plan.job_id}: {len(plan.items)} replays planned; loading the model{where}")
 
         def line(result, done, total):  # type: ignore[no-untyped-def]
             console.print(f"[{done}/{total}] {result.status} {describe(result)}", soft_wrap=True)
 
-        return run_plan(database, plan, chunked=chunked, progress=line)
+        return run_plan(database, plan, chunked=chunked, progress=line, workers=workers, threads=threads)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=False) as bar:
         task = bar.add_task(f"replay {plan.job_id}: loading the model", total=len(plan.items))
@@ -143,7 +177,7 @@ def run_with_progress(console, database, plan, *, chunked: bool):  # type: ignor
         def progress(result, done, total):  # type: ignore[no-untyped-def]
             bar.update(task, completed=done, description=f"replay {describe(result)}")
 
-        return run_plan(database, plan, chunked=chunked, progress=progress)
+        return run_plan(database, plan, chunked=chunked, progress=progress, workers=workers, threads=threads)
 
 
 def _problems(console, results, limit: int = 10) -> None:  # type: ignore[no-untyped-def]
@@ -159,14 +193,16 @@ def _problems(console, results, limit: int = 10) -> None:  # type: ignore[no-unt
         console.print(f"... and {len(groups) - limit} more distinct errors (the replay rows hold every one)")
 
 
-def _table(summary):  # type: ignore[no-untyped-def]
+def _table(summary, stored: int = 0):  # type: ignore[no-untyped-def]
     from rich.markup import escape
     from rich.table import Table
 
     from results.compare_render import REPLAY_HEADER, replay_text
     from results.replay_stats import REPLAY_CAPTION
 
-    counts = ", ".join(f"{n} {status}" for status, n in summary.counts.items() if n)
+    counts = ", ".join(
+        [f"{n} {status}" for status, n in summary.counts.items() if n] + ([f"{stored} stored before"] if stored else [])
+    )
     table = Table(title=f"replay {summary.job_id}: {counts or 'nothing ran'}", caption=REPLAY_CAPTION)
     for i, name in enumerate(REPLAY_HEADER):
         table.add_column(name, justify="left" if i < 4 else "right")

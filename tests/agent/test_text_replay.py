@@ -11,9 +11,10 @@ from agent_runner.action_scores import plan_spans, summarize
 from agent_runner.backends.hf import HFBackend
 from agent_runner.chat_stream import RenderError, render_trajectory
 from agent_runner.config import ModelSpec
-from agent_runner.counterfactual import contexts, model_forward, replay_episode, replay_full_context_shared
+from agent_runner.counterfactual import contexts, model_forward, replay_episode
 from agent_runner.model_host import load_host
 from agent_runner.records import Message
+from agent_runner.replay_cells import replay_cells
 
 FILE = [
     "def add(a, b):",
@@ -172,7 +173,7 @@ def test_full_context_with_a_shared_prefill_scores_exactly_as_one_replay_per_met
         nexus.EvictionConfig(method="nexus", density=0.2, scope="prefill_decode"),
         nexus.EvictionConfig(method="streaming_llm", density=0.2),
     ]
-    shared = replay_full_context_shared(tiny_host.model, forward, rendered.turns, evictions, actions=plans)
+    shared = replay_cells(tiny_host.model, rendered.turns, evictions, "full_context", actions=plans)
     for eviction, got in zip(evictions, shared, strict=True):
         alone = replay_episode(forward, tiny_host.model.config, rendered.turns, eviction, "full_context", actions=plans)
         assert got.nll_mean == pytest.approx(alone.nll_mean, abs=1e-5) and got.top1 == alone.top1

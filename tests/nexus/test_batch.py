@@ -130,8 +130,8 @@ def test_bad_stacks_are_refused(model):
     with pytest.raises(ValueError, match="only once"):
         nexus.CacheStack([fresh, fresh])
     stack = nexus.CacheStack([fresh])
-    with pytest.raises(ValueError, match="one token per row"), torch.no_grad():
-        _step(model, stack, torch.randint(0, 1000, (1, 3)), position_ids=torch.arange(50, 53).view(1, -1))
+    with pytest.raises(ValueError, match="needs keys of batch 1"), torch.no_grad():
+        _step(model, stack, torch.randint(0, 1000, (2, 3)), position_ids=torch.arange(50, 53).expand(2, -1))
 
 
 @torch.no_grad()
@@ -147,3 +147,63 @@ def test_a_growing_stack_grows_in_chunks(model):
         _step(model, stack, torch.randint(0, 1000, (2, 1)), position_ids=stack.position_ids())
         buffers.add(stack.layers[0].k.data_ptr())
     assert caches[0].layers[0].length == 464 and len(buffers) <= 3
+
+
+def _alone_turns(model, cfg, prompt, turns):
+    """A cache fed `prompt`, then per turn (append, decoded): the append as a prefill and the decoded tokens as
+    teacher-forced decode steps one at a time. Returns the logits of every fed position after the prompt."""
+    cache = nexus.EvictableCache(model.config, cfg)
+    out = [_step(model, cache, prompt)]
+    for append, decoded in turns:
+        full = model(input_ids=append, use_cache=True, **{nexus.cache_kwarg(model): cache}).logits
+        out.append(full[:, -1])
+        for t in range(decoded.shape[1]):
+            out.append(_step(model, cache, decoded[:, t : t + 1]))
+    return torch.cat(out), cache
+
+
+@pytest.mark.parametrize(("method", "scope"), _matrix())
+@torch.no_grad()
+def test_stacked_multi_token_feeds_equal_each_row_alone(model, method, scope):
+    """Rows of one stack fed the same appended turns (a q-token prefill each) and teacher-forced tokens (chunks up
+    to the first row's next decode event) equal each row fed alone, token by token: logits, events, kept slots and
+    memory figures. The rows differ in density, so they evict at different moments."""
+    gen = torch.Generator().manual_seed(5)
+    prompt = torch.randint(0, 1000, (1, 150), generator=gen)
+    turns = [(torch.randint(0, 1000, (1, n), generator=gen), torch.randint(0, 1000, (1, 37), generator=gen))
+             for n in (61, 23)]  # fmt: skip
+    cfgs = [nexus.EvictionConfig(method=method, scope=scope, **{**SMALL, "density": d}) for d in (0.25, 0.4, 0.6)]
+    alone = [_alone_turns(model, cfg, prompt, turns) for cfg in cfgs]
+
+    caches = [nexus.EvictableCache(model.config, cfg) for cfg in cfgs]
+    logits = [[_step(model, c, prompt)] for c in caches]
+    stack = nexus.CacheStack(caches)
+    for append, decoded in turns:
+        ids = append.expand(len(caches), -1)
+        full = model(input_ids=ids, position_ids=stack.position_ids(q=ids.shape[1]), use_cache=True,
+                     **{nexus.cache_kwarg(model): stack}).logits  # fmt: skip
+        for r, row in enumerate(logits):
+            row.append(full[r : r + 1, -1])
+        pos, chunks = 0, 0
+        with stack.decoding():
+            while pos < decoded.shape[1]:
+                n = stack.decode_chunk(decoded.shape[1] - pos)
+                ids = decoded[:, pos : pos + n].expand(len(caches), -1)
+                full = model(input_ids=ids, position_ids=stack.position_ids(q=n), use_cache=True,
+                             **{nexus.cache_kwarg(model): stack}).logits  # fmt: skip
+                for r, row in enumerate(logits):
+                    row.append(full[r])
+                pos, chunks = pos + n, chunks + 1
+        assert chunks < decoded.shape[1]  # fed in chunks, not token by token
+    stack.release()
+    for r, (ref, ref_cache) in enumerate(alone):
+        torch.testing.assert_close(torch.cat(logits[r]), ref, atol=1e-9, rtol=0)
+        assert _events(caches[r]) == _events(ref_cache), f"row {r}"
+        for layer in range(ref_cache.num_layers):
+            assert torch.equal(caches[r].retained_positions(layer), ref_cache.retained_positions(layer))
+        assert caches[r].memory() == ref_cache.memory(), f"row {r}"
+        assert caches[r].allocated_bytes() == _buffer_bytes(caches[r]) == _buffer_bytes(ref_cache)
+    if cfgs[0].evicts:
+        assert any(e.phase == "prefill" and e.logical_length > 150 for e in caches[0].events)  # a stacked prefill
+    if cfgs[0].evicts and scope == "prefill_decode":
+        assert any(e.phase == "decode" for c in caches for e in c.events)

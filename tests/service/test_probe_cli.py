@@ -23,7 +23,7 @@ from db.probes import RESULT_FIELDS, load_probe_run
 from nexus_eval.cli import app
 from results.stats import bootstrap_mean_ci, mcnemar_paired, wilson_interval
 
-CELLS = ["--lengths", "256", "--variants", "dense,snapkv", "--densities", "0.5"]
+CELLS = ["--lengths", "256", "--variants", "dense,snapkv", "--densities", "0.5", "--workers", "1"]
 ARGS = ["--model", "tiny", "--samples", "2", *CELLS]
 SETTINGS = ProbeSettings(model="tiny", samples=2, lengths=(256,), variants=("dense", "snapkv"), densities=(0.5,))
 FORMATS = ("json", "csv", "markdown", "table")
