@@ -85,7 +85,10 @@ def replay_cells(
         fed = len(ctxs[t]) + len(turn.generated) - 1
         if protocol == "true_eviction":
             recorded = None  # only the first prefill is shared; later turns extend each row's own cache
-    return [s.result() for s in scorers]
+    results = [s.result() for s in scorers]
+    for score in results:  # each row's share of the batch's time, like its turns' (not the batch's whole time)
+        score.seconds = sum(t.seconds for t in score.turns)
+    return results
 
 
 def _decode_rest(

@@ -18,6 +18,9 @@
 #      path) and GPU_AGENT_DB a results file holding an expert job (the demonstrations, run where Docker is):
 #      `nexus-eval replay` of that job on the model, every method x scope x protocol at 0.1/0.2/0.3, then its
 #      compare tables (the action table: docs/agent_case.md)                          -> agent.db, agent.json, agent.md
+#   6. measurement throughput on the GPU-sized probe model (GPU_PROBE_MODEL), or the tiny model with --dry-run:
+#      bench/throughput.py --parts probe,probe_full --variants after (every cell of a sample as rows of one stack,
+#      one process: the GPU batches the rows)                                                -> throughput.json
 # Everything lands in one folder: $OUT if set (the device tool's), else bench/out/gpu-<UTC date>; the whole
 # log is gpu.log there. The script never runs past GPU_BENCH_BOX seconds (default 450): every step runs
 # under `timeout`, and decode.py shares what is left among the methods (a method that cannot finish its
@@ -37,7 +40,7 @@ BOX=${GPU_BENCH_BOX:-450}
 METHODS=${GPU_BENCH_METHODS:-"dense snapkv@prefill_only morphkv nexus"}
 PROBE_MODEL=${GPU_PROBE_MODEL:-}
 AGENT_MODEL=${GPU_AGENT_MODEL:-}
-PARTS=${GPU_BENCH_PARTS:-"batch decode${PROBE_MODEL:+ probes}${AGENT_MODEL:+ agent}"}
+PARTS=${GPU_BENCH_PARTS:-"batch decode${PROBE_MODEL:+ probes}${AGENT_MODEL:+ agent}${PROBE_MODEL:+ throughput}"}
 ALL_METHODS="dense,snapkv,pyramidkv,ada_snapkv,ada_pyramidkv,h2o,morphkv,streaming_llm,nexus,ada_nexus"
 BATCH_BOX=${GPU_BENCH_BATCH_BOX:-180}
 DIR=${OUT:-bench/out/gpu-$(date -u +%Y%m%dT%H%M%SZ)}
@@ -146,6 +149,16 @@ config from jobs order by created_at desc').fetchall(); print(next(i for i, c in
     $PY -m nexus_eval.cli compare "$JOB" --db "$DIR/agent.db" --format markdown > "$DIR/agent.md"
     [ "$ARC" = 0 ] || { echo "WARNING: replay exited with rc $ARC (stored rows are in $DIR/agent.db)"; RC=$ARC; }
   fi
+fi
+if [[ " $PARTS " == *" throughput "* ]]; then
+  echo "== 6. measurement throughput ($(left)s left)"
+  TP_MODEL=${PROBE_MODEL:-tiny}
+  [ "$DRY" = 1 ] && TP_MODEL=tiny
+  BUDGET=$(( $(left) - 10 ))
+  timeout --kill-after=10 "$BUDGET" $PY bench/throughput.py --model "$TP_MODEL" --parts probe,probe_full \
+    --variants after --samples "$([ "$DRY" = 1 ] && echo 2 || echo 10)" --out "$DIR/throughput.json"
+  TRC=$?
+  [ "$TRC" = 0 ] || { echo "WARNING: throughput.py exited with rc $TRC"; RC=$TRC; }
 fi
 echo "== done in $((SECONDS - START))s; files in $DIR:"
 ls -l "$DIR"

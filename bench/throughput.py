@@ -44,12 +44,12 @@ FULL = dict(scopes=["prefill_only", "prefill_decode"], densities=[0.1, 0.2, 0.3]
 
 
 # -- one measurement, in its own process ---------------------------------------------------------------------
-def _probe_settings(part: str, samples: int):
+def _probe_settings(part: str, samples: int, model: str):
     from agent_runner.probes.settings import ProbeSettings
 
     if part == "probe":
-        return ProbeSettings(model=MODEL, samples=samples)
-    return ProbeSettings(model=MODEL, samples=samples, variants=tuple(ALL_METHODS), scopes=tuple(FULL["scopes"]),
+        return ProbeSettings(model=model, samples=samples)
+    return ProbeSettings(model=model, samples=samples, variants=tuple(ALL_METHODS), scopes=tuple(FULL["scopes"]),
                          densities=tuple(FULL["densities"]))  # fmt: skip
 
 
@@ -60,25 +60,25 @@ def _replay_kwargs(part: str, tasks: list[str]) -> dict:
     return dict(methods=ALL_METHODS, protocols=["true_eviction", "full_context"], tasks=tasks, **FULL)
 
 
-def measure(part: str, variant: str, samples: int, tasks: list[str], db_file: str | None) -> dict:
+def measure(part: str, variant: str, samples: int, tasks: list[str], db_file: str | None, model: str) -> dict:
     import torch
 
     torch.set_num_threads(1)
     started = time.perf_counter()
     workers = 2 if variant == "after2" else 1
     if part.startswith("probe"):
-        settings = _probe_settings(part, samples)
+        settings = _probe_settings(part, samples, model)
         if variant == "before":
             from agent_runner.config import ModelSpec
             from agent_runner.model_host import load_host
             from agent_runner.probes import run_probes
 
-            results = list(run_probes(load_host(ModelSpec(name=MODEL)), settings))
+            results = list(run_probes(load_host(ModelSpec(name=model)), settings))
         else:
             from agent_runner.config import ModelSpec
             from agent_runner.probes.parallel import measure as probe_measure
 
-            values = probe_measure(settings, ModelSpec(name=MODEL), workers=workers)
+            values = probe_measure(settings, ModelSpec(name=model), workers=workers)
             results = [r for r in values if not isinstance(r, tuple)]
         return dict(results=len(results), seconds=time.perf_counter() - started, samples=samples, code=_code())
     from db.connection import connect
@@ -91,15 +91,30 @@ def measure(part: str, variant: str, samples: int, tasks: list[str], db_file: st
         job = s.query(Job).filter(Job.name == "agent-case").order_by(Job.created_at.desc()).first().id
     kw = _replay_kwargs(part, tasks)
     if variant == "before":
-        plan = plan_replays(db, job, model=MODEL, **kw)
+        plan = plan_replays(db, job, model=model, **kw)
         summary = run_plan(db, plan)
     else:
-        plan = plan_replays(db, job, model=MODEL, redo=True, **kw)
+        plan = plan_replays(db, job, model=model, redo=True, **kw)
         summary = run_plan(db, plan, workers=workers)
     seconds = time.perf_counter() - started
     ok = sum(r.status == "ok" for r in summary.results)
-    tokens = _history_tokens(db, job, tasks)
-    return dict(results=len(summary.results), ok=ok, seconds=seconds, tasks=tasks, tokens=tokens, code=_code())
+    tokens = _history_tokens(db, job, tasks, model)
+    with (
+        db.session() as s
+    ):  # the rows' own seconds (a group's time over its rows): the CPU time, whatever ran in parallel
+        from db.models import Replay
+
+        ids = [r.item.episode_id for r in summary.results]
+        stored = s.query(Replay).filter(Replay.job_id == job, Replay.episode_id.in_(ids), Replay.model == model).all()
+        cpu = sum(
+            r.seconds or 0.0
+            for r in stored
+            if (r.method, r.scope, r.protocol)
+            in {(x.item.method, x.item.scope, x.item.protocol) for x in summary.results}
+        )
+    return dict(
+        results=len(summary.results), ok=ok, seconds=seconds, cpu_seconds=cpu, tasks=tasks, tokens=tokens, code=_code()
+    )
 
 
 def _code() -> str:
@@ -108,7 +123,7 @@ def _code() -> str:
     return str(Path(agent_runner.__file__).parents[1])
 
 
-def _history_tokens(db, job: str, tasks: list[str] | None) -> int:
+def _history_tokens(db, job: str, tasks: list[str] | None, model: str) -> int:
     """SmolLM2 tokens of the final context of each dense trajectory of `tasks` (all tasks: None), summed."""
     from fnmatch import fnmatchcase
 
@@ -119,7 +134,7 @@ def _history_tokens(db, job: str, tasks: list[str] | None) -> int:
     from db import store
     from workers.text_trajectories import conversation
 
-    tokenizer = load_host(ModelSpec(name=MODEL)).tokenizer
+    tokenizer = load_host(ModelSpec(name=model)).tokenizer
     total = 0
     with db.session() as s:
         episodes = [e for e in store.result_attempts(s, [job]) if e.method == "dense"]
@@ -133,6 +148,8 @@ def _history_tokens(db, job: str, tasks: list[str] | None) -> int:
 
 # -- the run: every (part, variant) in its own process, then the table -------------------------------------
 def run_one(part: str, variant: str, args) -> dict:
+    if variant == "before" and not args.before:
+        raise SystemExit("the before variant needs --before DIR (the code to compare against)")
     env = dict(os.environ, PYTHONPATH=str(Path(args.before).resolve() if variant == "before" else ROOT))
     db_copy = None
     if part.startswith("replay"):
@@ -140,7 +157,8 @@ def run_one(part: str, variant: str, args) -> dict:
         shutil.copy(args.db, db_copy)
     samples = args.samples if part == "probe" else args.full_samples
     tasks = args.tasks if part == "replay" else args.full_tasks
-    cmd = [sys.executable, __file__, "--child", part, variant, "--samples", str(samples), "--tasks", ",".join(tasks)]
+    cmd = [sys.executable, __file__, "--child", part, variant, "--samples", str(samples), "--tasks", ",".join(tasks),
+           "--model", args.model]  # fmt: skip
     if db_copy:
         cmd += ["--db", db_copy]
     print(f"-- {part} {variant}: {' '.join(cmd[2:])}", flush=True)
@@ -179,6 +197,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--child", nargs=2, metavar=("PART", "VARIANT"), help=argparse.SUPPRESS)
     ap.add_argument("--before", help="a folder holding the code to compare against (git archive of a commit)")
     ap.add_argument("--db", help="a results database holding an expert job (the demonstrations)")
+    ap.add_argument("--model", default=MODEL, help="the model measured (a GPU-sized one in bench/gpu.sh)")
     ap.add_argument("--parts", default="probe,probe_full,replay,replay_full")
     ap.add_argument("--variants", default="before,after,after2")
     ap.add_argument("--samples", type=int, default=10)
@@ -192,7 +211,7 @@ def main(argv: list[str] | None = None) -> None:
     args.tasks = [t for t in args.tasks.split(",") if t]
     if args.child:
         args.full_tasks = args.tasks
-        print(json.dumps(measure(*args.child, args.samples, args.tasks, args.db)))
+        print(json.dumps(measure(*args.child, args.samples, args.tasks, args.db, args.model)))
         return
     if args.table:
         for path in args.table:
@@ -208,14 +227,16 @@ def main(argv: list[str] | None = None) -> None:
             rows.append(run_one(part, variant, args))
     total = None
     if any(r["part"] == "replay_full" for r in rows):
-        total = _total_tokens(args.db)
-    data = dict(rows=rows, total_tokens=total, machine=dict(cpus=os.cpu_count(), threads_per_process=1))
+        total = _total_tokens(args.db, args.model)
+    data = dict(
+        rows=rows, total_tokens=total, model=args.model, machine=dict(cpus=os.cpu_count(), threads_per_process=1)
+    )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(data, indent=1))
     print(table(rows, total))
 
 
-def _total_tokens(db_file: str) -> int:
+def _total_tokens(db_file: str, model: str) -> int:
     sys.path.insert(0, str(ROOT))
     from db.connection import connect
     from db.models import Job
@@ -223,7 +244,7 @@ def _total_tokens(db_file: str) -> int:
     db = connect(f"sqlite:///{db_file}")
     with db.session() as s:
         job = s.query(Job).filter(Job.name == "agent-case").order_by(Job.created_at.desc()).first().id
-    return _history_tokens(db, job, None)
+    return _history_tokens(db, job, None, model)
 
 
 if __name__ == "__main__":

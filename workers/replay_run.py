@@ -103,9 +103,10 @@ def run_plan(
     (``agent_runner.processes.run_pool``), each loading the model with ``threads`` torch threads, taking the next
     group when done with one and storing its own rows."""
     results: list[ReplayResult] = []
-    groups: dict[tuple[str, str], list[ReplayItem]] = {}
-    for item in plan.items:  # one source episode and protocol: all its settings as rows of one stack
-        groups.setdefault((item.episode_id, item.protocol), []).append(item)
+    by_source: dict[tuple[str, str], list[ReplayItem]] = {}
+    for item in plan.items:  # one source episode and protocol: its settings as rows of one stack
+        by_source.setdefault((item.episode_id, item.protocol), []).append(item)
+    groups = {(*key, k): chunk for key, items in by_source.items() for k, chunk in enumerate(_chunks(items))}
     if len(groups) > 1 and host is None and workers > 1:
         from agent_runner.processes import run_pool
 
@@ -141,6 +142,20 @@ def run_plan(
         ]
         cells = summarize_replays(outcomes_from_rows(rows))
     return ReplaySummary(plan.job_id, results, plan.missing, cells)
+
+
+#: most settings replayed as rows of one stack: a sweep's 55 settings of one source stack into ~9 GB on
+#: smollm2-135m at 5K tokens (bench/throughput.py), so larger groups are split in balanced chunks, each paying the
+#: shared prefills again (one history prefill per extra chunk)
+MAX_GROUP_ROWS = 28
+
+
+def _chunks(items: list[ReplayItem]) -> list[list[ReplayItem]]:
+    """`items` in consecutive chunks of at most ``MAX_GROUP_ROWS``, as equal as possible (a method's densities stay
+    together where they can: plan order is method by method, so what H2O observes is shared within a chunk)."""
+    n = -(-len(items) // MAX_GROUP_ROWS)
+    size = -(-len(items) // n)
+    return [items[i : i + size] for i in range(0, len(items), size)]
 
 
 def _run_group(chunked: bool, state: tuple, group: list[ReplayItem], emit) -> None:

@@ -86,3 +86,19 @@ def test_a_failing_worker_stops_the_run_with_its_traceback():
     assert resolve_workers(3) == 3 and resolve_workers(0) >= 1
     with pytest.raises(ValueError, match=">= 0"):
         resolve_workers(-1)
+
+
+def test_large_groups_are_split_in_balanced_chunks_that_score_the_same(sqlite_db, host, monkeypatch):  # noqa: F811
+    import workers.replay_run as run
+
+    sizes = lambda n: [len(c) for c in run._chunks(list(range(n)))]  # noqa: E731
+    assert sizes(55) == [28, 27] and sizes(10) == [10] and sizes(57) == [19, 19, 19] and sizes(28) == [28]
+    job_id, _ = make_job(sqlite_db, host.model)
+    kw = dict(methods=["dense", "snapkv", "h2o"], protocols=["true_eviction", "full_context"], densities=[0.3, 0.6])
+    whole = run_plan(sqlite_db, plan_replays(sqlite_db, job_id, **kw), host=host)
+    monkeypatch.setattr(run, "MAX_GROUP_ROWS", 2)
+    split = run_plan(sqlite_db, plan_replays(sqlite_db, job_id, redo=True, **kw), host=host)
+    key = lambda r: (r.item.episode_id, r.item.method, r.item.scope, r.item.protocol, r.item.eviction["density"])  # noqa: E731
+    a, b = sorted(whole.results, key=key), sorted(split.results, key=key)
+    assert [(key(x), x.status, x.top1) for x in a] == [(key(x), x.status, x.top1) for x in b]
+    assert all(x.nll_mean == pytest.approx(y.nll_mean, abs=1e-5) for x, y in zip(a, b, strict=True) if x.nll_mean)
