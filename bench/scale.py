@@ -339,7 +339,7 @@ def write_episode(db, rng: random.Random, pool: dict, episode_id: str, key) -> t
     fields = finish_fields(rng, key, claim, turns, exit_status, patch)
     with db.session() as s:  # the turns and the finish in one transaction (a worker commits each turn)
         for turn in turns:
-            P.store.record_turn(s, claim, turn.index, steered=turn.intervened, **P.turn_row(turn))
+            P.store.record_turn(s, claim, turn.index, steered=turn.steered, **P.turn_row(turn))
         P.store.finish_episode(s, claim, exit_status, **fields)
     if status != "infra_failure":
         grade = grade_fields(rng, pool, key.task_id, status)

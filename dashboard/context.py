@@ -42,11 +42,11 @@ class Context:
             self._database.dispose()
 
     def database(self) -> Any:
-        from db import connect
+        from db.connection import open_existing
 
         with self._lock:
-            if self._database is None:
-                self._database = connect(self.db_url)
+            if self._database is None:  # never creates or migrates: `serve` found it at head at startup
+                self._database = open_existing(self.db_url)
             return self._database
 
 

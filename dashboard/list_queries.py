@@ -198,10 +198,14 @@ class Actions:
     rerun_why: str
 
 
-def job_actions(counts: Mapping[str, int], result_statuses: Mapping[str, int]) -> Actions:
-    """``counts``: the job's status counts (newest attempts, ``jobs.counts``); ``result_statuses``: how many of its
-    result attempts (the ones ``db.store.rerun_job`` picks from) have each status (``db.episode_lists.facets``), so
-    neither needs the job's rows."""
-    active = sum(counts.get(s, 0) for s in CANCELLABLE_STATUSES)
+def job_actions(
+    counts: Mapping[str, int], result_statuses: Mapping[str, int], apart: Mapping[str, Mapping[str, int]] | None = None
+) -> Actions:
+    """``counts``: the job's status counts (result attempts, ``jobs.counts``), ``apart``: those of the attempts kept
+    apart (role -> status -> n); ``result_statuses``: how many of its result attempts (the ones
+    ``db.store.rerun_job`` picks from) have each status (``db.episode_lists.facets``), so neither needs the job's
+    rows."""
+    every = [counts, *(apart or {}).values()]
+    active = sum(by.get(s, 0) for by in every for s in CANCELLABLE_STATUSES)
     failed = sum(result_statuses.get(s, 0) for s in RUN_FAILURE_STATUSES)
     return Actions(active > 0, "" if active else NOTHING_TO_CANCEL, failed, "" if failed else NOTHING_TO_RERUN)

@@ -159,8 +159,7 @@ def register(app: FastAPI, ctx: Context) -> None:
             episodes=listing.rows,
             query=query,
             options=listing.options,
-            actions=list_queries.job_actions(row.counts, listing.result_statuses),
-            human_bytes=list_queries.human_bytes,
+            actions=list_queries.job_actions(row.counts, listing.result_statuses, row.apart),
             interactive=interactive,
             notice=notice_text(notice, n),
         )

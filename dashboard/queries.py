@@ -47,6 +47,18 @@ class JobRow:
     error: str | None = None
     config: dict[str, Any] = field(default_factory=dict)
     git_revision: str | None = None
+    #: the attempts kept apart from the results (``db.attempt_roles``): role -> status -> attempts
+    apart: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    @property
+    def apart_text(self) -> str:
+        """``1 resample (1 resolved)``: the attempts kept apart, or ""."""
+        parts = []
+        for role, by in sorted(self.apart.items()):
+            n = sum(by.values())
+            statuses = ", ".join(f"{c} {st}" for st, c in sorted(by.items()) if c)
+            parts.append(f"{n} {role} ({statuses})")
+        return "; ".join(parts)
 
     @property
     def live(self) -> bool:
@@ -107,6 +119,14 @@ class TurnView:
     # the assistant text as generated (Turn.completion), its first MAX_SHOWN_CHARS (a replay's spans index it)
     text: str = ""
     text_cut: int = 0  # characters left off its end
+    forced: bool = False  # teacher-forced from a stored attempt's turn (``rerun --from-turn``)
+    # what the operator did at this turn of an interactive rerun (``agent_runner.records.OperatorAct``), else None
+    operator: Any = None
+    proposed_json: str = ""  # the model's own action when the operator replaced or skipped it
+
+    @property
+    def skipped(self) -> bool:
+        return self.operator is not None and self.operator.choice == "skip"
 
     @property
     def is_short(self) -> bool:
@@ -167,7 +187,7 @@ def _job_row(session: Session, job: Any, summary: JobSummary | None = None) -> J
     summary = summary or summarize(session, job)
     return JobRow(
         job.id, job.name, job.status, job.created_at, summary.total, summary.finished, summary.counts,
-        job.error, job.config or {}, job.git_revision,
+        job.error, job.config or {}, job.git_revision, summary.apart,
     )  # fmt: skip
 
 
@@ -196,9 +216,14 @@ def job(session: Session, job_id: str) -> JobRow:
 
 
 def progress(session: Session, job_id: str) -> dict[str, Any]:
-    """What live.js polls: ``{"job_id", "status", "total", "finished", "counts"}``."""
+    """What live.js polls: ``{"job_id", "status", "total", "finished", "counts", "apart"}``: ``counts`` per status
+    of each key's result attempt (the rule compare counts by, ``db.attempt_roles``), ``apart`` role -> status ->
+    attempts kept apart from them (resamples, interactive and steered attempts)."""
     row = job(session, job_id)
-    return {"job_id": row.id, "status": row.status, "total": row.total, "finished": row.finished, "counts": row.counts}
+    return {
+        "job_id": row.id, "status": row.status, "total": row.total, "finished": row.finished, "counts": row.counts,
+        "apart": row.apart,
+    }  # fmt: skip
 
 
 def _episode_row(e: Any) -> EpisodeRow:
@@ -274,6 +299,12 @@ def _clip(text: str | None) -> str:
     return text[:MAX_SHOWN_CHARS] + f"\n… ({len(text) - MAX_SHOWN_CHARS} more characters: nexus-eval inspect --json)"
 
 
+def _proposed_json(extra: TurnExtra) -> str:
+    """The model's own action of a turn whose action the operator replaced or skipped, as the page shows it."""
+    proposed = extra.operator.proposed if extra.operator is not None else None
+    return json.dumps(proposed.model_dump(mode="json"), indent=2, ensure_ascii=False) if proposed is not None else ""
+
+
 def _turn_view(t: Turn, keep: int | None = None) -> TurnView:
     extra = TurnExtra.of_row(t)
     action = t.action
@@ -285,8 +316,8 @@ def _turn_view(t: Turn, keep: int | None = None) -> TurnView:
         format_error=extra.format_error_or(action),
         thought=_clip(t.thought),
         observation=_clip(t.observation),
-        completion=_clip(t.completion) if action is None else "",
-        intervened=extra.intervened,
+        completion=_clip(t.completion) if action is None or extra.replaced else "",
+        intervened=extra.replaced,
         tokens_appended=t.tokens_appended or 0,
         tokens_generated=t.tokens_generated or 0,
         logical_length=t.logical_length or 0,
@@ -304,6 +335,9 @@ def _turn_view(t: Turn, keep: int | None = None) -> TurnView:
         keep=keep,
         text=(t.completion or "")[:MAX_SHOWN_CHARS],
         text_cut=max(0, len(t.completion or "") - MAX_SHOWN_CHARS),
+        forced=extra.forced,
+        operator=extra.operator,
+        proposed_json=_proposed_json(extra),
     )
 
 

@@ -4,8 +4,8 @@ Pages only read, so they get an engine the database itself holds to that: SQLite
 ``mode=ro`` (a write raises "attempt to write a readonly database"), PostgreSQL with every transaction
 read-only (``default_transaction_read_only``). A bug in a page handler can then never change results, and a
 viewer can point the dashboard at a database it may only read. Nothing here migrates: a missing database or
-an older schema is a clear error at startup (:class:`DatabaseUnavailable`); the write actions (cancel,
-rerun) open the normal read-write :func:`db.connect` instead.
+an older schema is a clear error at startup (:class:`DatabaseUnavailable`, ``db.connection``'s words); the write
+actions (cancel, rerun) open a read-write ``db.connection.open_existing`` instead, which never migrates either.
 """
 
 from __future__ import annotations
@@ -13,16 +13,15 @@ from __future__ import annotations
 from pathlib import Path
 from urllib.parse import quote
 
-from sqlalchemy import Engine, create_engine, event, inspect
+from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.orm import Session, sessionmaker
 
-from db.connection import SQLITE_BUSY_TIMEOUT_MS, head_revision
+from db.connection import SQLITE_BUSY_TIMEOUT_MS, DatabaseUnavailable, missing_message
+from db.connection import check_schema as check_schema_at
 from db.urls import masked
 
-
-class DatabaseUnavailable(RuntimeError):
-    """The database cannot be read as a results database (missing, empty, or at another schema revision)."""
+__all__ = ["DatabaseUnavailable", "check_schema", "open_readonly", "readonly_engine"]
 
 
 def readonly_engine(url: str) -> Engine:
@@ -34,9 +33,7 @@ def readonly_engine(url: str) -> Engine:
         if path in ("", ":memory:"):
             raise DatabaseUnavailable(f"in-memory SQLite ({masked(url)!r}) has no results to show; give a file")
         if not Path(path).is_file():
-            raise DatabaseUnavailable(
-                f"no results database at {path}: run a job first (`nexus-eval run`), or point --db at one"
-            )
+            raise DatabaseUnavailable(missing_message(url))
         # SQLAlchemy hands the "database" to sqlite3.connect(..., uri=True) as is; the path is %-quoted for URI
         uri = "file:" + quote(str(Path(path).resolve()))
         engine = create_engine(URL.create("sqlite", database=uri, query={"mode": "ro", "uri": "true"}))
@@ -58,37 +55,20 @@ def readonly_engine(url: str) -> Engine:
     raise DatabaseUnavailable(f"unsupported database URL {masked(url)!r}: use a SQLite file or postgresql+psycopg://")
 
 
-def check_schema(engine: Engine) -> None:
-    """Raise :class:`DatabaseUnavailable` unless the database holds the results schema at the newest revision.
+def check_schema(engine: Engine, url: str | None = None) -> None:
+    """Raise :class:`DatabaseUnavailable` unless the database holds the results schema at the newest revision
+    (``db.connection.check_schema``; its messages name ``url``, default the engine's, with the password masked).
 
     Reading an older schema would fail page by page on the first missing column; saying so once at startup,
     with the fix, is kinder."""
-    from alembic.runtime.migration import MigrationContext
-
-    where = masked(engine.url.render_as_string(hide_password=False))
-    try:
-        with engine.connect() as connection:
-            if not inspect(connection).has_table("jobs"):
-                raise DatabaseUnavailable(f"{where} has no results tables: run a job first (`nexus-eval run`)")
-            current = MigrationContext.configure(connection).get_current_revision()
-    except DatabaseUnavailable:
-        raise
-    except Exception as exc:  # cannot connect, no permission, ...: the driver's words say why
-        said = str(exc).replace(engine.url.render_as_string(hide_password=False), where)
-        raise DatabaseUnavailable(f"cannot read {where}: {type(exc).__name__}: {said}") from None
-    head = head_revision()
-    if current != head:
-        raise DatabaseUnavailable(
-            f"{where} is at schema revision {current}, this nexus-eval reads {head}: run any nexus-eval command "
-            "that writes to it once (e.g. `nexus-eval status --db URL`, which migrates), then serve again"
-        )
+    check_schema_at(engine, url or engine.url.render_as_string(hide_password=False))
 
 
 def open_readonly(url: str) -> sessionmaker[Session]:
     """A session factory over a read-only engine for ``url``, after :func:`check_schema`."""
     engine = readonly_engine(url)
     try:
-        check_schema(engine)
+        check_schema(engine, url)
     except DatabaseUnavailable:
         engine.dispose()
         raise

@@ -26,7 +26,7 @@ from results.compare_render import (
     tradeoff_columns,
 )
 from results.compare_table import Cell, CompareTable
-from results.cost import COST_FIELDS
+from results.cost import COST_FIELDS, human_bytes
 from results.probe_render import layout as probe_layout
 from results.probe_stats import BASELINES, CAPTION, KV_FIELDS, ProbeCell
 
@@ -84,6 +84,7 @@ def cell_view(scope: str, protocol: str, cell: Cell) -> dict[str, Any]:
         "ci_low": num(cell.ci_low),
         "ci_high": num(cell.ci_high),
         "p_value": num(cell.p_value),
+        "not_run": cell.not_run or "",  # every episode broke: the first one's cause, and no rate
         "lines": cell_text(cell, multiline=True).split("\n"),
     }
 
@@ -133,6 +134,7 @@ def _environment() -> Environment:
     )
     env.filters.update(num=num, when=when, symbol=symbol, plain=plain, interactive=is_interactive)
     env.globals.update(
+        human_bytes=human_bytes,  # every page's byte format (results.cost): the job list, the episode page
         diff_lines=diff_lines,
         compare_rows=compare_rows,
         replay_rows=replay_rows,

@@ -78,7 +78,7 @@ def write_report(db_url: str, idents: str | Sequence[str], output: Path, *, incl
     idents = [idents] if isinstance(idents, str) else list(idents)
     engine = readonly_engine(db_url)
     try:
-        check_schema(engine)
+        check_schema(engine, db_url)
         with Session(engine) as session:
             kind, full_id = job_or_probe_run(session, idents[0])
             if kind == "job":

@@ -2,7 +2,9 @@
 
 - :func:`quality_vs_cost_chart`: resolved rate (95% interval as whiskers) against KV held (``nexus.memory``: K/V
   entries held x bytes per entry after a turn, mean over turns, then over the cell's episodes), a point per
-  cell, a line per method through its cells in order of cost; one panel per scope x protocol.
+  cell, a line per method through its cells in order of cost; one panel per scope x protocol. Points of equal
+  cost (one spot on the axis) are drawn side by side a small fixed step apart (:func:`dodge_equal`), in column
+  order, so none hides another; each point's tooltip and ``data-kv-held-mib`` carry its true cost and rate.
 - :func:`quality_vs_density_chart`: resolved rate against the configured density, a line per evicting method
   with one point per density, dense (which keeps every token) as a dashed reference line at its rate; one
   panel per scope x protocol. Drawn only when the table spans two densities or more (a sweep of jobs).
@@ -15,6 +17,7 @@ cell's marker ``<g class="point" data-method="M" data-density="D">`` (what the p
 
 from __future__ import annotations
 
+import html
 import re
 from collections.abc import Sequence
 
@@ -26,6 +29,7 @@ from nexus.methods import DENSE
 from results.compare_table import Cell, CompareTable, Row
 
 MIB = 2**20
+DODGE = 0.03  # the step between equal-cost points, a fraction of the panel's cost span
 
 
 def _cells(table: CompareTable, panel: tuple[str, str], method: str) -> list[tuple[Row, Cell]]:
@@ -36,18 +40,56 @@ def _cells(table: CompareTable, panel: tuple[str, str], method: str) -> list[tup
 
 
 def _point(
-    ax: Axes, x: float, y: float, ci: tuple[float | None, float | None], colour: str, method: str, density: float | None
+    ax: Axes,
+    x: float,
+    y: float,
+    ci: tuple[float | None, float | None],
+    colour: str,
+    method: str,
+    density: float | None,
+    tip: int | None = None,
 ) -> None:
-    """One cell's marker at (x, y) with its interval ``ci`` as whiskers (none where a bound is unknown)."""
+    """One cell's marker at (x, y) with its interval ``ci`` as whiskers (none where a bound is unknown); ``tip``:
+    the index of its tooltip (:func:`_tips`)."""
     low, high = (y if bound is None else bound for bound in ci)
     bars = ax.errorbar([x], [y], yerr=[[y - low], [high - y]], fmt="o", color=colour, capsize=3)
-    bars[0].set_gid(f"point--{method}--{'' if density is None else f'{density:g}'}")
+    suffix = "" if tip is None else f"--t{tip}"
+    bars[0].set_gid(f"point--{method}--{'' if density is None else f'{density:g}'}{suffix}")
 
 
-def _rate_point(ax: Axes, x: float, cell: Cell, colour: str, method: str, density: float | None) -> None:
+def _rate_point(
+    ax: Axes, x: float, cell: Cell, colour: str, method: str, density: float | None, tip: int | None = None
+) -> None:
     """A resolved-rate marker in percent, its Wilson or bootstrap interval as whiskers."""
     low, high = (None if v is None else 100 * v for v in (cell.ci_low, cell.ci_high))
-    _point(ax, x, 100 * (cell.rate or 0.0), (low, high), colour, method, density)
+    _point(ax, x, 100 * (cell.rate or 0.0), (low, high), colour, method, density, tip)
+
+
+def dodge_equal(xs: Sequence[float], step: float = DODGE) -> list[float]:
+    """Where each x is drawn: the x's of one spot on the axis (equal to 4 significant digits) side by side around
+    it, ``step`` x the span of ``xs`` apart, in the order given; an x alone stays where it is."""
+    if not xs:
+        return []
+    span = (max(xs) - min(xs)) or abs(max(xs)) or 1.0
+    groups: dict[str, list[int]] = {}
+    for i, x in enumerate(xs):
+        groups.setdefault(f"{x:.4g}", []).append(i)
+    shown = list(xs)
+    for members in groups.values():
+        for k, i in enumerate(members):
+            shown[i] = xs[i] + (k - (len(members) - 1) / 2) * step * span
+    return shown
+
+
+def _tips(svg: str, tips: list[tuple[float, str]]) -> str:
+    """Each point's true cost as ``data-kv-held-mib`` and its tooltip (a ``<title>``): what it is, not where a
+    dodge drew it."""
+
+    def one(m: re.Match[str]) -> str:
+        mib, text = tips[int(m[2])]
+        return f'<g id="{m[1]}" data-kv-held-mib="{mib!r}">\n<title>{html.escape(text)}</title>'
+
+    return re.sub(r'<g id="(point--\w+--[\d.]*)--t(\d+)">', one, svg)
 
 
 def _finish(fig, axes: Sequence[Axes], panels: list[tuple[str, str]], methods: Sequence[str], xlabel: str) -> None:
@@ -73,18 +115,31 @@ def quality_vs_cost_chart(table: CompareTable) -> str:
     colours = method_colours(table.methods)
     fig = _figure(3.4 * len(panels) + 1.6, 3.0)
     axes = fig.subplots(1, len(panels), squeeze=False, sharey=True)[0]
+    tips: list[tuple[float, str]] = []
     for ax, panel in zip(axes, panels, strict=True):
+        drawn = {
+            method: sorted(
+                ((r, c) for r, c in _cells(table, panel, method) if c.cost.mean_kv_held_bytes is not None),
+                key=lambda rc: rc[1].cost.mean_kv_held_bytes,
+            )
+            for method in table.methods
+        }
+        points = [(m, r, c) for m in table.methods for r, c in drawn[m]]
+        shown = iter(dodge_equal([c.cost.mean_kv_held_bytes / MIB for _, _, c in points]))
         for method in table.methods:
-            cells = [(r, c) for r, c in _cells(table, panel, method) if c.cost.mean_kv_held_bytes is not None]
-            cells.sort(key=lambda rc: rc[1].cost.mean_kv_held_bytes)
+            cells = drawn[method]
             if not cells:
                 continue
-            xs = [c.cost.mean_kv_held_bytes / MIB for _, c in cells]
+            xs = [next(shown) for _ in cells]
             ax.plot(xs, [100 * c.rate for _, c in cells], color=colours[method], alpha=0.6, gid=f"series--{method}")
             for x, (row, cell) in zip(xs, cells, strict=True):
-                _rate_point(ax, x, cell, colours[method], method, None if method == DENSE else row.density)
+                density = None if method == DENSE else row.density
+                mib = cell.cost.mean_kv_held_bytes / MIB
+                where = method if density is None else f"{method} at density {density:g}"
+                tips.append((mib, f"{where}: {100 * cell.rate:.1f}% resolved, {mib:.4g} MiB KV held"))
+                _rate_point(ax, x, cell, colours[method], method, density, len(tips) - 1)
     _finish(fig, axes, panels, table.methods, "KV held after a turn, mean MiB")
-    return _tag(to_svg(fig, "resolved rate against mean KV held after a turn, per method"))
+    return _tag(_tips(to_svg(fig, "resolved rate against mean KV held after a turn, per method"), tips))
 
 
 def quality_vs_density_chart(table: CompareTable) -> str:

@@ -3,7 +3,9 @@
 Entry points:
 - :func:`connect` / :func:`migrate` (``db.connection``): open a database by URL (SQLite file by default,
   ``$NEXUS_EVAL_DB`` or ``./runs/nexus-eval.db``; PostgreSQL via ``postgresql+psycopg://``), migrating it
-  to the newest schema through the Alembic API.
+  to the newest schema through the Alembic API: for the verbs that store new work. ``open_existing`` opens one that
+  must already exist at the newest schema and never creates or migrates anything (every verb that reads);
+  ``DatabaseUnavailable`` (missing, down, another schema) says which, with the URL masked and what to do.
 - ``db.models``: ``Job``, ``Episode``, ``Turn`` and the status words.
 - ``db.store``: create jobs, fan out episodes, claim/finish/grade them idempotently, reruns, summaries.
 - ``db.probes``: quality-probe runs and their results (``nexus-eval probe run``).

@@ -1,7 +1,7 @@
 """Schema maintenance without writing an alembic.ini.
 
     python -m db upgrade [URL]          # migrate URL (default: $NEXUS_EVAL_DB / ./runs/nexus-eval.db) to head
-    python -m db current [URL]          # print the database's revision and the newest one shipped
+    python -m db current [URL]          # print the database's revision and the newest one shipped (creates nothing)
     python -m db revision "add a column"  # after editing db/models.py: autogenerate the next revision
 
 ``revision`` diffs the models against a scratch SQLite database at head, writes
@@ -18,10 +18,14 @@ from pathlib import Path
 
 from db.connection import (
     MIGRATIONS_DIR,
+    DatabaseUnavailable,
     _alembic_config,
+    check_reachable,
     current_revision,
+    default_url,
     head_revision,
     migrate,
+    require_existing,
     sqlite_url,
 )
 
@@ -39,10 +43,22 @@ def main(argv: list[str]) -> int:
         return 2
     verb, rest = argv[0], argv[1:]
     if verb == "upgrade":
+        try:
+            check_reachable(rest[0] if rest else default_url())
+        except DatabaseUnavailable as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
         migrate(rest[0] if rest else None)
         print(f"at {current_revision(rest[0] if rest else None)}")
-    elif verb == "current":
-        print(f"database: {current_revision(rest[0] if rest else None)}  newest: {head_revision()}")
+    elif verb == "current":  # reads: never creates the database (only `upgrade` does)
+        url = rest[0] if rest else default_url()
+        try:
+            require_existing(url)
+            check_reachable(url)
+        except DatabaseUnavailable as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        print(f"database: {current_revision(url)}  newest: {head_revision()}")
     else:
         from alembic import command
 

@@ -212,8 +212,9 @@ def heartbeat(session: Session, claim: Claim) -> None:
 def record_turn(session: Session, claim: Claim, index: int, *, steered: bool = False, **fields: Any) -> Turn:
     """Store one turn (0-based ``index``) and refresh the heartbeat. ``fields`` are Turn columns
     (``tokens_generated``, ``physical_before`` as ``{"min","mean","max"}``, ``completion``, ``action`` ...).
-    ``steered``: an operator replaced this turn's action (``TurnRecord.intervened``); the attempt's driver
-    becomes ``steered``.
+    ``steered``: an operator changed this turn (``TurnRecord.steered``: replaced or skipped its action, stopped
+    the run, opened a shell in the container, or a forced turn repeated such an act); the attempt's driver becomes
+    ``steered``.
 
     Raises :class:`ClaimLost` if the claim no longer holds (stop the episode then: it was cancelled or
     taken over), ``TypeError`` for an unknown field.
@@ -222,16 +223,27 @@ def record_turn(session: Session, claim: Claim, index: int, *, steered: bool = F
     if unknown:
         raise TypeError(f"record_turn: unknown turn field(s) {unknown}; known: {sorted(TURN_FIELDS)}")
     begin_write(session)
+    if steered:
+        lock_job(session, claim.job_id)  # the job lock first, like every writer: the driver moves the counts
     now = utcnow()
     _touch(session, claim, now)
     turn = Turn(episode_id=claim.episode_id, index=index, created_at=now, **fields)
     session.add(turn)
-    if steered:  # an operator replaced this turn's action: the attempt is steered
-        session.execute(
-            update(Episode).where(Episode.id == claim.episode_id).values(driver=AttemptDriver.steered.value)
-        )
+    if steered:  # an operator changed this turn: the attempt is steered
+        mark_steered(session, claim.job_id, claim.episode_id)
     session.flush()
     return turn
+
+
+def mark_steered(session: Session, job_id: str, episode_id: str) -> None:
+    """The attempt's driver becomes ``steered`` (an operator changed what its agent saw or its container holds),
+    and the job's counts move it from the interactive attempts to the steered ones. The caller holds the job's
+    lock (:func:`lock_job`)."""
+    driver = session.execute(select(Episode.driver).where(Episode.id == episode_id)).scalar_one()
+    if driver == AttemptDriver.steered.value:
+        return
+    session.execute(update(Episode).where(Episode.id == episode_id).values(driver=AttemptDriver.steered.value))
+    refresh_job_status(session, job_id, driver_was={episode_id: driver})
 
 
 def _mean(values: list[float]) -> float | None:

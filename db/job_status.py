@@ -1,11 +1,15 @@
-"""A job's status, derived from the newest attempt of each of its episodes.
+"""A job's status and counts, by the one result rule (``db.attempt_roles``).
 
-``jobs.counts`` holds the number of episode keys per status of their newest attempt. Every writer that changes an
-episode's status (claims, finishes, grades, reruns, cancels) holds the job's lock and calls
-:func:`refresh_job_status` in the same transaction with what it moved, so the counts and ``jobs.status`` never lag
-behind the episodes, and no write or read scans a job's episodes to know them (a finish at 12,800 episodes once
-recomputed the whole job: quadratic over the job's life). :func:`recount` is the slow definition the counts must
-always equal (``tests/service/test_job_counts.py``); a job without counts (none yet) is recounted once.
+``jobs.counts`` holds, per role, the number of attempts per status: ``{"result": {status: keys}, "resample":
+{...}, "interactive": {...}, "steered": {...}}`` (``db.attempt_roles.roles_of``: each key's result attempt, and
+the attempts kept apart from it; a broken run a retry replaced is counted nowhere). Every writer that changes an
+episode's status or driver, or adds an attempt, holds the job's lock and calls :func:`refresh_job_status` in the
+same transaction with what it changed; the counts of the keys it touched are recomputed by the rule from those
+keys' attempts (a handful of rows), so the counts and ``jobs.status`` never lag behind the episodes, and no write
+or read scans a job's episodes to know them (a finish at 12,800 episodes once recomputed the whole job).
+:func:`recount` is the definition the counts must always equal (``tests/service/test_job_counts.py``). A job
+without counts in this form (none yet, or {status: n} over the newest attempts, as versions before issue 44
+stored them) is recounted by a read, and stored by its next writer.
 """
 
 from __future__ import annotations
@@ -15,9 +19,10 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import and_, exists, func, select
-from sqlalchemy.orm import Session, aliased
+from sqlalchemy import and_, func, select
+from sqlalchemy.orm import Session
 
+from db.attempt_roles import APART_ROLES, AttemptFacts, Role, RoleCounts, flat, key_counts, nested, with_roles
 from db.models import ACTIVE_STATUSES, AGENT_EXIT_STATUSES, Episode, EpisodeStatus, Job, JobStatus
 
 
@@ -29,14 +34,21 @@ def job_grades(job: Job) -> bool:
 
 @dataclass
 class JobSummary:
-    """Counts over the newest attempt of each episode key. ``active`` = queued + running (+ agent exits
-    waiting for their grade, when the job grades); ``finished`` = the rest."""
+    """A job's counts by the result rule: ``counts`` = status -> number of keys whose result attempt has it
+    (``total`` keys); ``apart`` = role -> status -> attempts kept apart (resamples, interactive and steered
+    attempts). ``active``: attempts of any role queued, running or (when the job grades) waiting for their grade;
+    ``finished``: keys whose result is final."""
 
     job_id: str
     status: str
     total: int
-    counts: dict[str, int] = field(default_factory=dict)  # status -> number of episode keys
+    counts: dict[str, int] = field(default_factory=dict)  # status -> number of episode keys (result attempts)
     grades: bool = True
+    apart: dict[str, dict[str, int]] = field(default_factory=dict)  # role -> status -> attempts
+
+    def _waiting(self, counts: Mapping[str, int]) -> int:
+        active = sum(counts.get(s, 0) for s in ACTIVE_STATUSES)
+        return active + (sum(counts.get(s, 0) for s in AGENT_EXIT_STATUSES) if self.grades else 0)
 
     @property
     def awaiting_grade(self) -> int:
@@ -44,11 +56,24 @@ class JobSummary:
 
     @property
     def active(self) -> int:
-        return sum(self.counts.get(s, 0) for s in ACTIVE_STATUSES) + self.awaiting_grade
+        """Attempts of any role still under way (queued, running, or waiting for a grade)."""
+        return self._waiting(self.counts) + sum(self._waiting(by) for by in self.apart.values())
 
     @property
     def finished(self) -> int:
-        return self.total - self.active
+        """Keys whose result attempt is final."""
+        return self.total - self._waiting(self.counts)
+
+    @property
+    def apart_total(self) -> dict[str, int]:
+        """role -> attempts kept apart."""
+        return {role: sum(by.values()) for role, by in self.apart.items() if sum(by.values())}
+
+    @classmethod
+    def of(cls, job: Job, counts: RoleCounts) -> JobSummary:
+        result = {k: v for k, v in counts.get(Role.result.value, {}).items() if v}
+        apart = {r.value: dict(counts[r.value]) for r in APART_ROLES if counts.get(r.value)}
+        return cls(job.id, job.status, sum(result.values()), result, job_grades(job), apart)
 
 
 def newest_attempts(job_ids: Sequence[str], *, drivers: Collection[str] | None = None) -> tuple[Any, Any]:
@@ -68,64 +93,75 @@ def newest_attempts(job_ids: Sequence[str], *, drivers: Collection[str] | None =
     return newest, is_newest
 
 
+def _valid(counts: Any) -> bool:
+    """Stored counts in this version's form (an older version stored {status: n} over the newest attempts)."""
+    return isinstance(counts, dict) and all(isinstance(v, dict) for v in counts.values())
+
+
 def summarize(session: Session, job: Job) -> JobSummary:
-    """The counts per status over the newest attempt of each of ``job``'s episode keys."""
+    """The counts of ``job`` by the result rule."""
     return summarize_jobs(session, [job])[job.id]
 
 
 def summarize_jobs(session: Session, jobs: Sequence[Job]) -> dict[str, JobSummary]:
-    """:func:`summarize` for many jobs (the jobs list), by job id: their stored ``counts`` (one recount for a job
-    that has none)."""
-    missing = [j.id for j in jobs if j.counts is None]
+    """:func:`summarize` for many jobs (the jobs list), by job id: their stored ``counts`` (a recount, not stored,
+    for a job that has none in this version's form: a read never writes)."""
+    missing = [j.id for j in jobs if not _valid(j.counts)]
     recounted = recount_jobs(session, missing) if missing else {}
-    out = {}
-    for j in jobs:
-        counts = {k: v for k, v in (j.counts if j.counts is not None else recounted[j.id]).items() if v}
-        out[j.id] = JobSummary(j.id, j.status, sum(counts.values()), counts, job_grades(j))
-    return out
+    return {j.id: JobSummary.of(j, j.counts if _valid(j.counts) else recounted[j.id]) for j in jobs}
 
 
-def recount(session: Session, job_id: str) -> dict[str, int]:
-    """The counts per status over the newest attempt of each of the job's keys, counted from the rows: what
-    ``jobs.counts`` must always equal."""
+def recount(session: Session, job_id: str) -> RoleCounts:
+    """The job's counts by the result rule, counted from the rows: what ``jobs.counts`` must always equal."""
     return recount_jobs(session, [job_id])[job_id]
 
 
-def recount_jobs(session: Session, job_ids: Sequence[str]) -> dict[str, dict[str, int]]:
-    counts: dict[str, Counter[str]] = defaultdict(Counter)
+def recount_jobs(session: Session, job_ids: Sequence[str]) -> dict[str, RoleCounts]:
+    counts: dict[str, Counter[tuple[str, str]]] = defaultdict(Counter)
     if job_ids:
-        newest, is_newest = newest_attempts(job_ids)
-        query = select(Episode.job_id, Episode.status, func.count()).join(newest, is_newest)
-        for job_id, status, n in session.execute(query.group_by(Episode.job_id, Episode.status)):
-            counts[job_id][status] += n
-    return {j: dict(counts[j]) for j in job_ids}
+        query, role = with_roles(job_ids, Episode.job_id, Episode.status, func.count())
+        for job_id, status, n, role_value in session.execute(query.group_by(Episode.job_id, Episode.status, role)):
+            counts[job_id][(role_value, status)] += n
+    return {j: nested(counts[j]) for j in job_ids}
 
 
 #: (episode id, its status before, its status after) of a status change a writer made
 Move = tuple[str, str, str]
 
 
-def newest_moves(session: Session, moves: Sequence[Move]) -> Counter[str]:
-    """The change in counts per status that ``moves`` make: only a move of its key's newest attempt counts (a grade
-    recorded on an attempt that was rerun since changes no count)."""
-    delta: Counter[str] = Counter()
-    for episode_id, old, new in moves:
-        if old == new:
-            continue
-        newer = aliased(Episode)
-        is_newest = session.execute(
-            select(Episode.id).where(
-                Episode.id == episode_id,
-                ~exists().where(
-                    newer.job_id == Episode.job_id,
-                    newer.episode_key == Episode.episode_key,
-                    newer.attempt > Episode.attempt,
-                ),
-            )
-        ).first()
-        if is_newest is not None:
-            delta[old] -= 1
-            delta[new] += 1
+def _touched_delta(
+    session: Session,
+    job_id: str,
+    moved: Sequence[Move],
+    driver_was: Mapping[str, str],
+    added: Collection[str],
+) -> Counter[tuple[str, str]]:
+    """The change in counts that ``moved``, ``driver_was`` and ``added`` made: the rule applied to each touched
+    key's attempts now, minus the rule applied to them as they were (moves undone, added attempts removed)."""
+    added = set(added)
+    ids = {i for i, old, new in moved if old != new} | set(driver_was) | added
+    if not ids:
+        return Counter()
+    keys = {k for (k,) in session.execute(select(Episode.episode_key).where(Episode.id.in_(sorted(ids))))}
+    rows = session.execute(
+        select(Episode.id, Episode.episode_key, Episode.attempt, Episode.driver, Episode.status).where(
+            Episode.job_id == job_id, Episode.episode_key.in_(sorted(keys))
+        )
+    ).all()
+    was_status = {}
+    for episode_id, old, _new in reversed(moved):  # the first move of an episode says where it started
+        was_status[episode_id] = old
+    now: dict[str, list[AttemptFacts]] = defaultdict(list)
+    before: dict[str, list[AttemptFacts]] = defaultdict(list)
+    for episode_id, key, attempt, driver, status in rows:
+        now[key].append(AttemptFacts(attempt, driver, status))
+        if episode_id not in added:
+            old_driver = driver_was.get(episode_id, driver)
+            before[key].append(AttemptFacts(attempt, old_driver, was_status.get(episode_id, status)))
+    delta: Counter[tuple[str, str]] = Counter()
+    for key in keys:
+        delta.update(key_counts(now[key]))
+        delta.subtract(key_counts(before[key]))
     return delta
 
 
@@ -134,37 +170,40 @@ def refresh_job_status(
     job_id: str,
     *,
     moved: Sequence[Move] = (),
-    delta: Mapping[str, int] | None = None,
+    driver_was: Mapping[str, str] | None = None,
+    added: Collection[str] = (),
+    new_keys: int = 0,
     recount_all: bool = False,
 ) -> str:
     """Bring ``jobs.counts`` up to date with what the caller just changed, in the caller's transaction under the
     job's lock, and store the job's status derived from them (a cancelled job stays cancelled): ``done`` once
-    nothing is queued, running or (when the job grades) waiting for a grade. A ``failed`` job (an older version's
-    mark for a failed send) is recomputed too: its episodes say where it is.
+    no attempt of any role is queued, running or (when the job grades) waiting for a grade. A ``failed`` job (an
+    older version's mark for a failed send) is recomputed too: its episodes say where it is.
 
-    ``moved``: the status changes of existing rows (:func:`newest_moves` keeps those of newest attempts);
-    ``delta``: counts added or removed directly (new rows; a new attempt replacing its key's newest);
-    ``recount_all``: count from the rows instead (a bulk change; a job stored without counts). Counts that would
-    go negative (rows changed by hand, not through a writer) are recounted too."""
+    ``moved``: the status changes of existing rows; ``driver_was``: {episode id: its driver before} of rows whose
+    driver changed; ``added``: ids of new attempts of existing keys; ``new_keys``: how many new keys were added
+    (attempt 1, queued: each a result); ``recount_all``: count from the rows instead (a bulk change). Counts that
+    would go negative (rows changed by hand, not through a writer) are recounted too."""
     job = session.execute(select(Job).where(Job.id == job_id).execution_options(populate_existing=True)).scalar_one()
-    if recount_all or job.counts is None:
-        counts = Counter(recount(session, job_id))
+    if recount_all or not _valid(job.counts):
+        counts = flat(recount(session, job_id))
     else:
-        counts = Counter(job.counts)
-        counts.update(newest_moves(session, moved))
-        counts.update(dict(delta or {}))
+        counts = flat(job.counts)
+        counts.update(_touched_delta(session, job_id, moved, driver_was or {}, added))
+        counts[(Role.result.value, EpisodeStatus.queued.value)] += new_keys
     if any(v < 0 for v in counts.values()):  # rows changed behind the writers' backs (a hand-made UPDATE)
-        counts = Counter(recount(session, job_id))
-    stored = {k: v for k, v in sorted(counts.items()) if v}
+        counts = flat(recount(session, job_id))
+    stored = nested(counts)
     if stored != job.counts:
         job.counts = stored
         session.flush()
     if job.status == JobStatus.cancelled:
         return job.status
-    summary = JobSummary(job.id, job.status, sum(stored.values()), stored, job_grades(job))
+    summary = JobSummary.of(job, stored)
+    under_way = any(n for by in (summary.counts, *summary.apart.values()) for s, n in by.items() if s == "running")
     if summary.total > 0 and summary.active == 0:
         new = JobStatus.done
-    elif summary.counts.get(EpisodeStatus.running) or summary.active < summary.total:
+    elif under_way or summary.finished > 0 or summary.apart:
         new = JobStatus.running
     else:  # everything still queued
         new = JobStatus.pending if job.status == JobStatus.pending else JobStatus.running

@@ -100,10 +100,14 @@ class AttemptDriver(StrEnum):
     """
 
     agent = "agent"  # run by the service (a job, ``rerun --status``): the model chose every action
-    # ``rerun --interactive`` in which the operator let the model choose every live action (a person still
-    # picked the episode, usually a failed one, and the turn to resume from: not an independent sample)
+    # ``rerun --interactive`` in which the model chose every live action and nothing else touched the container
+    # (a person still picked the episode, usually a failed one, and the turn to resume from: not an independent
+    # sample)
     interactive = "interactive"
-    steered = "steered"  # ``rerun --interactive`` in which the operator edited, skipped or stopped an action
+    # ``rerun --interactive`` in which the operator changed anything the agent saw or the container holds: an
+    # edited, skipped or stopped action, any shell opened in the container (nothing proves a shell changed
+    # nothing), or a forced turn (``--from-turn``) that repeats a stored operator's edit, skip or stop
+    steered = "steered"
 
 
 #: the drivers whose attempts are the method's own result

@@ -102,16 +102,22 @@ def finish_probe_run(session: Session, run_id: str, status: str, *, error: str |
         run.error = error
 
 
-def fail_orphaned_probe_runs(session: Session, *, is_dead: Callable[[str], bool] = local_worker_is_dead) -> list[str]:
-    """Mark ``failed`` every pending or running run whose process (``provenance["process"]``, "hostname/pid") ran
-    on this host and is gone: killed, or the machine restarted, before it could record why. The error says so and
-    how far it got. Returns their ids. Runs of other hosts, and runs stored before the process was recorded, are
-    left as they are (nothing here can tell whether they still run)."""
-    begin_write(session)
+def orphaned_probe_runs(session: Session, *, is_dead: Callable[[str], bool] = local_worker_is_dead) -> list[ProbeRun]:
+    """The pending or running runs whose process (``provenance["process"]``, "hostname/pid") ran on this host and is
+    gone: killed, or the machine restarted, before it could record why. Reads only (``probe show`` / ``list`` say
+    so; ``probe run`` marks them, :func:`fail_orphaned_probe_runs`). Runs of other hosts, and runs stored before the
+    process was recorded, are left out (nothing here can tell whether they still run)."""
     open_runs = session.execute(
         select(ProbeRun).where(ProbeRun.status.in_([ProbeRunStatus.pending.value, ProbeRunStatus.running.value]))
     ).scalars()
-    orphans = [r for r in open_runs if (r.provenance or {}).get("process") and is_dead(r.provenance["process"])]
+    return [r for r in open_runs if (r.provenance or {}).get("process") and is_dead(r.provenance["process"])]
+
+
+def fail_orphaned_probe_runs(session: Session, *, is_dead: Callable[[str], bool] = local_worker_is_dead) -> list[str]:
+    """Mark ``failed`` every run :func:`orphaned_probe_runs` finds; the error says so and how far it got. Returns
+    their ids."""
+    begin_write(session)
+    orphans = orphaned_probe_runs(session, is_dead=is_dead)
     for run in orphans:
         finish_probe_run(
             session,

@@ -23,23 +23,24 @@ running), :func:`interactive_attempts`, :func:`job_summary`.
 Reruns: :func:`new_attempt` / :func:`rerun_job` add rows with ``attempt + 1``; old rows are never changed.
 An attempt's ``driver`` (``db.models.AttemptDriver``) says whether the agent alone chose its actions.
 
-Which attempt is a key's result (one sample per key, so Pass@1 is never a best-of-n): the *first* agent attempt
-that did not end as a broken run (``SERVICE_FAILURE_STATUSES``: timeout, infra_failure, cancelled). A rerun of a
-broken run replaces it; a rerun of a verdict or an agent exit is a *resample*, counted nowhere in Pass@1
-(``docs/numbers.md``). A key whose every attempt broke has its newest one as its result.
+Which attempt is a key's result (one sample per key, so Pass@1 is never a best-of-n) is decided in one place,
+``db.attempt_roles``: the *first* agent attempt that did not end as a broken run (``SERVICE_FAILURE_STATUSES``:
+timeout, infra_failure, cancelled). A rerun of a broken run replaces it; a rerun of a verdict or an agent exit is a
+*resample*, counted nowhere in Pass@1 (``docs/numbers.md``). A key whose every attempt broke has its newest one as
+its result. Every count (``jobs.counts``, the progress tables and lines, the dashboard) reads the same rule.
 """
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Collection, Iterable, Sequence
 from datetime import timedelta
 from typing import Any, Protocol
 
-from sqlalchemy import and_, case, exists, func, select, union_all, update
+from sqlalchemy import and_, select, update
 from sqlalchemy.orm import Session, load_only
 from sqlalchemy.sql import Select
 
+from db.attempt_roles import result_attempt_numbers
 from db.claims import (
     Claim,
     ClaimLost,
@@ -98,6 +99,7 @@ __all__ = [
     "lock_job",
     "new_attempt",
     "resample_attempts",
+    "result_attempt_numbers",
     "result_attempts",
     "record_grade",
     "record_turn",
@@ -190,7 +192,7 @@ def add_episodes(
         )
     session.add_all(rows)
     session.flush()
-    refresh_job_status(session, job_id, delta={EpisodeStatus.queued.value: len(rows)})
+    refresh_job_status(session, job_id, new_keys=len(rows))
     return rows
 
 
@@ -266,41 +268,6 @@ def latest_attempts(
     newest, is_newest = newest_attempts(job_ids, drivers=drivers)
     query = _loading(select(Episode).join(newest, is_newest), full)
     return sorted(session.execute(query).scalars(), key=lambda r: (r.job_id, r.episode_key))
-
-
-def result_attempt_numbers(
-    job_ids: Sequence[str], *, drivers: Collection[str] = AGENT_DRIVERS, include_interactive: bool = False
-) -> Any:
-    """A subquery (job_id, episode_key, attempt) with each key's result attempt among those ``drivers`` drove: the
-    first that did not end as a broken run (``SERVICE_FAILURE_STATUSES``), else the newest (module docstring).
-    ``include_interactive``: a key's newest interactive attempt that did not break replaces it (and a key run only
-    interactively gets one). The one definition every reader of a job's results joins (:func:`at_numbers`)."""
-    first_sample = func.min(case((Episode.status.not_in(sorted(SERVICE_FAILURE_STATUSES)), Episode.attempt)))
-    agent = (
-        select(
-            Episode.job_id,
-            Episode.episode_key,
-            func.coalesce(first_sample, func.max(Episode.attempt)).label("attempt"),
-        )
-        .where(Episode.job_id.in_(list(job_ids)), Episode.driver.in_(sorted(drivers)))
-        .group_by(Episode.job_id, Episode.episode_key)
-        .subquery()
-    )
-    if not include_interactive:
-        return agent
-    ran = (
-        select(Episode.job_id, Episode.episode_key, func.max(Episode.attempt).label("attempt"))
-        .where(
-            Episode.job_id.in_(list(job_ids)),
-            Episode.driver.not_in(sorted(AGENT_DRIVERS)),
-            Episode.status.not_in(sorted(SERVICE_FAILURE_STATUSES)),
-        )
-        .group_by(Episode.job_id, Episode.episode_key)
-        .subquery()
-    )
-    replaced = exists().where(ran.c.job_id == agent.c.job_id, ran.c.episode_key == agent.c.episode_key)
-    kept = select(agent.c.job_id, agent.c.episode_key, agent.c.attempt).where(~replaced)
-    return union_all(select(ran.c.job_id, ran.c.episode_key, ran.c.attempt), kept).subquery()
 
 
 def result_attempts(
@@ -391,12 +358,12 @@ def new_attempt(
     session.refresh(source)
     if source.status in ACTIVE_STATUSES:
         raise ValueError(f"episode {source.id} is {source.status}; only a finished episode can be rerun")
-    newest, newest_status = session.execute(
-        select(Episode.attempt, Episode.status)
+    newest = session.execute(
+        select(Episode.attempt)
         .where(Episode.job_id == source.job_id, Episode.episode_key == source.episode_key)
         .order_by(Episode.attempt.desc())
         .limit(1)
-    ).one()
+    ).scalar_one()
     row = Episode(
         job_id=source.job_id,
         task_id=source.task_id,
@@ -416,10 +383,7 @@ def new_attempt(
     if job is not None and job.status in (JobStatus.done, JobStatus.failed, JobStatus.cancelled):
         job.status = JobStatus.running.value  # reopened: refresh_job_status closes it again when done
         job.error = None
-    # the new attempt replaces its key's newest in the counts
-    replaced = Counter({EpisodeStatus.queued.value: 1})
-    replaced[newest_status] -= 1  # (a queued newest attempt: no change)
-    refresh_job_status(session, source.job_id, delta=replaced)
+    refresh_job_status(session, source.job_id, added=[row.id])
     return row
 
 
@@ -437,7 +401,7 @@ def rerun_job(session: Session, job_id: str, statuses: Collection[str]) -> list[
 
 
 def job_summary(session: Session, job_id: str) -> JobSummary:
-    """The job (id or unique prefix) and its counts per status over the newest attempts."""
+    """The job (id or unique prefix) and its counts by the result rule (``db.attempt_roles``)."""
     return summarize(session, get_job(session, job_id))
 
 

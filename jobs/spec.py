@@ -22,10 +22,18 @@ job files for the common cases, each checked by ``tests/service/test_examples.py
 CLI turns each flag it was given into one override (:func:`apply_overrides`), set on top of the file, or on
 top of these defaults without a file. A flag never given changes nothing.
 
-**Dense runs once per (task, seed), not once per cell.** Dense evicts nothing, so its result cannot depend
-on the scope or the protocol; its single episode is stored under the first listed scope and protocol, and
-``results.compare`` reuses it for the dense column of every scope x protocol row (marked as reused). Set
-``dense_per_cell: true`` to run it in every cell anyway (e.g. to measure run-to-run noise).
+**Dense runs once per (task, seed, protocol), not once per cell.** Dense evicts nothing, so its result cannot
+depend on the scope: its episode is stored under the first listed scope, and ``results.compare`` reuses it for
+the dense column of every scope's row (marked as reused). The protocol is another matter: under full context
+the chat template re-renders the history each turn, and Qwen3's (DeepSWE's) drops earlier ``<think>`` blocks,
+so dense under full context is a different computation from dense under true eviction. Planning
+(``jobs.submit.plan_job``) therefore asks ``agent_runner.dense_reuse.dense_rendering`` once per job and stores
+its answer in ``dense_rendering``: only where the model's template renders a multi-turn history with a reasoning
+block identically both ways (checked on a rendered two-turn conversation), or the backend has no model
+(``oracle``, ``expert``), does one dense episode, under the first listed protocol, stand for every protocol; for
+``differs`` and ``unknown`` (``openai``: the server renders, unseen) dense runs under each protocol, and compare
+pairs each protocol's rows with their own protocol's dense. Set ``dense_per_cell: true`` to run dense in every
+scope x protocol cell anyway (e.g. to measure run-to-run noise).
 
 The parts are the runner's own configs (``agent_runner.config``): ``model`` is a ``ModelSpec``, ``limits`` an
 ``AgentConfig``, ``sampling`` a ``SamplingConfig``, and each episode an ``EpisodeSpec`` holding the method's
@@ -73,8 +81,9 @@ from agent_runner.config import (
     check_openai_fields,
     legacy_agent_fields,
 )
+from agent_runner.dense_reuse import NO_MODEL_BACKENDS, SHARED, DenseRendering
 from nexus.config import EVICTION_DEFAULTS, SHARED_FIELDS, EvictionConfig
-from nexus.methods import DENSE
+from nexus.methods import DENSE, check_method
 from nexus.presets import DEFAULT_PRESET, PRESETS, check_preset, resolve, split_settings, stored_settings
 
 _GLOB_CHARS = set("*?[")
@@ -125,6 +134,11 @@ class TaskSelection(_Frozen):
     def source(self) -> str:
         return self.suite if self.suite is not None else str(self.file)
 
+    @property
+    def named(self) -> str:
+        """What the user gave, as an error's source: ``suite 'mini'`` or the task file."""
+        return f"suite {self.suite!r}" if self.suite is not None else f"task file {self.file}"
+
     def select(self, available: Sequence[str]) -> list[str]:
         """The selected ids, in ``available``'s order. Raises ``JobSpecError`` for an exact id that does not
         exist or a pattern that matches nothing (so a typo never silently shrinks a job)."""
@@ -136,7 +150,7 @@ class TaskSelection(_Frozen):
         if missing or empty:
             errors = [("tasks.ids", f"no task {p!r} in {self.source}") for p in missing]
             errors += [("tasks.ids", f"pattern {p!r} matches no task in {self.source}") for p in empty]
-            raise JobSpecError("<task selection>", errors)
+            raise JobSpecError(self.named, errors)
         return [t for t in available if any(t == p or (_is_glob(p) and fnmatch.fnmatchcase(t, p)) for p in self.ids)]
 
     def load(self, ceilings: Any = None) -> list[Any]:
@@ -208,6 +222,11 @@ class JobSpec(_Frozen):
         "swebench", description="R2E's SWE-bench rows: graded by swebench (official) or by R2E-Gym's in-loop reward"
     )
     dense_per_cell: bool = False
+    dense_rendering: DenseRendering | None = Field(
+        None,
+        description="set by planning (jobs.submit.plan_job), replacing any value given: whether the model renders a "
+        "history alike under both protocols (agent_runner.dense_reuse); None: not checked (one dense, as before)",
+    )
 
     @field_validator("methods", "scopes", "protocols", "seeds")
     @classmethod
@@ -229,7 +248,8 @@ class JobSpec(_Frozen):
         resolved = {}
         for method in methods:
             own = given.get(method) if isinstance(method, str) else None
-            if isinstance(method, str) and (own is None or isinstance(own, dict)):
+            # an unknown method is reported once, on ``methods`` (not again on a method_params entry never written)
+            if _is_method(method) and (own is None or isinstance(own, dict)):
                 try:
                     resolved[method] = resolve(method, preset, own)
                 except ValueError as exc:
@@ -372,10 +392,26 @@ class JobSpec(_Frozen):
         return hashlib.sha256(self.canonical_json().encode("utf-8")).hexdigest()
 
     # --- fan-out ------------------------------------------------------------------------------------
+    @property
+    def dense_shared_across_protocols(self) -> bool:
+        """Whether one dense episode stands for every protocol (see the module docstring): one protocol, a backend
+        with no model, or a model whose template planning found renders a history alike both ways. A spec that was
+        never planned (``dense_rendering`` None: a job stored before the check, or a spec fanned out by hand) keeps
+        the plan jobs had before the check, one dense for every protocol, unchecked (compare's note says so);
+        ``jobs.submit.plan_job``, the one path a submission takes, always plans it."""
+        if len(self.protocols) == 1 or self.backend in NO_MODEL_BACKENDS or self.dense_rendering is None:
+            return True
+        return self.dense_rendering in SHARED
+
     def cells(self, method: str) -> list[tuple[str, str]]:
-        """The (scope, protocol) cells ``method`` runs in: all of them, or one for dense (see docstring)."""
+        """The (scope, protocol) cells ``method`` runs in: all of them; for dense the first scope under each
+        protocol, or under the first protocol alone when it stands for every one (see the module docstring)."""
         every = [(s, p) for s in self.scopes for p in self.protocols]
-        return every if method != DENSE or self.dense_per_cell else every[:1]
+        if method != DENSE or self.dense_per_cell:
+            return every
+        if self.dense_shared_across_protocols:
+            return every[:1]
+        return [(self.scopes[0], p) for p in self.protocols]
 
     def episodes(self, available_task_ids: Iterable[str]) -> list[EpisodeKey]:
         """Fan out task x method x (scope, protocol) x seed over the selected tasks, in that nesting order.
@@ -465,6 +501,15 @@ def apply_overrides(
             node = child
         node[leaf] = value
     return merged
+
+
+def _is_method(name: object) -> bool:
+    """A known (or run-time registered) method name; anything else is reported on ``methods`` alone."""
+    try:
+        check_method(name)
+    except (ValueError, TypeError):
+        return False
+    return True
 
 
 def _plain(exc: Exception) -> str:

@@ -11,9 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from agent_runner.dense_reuse import dense_rendering
 from db import Database
 from db import store as db_store
 from jobs.spec import EpisodeKey, JobSpec, JobSpecError
+from nexus.methods import DENSE
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -30,13 +32,23 @@ def load_tasks(spec: JobSpec, ceilings: GradingCeilings | None = None) -> list[T
     except JobSpecError:
         raise
     except (ValueError, OSError, LookupError) as exc:
-        raise JobSpecError("<task selection>", [("tasks", f"cannot load {spec.tasks.source!r}: {exc}")]) from None
+        raise JobSpecError(spec.tasks.named, [("tasks", f"cannot load {spec.tasks.source!r}: {exc}")]) from None
+
+
+def plan_spec(spec: JobSpec) -> JobSpec:
+    """``spec`` with its planning answer in ``dense_rendering``: where dense runs beside several protocols (and not in
+    every cell), whether one dense episode may stand for all of them (``agent_runner.dense_reuse.dense_rendering``:
+    the model's chat template checked on a rendered two-turn conversation with a reasoning block); else None."""
+    needed = DENSE in spec.methods and len(spec.protocols) > 1 and not spec.dense_per_cell
+    answer = dense_rendering(spec.backend, spec.model) if needed else None
+    return spec if answer == spec.dense_rendering else spec.model_copy(update={"dense_rendering": answer})
 
 
 def plan_episodes(spec: JobSpec, tasks: list[Task]) -> list[EpisodeKey]:
     """The fanned-out episodes (``jobs.spec.EpisodeKey``) over the job's loaded ``tasks``
-    (:func:`load_tasks`); raises ``JobSpecError`` for a bad selection. The one place the fan-out is computed."""
-    return spec.episodes([t.instance_id for t in tasks])
+    (:func:`load_tasks`) and its planned spec (:func:`plan_spec`: dense under each protocol unless one episode
+    stands for all); raises ``JobSpecError`` for a bad selection. The one place the fan-out is computed."""
+    return plan_spec(spec).episodes([t.instance_id for t in tasks])
 
 
 @dataclass(frozen=True)
@@ -50,7 +62,9 @@ class PlannedJob:
 
 
 def plan_job(spec: JobSpec, tasks: list[Task]) -> PlannedJob:
-    """``spec`` over its loaded ``tasks``, planned (``JobSpecError`` for a bad selection, before anything is stored)."""
+    """``spec`` over its loaded ``tasks``, planned (``JobSpecError`` for a bad selection, before anything is stored);
+    the planned spec (:func:`plan_spec`) is what is stored."""
+    spec = plan_spec(spec)
     return PlannedJob(spec=spec, tasks=tuple(tasks), keys=tuple(plan_episodes(spec, tasks)))
 
 

@@ -32,12 +32,31 @@ app = typer.Typer(
 )
 
 
+def _version_text() -> str:
+    from importlib.metadata import version as _v
+
+    return _v("nexus-eval")
+
+
 @app.command()
 def version() -> None:
     """Print the installed nexus-eval version."""
-    from importlib.metadata import version as _v
+    typer.echo(_version_text())
 
-    typer.echo(_v("nexus-eval"))
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(_version_text())
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    show_version: bool = typer.Option(
+        False, "--version", is_eager=True, callback=_print_version, help="Print the installed version and exit."
+    ),
+) -> None:
+    pass
 
 
 _AREAS = (

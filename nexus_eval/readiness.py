@@ -187,7 +187,7 @@ def _database(url: str) -> tuple[Check, str | None]:
     head (``None`` otherwise: then :func:`workers_check` has nothing to read)."""
     from sqlalchemy.engine import make_url
 
-    from db.connection import MIGRATIONS_DIR, current_revision, head_revision
+    from db.connection import MIGRATIONS_DIR, current_revision, head_revision, refusal
     from db.urls import masked
 
     fix = "set NEXUS_EVAL_DB (or --db) to a writable SQLite path or a reachable postgresql+psycopg:// URL"
@@ -206,9 +206,10 @@ def _database(url: str) -> tuple[Check, str | None]:
         readable = parsed.render_as_string(hide_password=False)
         revision = current_revision(readable)
     except Exception as exc:  # any driver error means "not reachable"; the message says which
-        # a parse or driver error may quote the URL it was given: never with its password
-        said = str(exc).replace(readable, masked(readable)).replace(url, masked(url))
-        return Check("database", False, True, f"{masked(url)}: {type(exc).__name__}: {said}".splitlines()[0], fix), None
+        # the same line every verb prints for a database that is down or missing (db.connection.refusal); a parse
+        # or driver error may quote the URL it was given: never with its password
+        said = str(refusal(url, exc)).replace(readable, masked(readable))
+        return Check("database", False, True, said, fix), None
     head = head_revision()
     if revision == head:
         return Check("database", True, True, f"{masked(url)} (schema at {head})"), readable
@@ -282,6 +283,37 @@ def _workers(database: Check, readable: str | None, *, within_s: float | None, n
         )
         return Check("workers", False, False, detail, fix)
     return Check("workers", True, False, detail)
+
+
+def queue_workers(db_url: str, queue: str, *, within_s: float | None = None, now: datetime | None = None) -> dict:
+    """The workers that reported listening on ``queue`` to the database at ``db_url`` in the last ``within_s``
+    seconds (default :func:`sweep_window_s`), by state: ``{"ok": [names], "paused": [names]}``; ``None`` when
+    the workers table cannot be read. One short SELECT (a PostgreSQL connect gives up after 2 s); never raises."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.orm import Session
+
+    from db.connection import make_engine
+    from db.liveness import recent_workers
+    from db.models import WorkerState, utcnow
+
+    within_s = sweep_window_s() if within_s is None else within_s
+    found: dict = {"ok": [], "paused": []}
+    try:
+        parsed = make_url(db_url)
+        if parsed.get_backend_name() == "postgresql" and "connect_timeout" not in parsed.query:
+            parsed = parsed.update_query_dict({"connect_timeout": "2"})
+        engine = make_engine(parsed.render_as_string(hide_password=False))
+        try:
+            with Session(engine) as s:
+                rows = recent_workers(s, within_s=within_s, now=now or utcnow())
+        finally:
+            engine.dispose()
+    except Exception:  # the caller says "unknown"
+        return None
+    for row in sorted(rows, key=lambda r: r.name):
+        if queue in [q.strip() for q in (row.queues or "").split(",")]:
+            found["paused" if row.state == WorkerState.paused else "ok"].append(row.name)
+    return found
 
 
 def _clock(at: datetime, now: datetime) -> str:

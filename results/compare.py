@@ -30,10 +30,15 @@ infra_failure are in ``n`` (a failure is "not resolved", as in SWE-bench, and is
 ``failures``); ``at_limit`` counts the verdicts graded on the patch an agent left at its step, context, time or
 format-error limit. Queued/running episodes and agent exits still waiting for their grade are ``pending``; agent
 exits of a job that does not grade are ``ungraded`` (they never will be); cancelled ones are ``cancelled``; none
-of these is in ``n``.
+of these is in ``n``. A cell whose *every* episode broke (timeout, infra_failure or cancelled) measured nothing: it is
+"not run" (``Cell.not_run``: the first episode's stored error, one line, shortened), with ``n`` 0 and no rate,
+interval or p-value, and no method is tested against a dense cell that was not run. A cell with some broken and some
+measured episodes counts its broken ones as above.
 
-Dense evicts nothing, so a job runs it in one cell only (see ``jobs.spec``): a row without its own
-dense episodes reuses the dense episodes of another cell, and the cell says ``reused_dense``.
+Dense evicts nothing, so a job runs it in one scope only, under each protocol unless its model renders a history
+alike under both (see ``jobs.spec``, ``agent_runner.dense_reuse``): a row without its own dense episodes reuses
+its protocol's dense from another scope, and only where its protocol has none another protocol's; the cell says
+``reused_dense``, a note says when dense crossed protocols, and a note per job why (``dense_protocol_notes``).
 
 When dense trajectories of the jobs were replayed (``nexus-eval replay``, ``workers.replay``), the table also
 carries one :class:`results.replay_stats.ReplayCell` per replayed (scope, protocol, method): mean delta-NLL vs
@@ -69,8 +74,10 @@ from nexus.methods import DENSE, METHODS, SCOPES
 from results.action_stats import summarize_rows
 from results.compare_notes import (
     demonstration_notes,
+    dense_protocol_notes,
     grading_notes,
     interactive_notes,
+    not_run_notes,
     seed_notes,
     setting_notes,
 )
@@ -82,10 +89,14 @@ from results.compare_table import (
     GridKey,
     Outcome,
     Row,
+    broke_all,
     demonstration,
+    first_outcome,
+    grid_key,
     in_canonical_order,
     is_demonstration,
     natural_key,
+    not_run_reason,
 )
 from results.cost import EpisodeCost, episode_cost, summarize_cost
 from results.replay_stats import current_replays, outcomes_from_rows, replay_notes, summarize_replays
@@ -111,17 +122,29 @@ def merge_jobs(outcomes_per_job: Sequence[Sequence[Outcome]]) -> tuple[list[Outc
     return list(merged.values()), notes
 
 
-def _dense_for(outcomes: list[Outcome], scope: str, protocol: str) -> tuple[list[Outcome], bool]:
-    """Dense outcomes for a row: its own, else those of another cell (one per task and seed)."""
+def _dense_for(outcomes: list[Outcome], scope: str, protocol: str) -> tuple[list[Outcome], bool, tuple[str, ...]]:
+    """Dense outcomes for a row (one per task and seed): its own; else those of another scope under the row's
+    protocol (dense has no scope: the same computation); else those of another protocol, which is the same
+    computation only where the job's model renders a history alike under both (``jobs.spec``, planning's
+    ``dense_rendering``). Returns (outcomes, reused, the other protocols they ran under: empty unless borrowed)."""
     dense = [o for o in outcomes if o.method == DENSE]
     own = [o for o in dense if (o.scope, o.protocol) == (scope, protocol)]
     if own or not dense:
-        return own, False
+        return own, False, ()
+    same_protocol = [o for o in dense if o.protocol == protocol]
+    pool = same_protocol or dense
     chosen: dict[tuple[str, int], Outcome] = {}
     cell_rank = {c: i for i, c in enumerate((s, p) for s in SCOPES for p in PROTOCOLS)}
-    for o in sorted(dense, key=lambda o: cell_rank.get((o.scope, o.protocol), len(cell_rank))):
+    for o in sorted(pool, key=lambda o: cell_rank.get((o.scope, o.protocol), len(cell_rank))):
         chosen.setdefault((o.task_id, o.seed), o)
-    return list(chosen.values()), True
+    borrowed = () if same_protocol else tuple(in_canonical_order({o.protocol for o in chosen.values()}, PROTOCOLS))
+    return list(chosen.values()), True, borrowed
+
+
+def dense_borrowed(outcomes: list[Outcome], rows: Iterable[Row]) -> dict[str, tuple[str, ...]]:
+    """Per row protocol whose dense column came from another protocol: the protocols it ran under."""
+    found = {r.protocol: _dense_for(outcomes, r.scope, r.protocol)[2] for r in rows}
+    return {protocol: sources for protocol, sources in found.items() if sources}
 
 
 def cell_outcomes(outcomes: list[Outcome], key: GridKey) -> list[Outcome]:
@@ -157,6 +180,13 @@ def summarize_cell(
     ``interval`` the table's rule (:func:`interval_rule`); ``resamples`` the cell's later attempts (best of n)."""
     cell = Cell(method=method)
     counted = [o for o in outcomes if o.counted]
+    if broke_all(outcomes):  # nothing measured: no n, rate, interval or test; compare_jobs names the cause
+        cell.not_run = first_outcome(outcomes).status
+        cell.cancelled = sum(o.status == EpisodeStatus.cancelled for o in outcomes)
+        cell.failures = sum(o.status in RUN_FAILURE_STATUSES for o in outcomes)
+        cell.resamples = len(resamples)
+        cell.ci_method = interval
+        return cell
     cell.pending = sum(o.pending for o in outcomes)
     cell.ungraded = sum(o.ungraded for o in outcomes)
     cell.cancelled = sum(o.status == EpisodeStatus.cancelled for o in outcomes)
@@ -253,7 +283,7 @@ def build_table(
     drivers: dict[GridKey, dict[str, list[str]]] = {}
     for scope in in_canonical_order((s for s, _ in cells_present), SCOPES):
         for protocol in in_canonical_order((p for s, p in cells_present if s == scope), PROTOCOLS):
-            dense, reused = _dense_for(rows_in, scope, protocol)
+            dense, reused, _ = _dense_for(rows_in, scope, protocol)
             here = {o.density for o in evicting if (o.scope, o.protocol) == (scope, protocol)}
             for density in sorted(here) or [None]:  # type: ignore[type-var]  # None only without evicting methods
                 cells = {}
@@ -265,7 +295,7 @@ def build_table(
                     cell = summarize_cell(
                         method,
                         mine,
-                        dense if dense else None,
+                        dense if dense and not broke_all(dense) else None,  # a dense that ran nothing pairs nothing
                         confidence=confidence,
                         seed=seed,
                         interval=interval,
@@ -287,8 +317,17 @@ def build_table(
         interval=interval,
         outcomes=rows_in,
     )
-    if any(c.reused_dense for r in rows for c in r.cells.values()):
-        table.notes.append("dense ran in one scope/protocol cell and is reused for the other rows (it evicts nothing)")
+    borrowed = dense_borrowed(rows_in, rows)
+    if any(c.reused_dense for r in rows if r.protocol not in borrowed for c in r.cells.values()):
+        table.notes.append(
+            "dense ran in one scope and is reused for the other scopes' rows of its protocol (it evicts nothing)"
+        )
+    for protocol, sources in borrowed.items():
+        table.notes.append(
+            f"dense ran under {', '.join(sources)} only and is reused for the {protocol} rows (their paired tests "
+            "are against it): the same computation only where the model renders a history alike under both "
+            "protocols"
+        )
     if len(table.densities) > 1:
         table.notes.append(
             f"cells are aligned by density ({', '.join(f'{d:g}' for d in table.densities)}): one row per density; "
@@ -327,6 +366,25 @@ def _by_task(outcomes: Sequence[Outcome]) -> tuple[dict[str, list[str]], dict[st
         statuses[o.task_id].append(o.status)
         driven[o.task_id].append(o.driver)
     return dict(statuses), dict(driven)
+
+
+def name_not_run(session: Any, table: CompareTable) -> None:
+    """Give each "not run" cell (every episode broke) its first episode's cause: the first line of the error it
+    stored, shortened (``results.compare_table.not_run_reason``); one query for the whole table."""
+    from sqlalchemy import select
+
+    from db.models import Episode
+
+    firsts = {
+        (i, method): first_outcome(cell_outcomes(table.outcomes, grid_key(row, method)))
+        for i, row in enumerate(table.rows)
+        for method, cell in row.cells.items()
+        if cell.not_run is not None
+    }
+    ids = sorted({o.episode_id for o in firsts.values() if o.episode_id})
+    errors = dict(session.execute(select(Episode.id, Episode.error).where(Episode.id.in_(ids))).all()) if ids else {}
+    for (i, method), first in firsts.items():
+        table.rows[i].cells[method].not_run = not_run_reason(first.status, errors.get(first.episode_id))
 
 
 def outcome_density(method: str, density: float | None) -> float | None:
@@ -405,9 +463,12 @@ def compare_jobs(
     notes += interactive_notes(
         interactive_attempts(session, sampled_ids), counted=[o for o in outcomes if o.interactive]
     )
-    notes += setting_notes([job for job, demo in zip(jobs, demos, strict=True) if not demo])
+    sampled_jobs = [job for job, demo in zip(jobs, demos, strict=True) if not demo]
+    notes += setting_notes(sampled_jobs) + dense_protocol_notes(sampled_jobs)
     notes += grading_notes(every) + seed_notes(samples)
     table = build_table(outcomes, job_ids=ids, confidence=confidence, seed=seed, notes=notes, resamples=resamples)
+    name_not_run(session, table)
+    table.notes += not_run_notes(table)
     table.demonstrations = [
         demonstration(job, outcomes_from_episodes(e, grades=g))
         for job, e, g, demo in zip(jobs, episodes, grading, demos, strict=True)

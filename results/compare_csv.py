@@ -49,6 +49,7 @@ SUMMARY_COLUMNS = [
     "best_of_attempts",
     "reused_dense",
     "interactive",
+    "not_run",  # every episode broke: the first one's cause (rate, interval and p-value are blank); else blank
     *(f"cost_{name}" if name == "episodes" else name for name in COST_FIELDS),
 ]
 
@@ -236,6 +237,7 @@ def _cell_values(c: Cell) -> list[Any]:
         c.best_of_attempts,
         str(c.reused_dense).lower(),
         c.interactive,
+        c.not_run or "",
         *(_cost_value(name, getattr(cost, name)) for name in COST_FIELDS),
     ]
 

@@ -8,9 +8,11 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from agent_runner.dense_reuse import NO_MODEL_BACKENDS
 from db.models import (
     AttemptDriver,
 )
+from nexus.methods import DENSE
 from nexus.presets import stored_settings
 from results.compare_table import DEMONSTRATION_BACKENDS, CompareTable, Outcome
 
@@ -29,6 +31,22 @@ def demonstration_notes(table: CompareTable) -> list[str]:
     if len(models) > 1:
         shown = ", ".join(m or "the source's own stream" for m in sorted(models, key=lambda m: m or ""))
         notes.append(f"replays were scored on several models ({shown}): each model's cells are apart")
+    return notes
+
+
+def not_run_notes(table: CompareTable) -> list[str]:
+    """What a "not run" cell is (every episode of it broke: nothing measured), and a dense that ran nothing."""
+    cells = [(r, c) for r in table.rows for c in r.cells.values() if c.not_run is not None]
+    if not cells:
+        return []
+    notes = [
+        f"{len(cells)} cell(s) not run: every episode broke (timeout, infra_failure or cancelled), so nothing was "
+        "measured and the cell shows no rate, interval or p-value; 'not run:' quotes the first episode's error "
+        "(`nexus-eval episodes JOB --status infra_failure` lists them; `nexus-eval rerun JOB --failed` runs them again)"
+    ]
+    dense = sorted({r.label for r, c in cells if c.method == DENSE})
+    if dense:
+        notes.append(f"dense was not run in {', '.join(dense)}: no paired test against it there")
     return notes
 
 
@@ -81,6 +99,46 @@ def seed_notes(episodes: Sequence[Any]) -> list[str]:
         "(stored before each seed sampled apart): across seeds they are copies, not independent samples, so "
         "Pass@1 over seeds, pass@k and McNemar pairs overstate the evidence; `nexus-eval rerun` them"
     ]
+
+
+def dense_protocol_notes(jobs: Sequence[Any]) -> list[str]:
+    """Why each job with dense and several protocols ran dense once or under each protocol: its stored planning
+    answer (``dense_rendering``, ``agent_runner.dense_reuse``); a job planned before the check says it was not."""
+    notes = []
+    for job in jobs:
+        config = job.config or {}
+        protocols = config.get("protocols") or []
+        if DENSE not in (config.get("methods") or []) or len(protocols) < 2 or config.get("dense_per_cell"):
+            continue
+        backend = config.get("backend") or "hf"
+        model = (config.get("model") or {}).get("name")
+        rendering = config.get("dense_rendering")
+        if rendering is None and backend in NO_MODEL_BACKENDS:
+            rendering = "no_model"
+        once = f"job {job.id}: dense ran under {protocols[0]} only and stands for every protocol"
+        each = f"job {job.id}: dense ran under each protocol, and each protocol's rows pair with their own dense"
+        if rendering == "identical":
+            notes.append(
+                f"{once}: its model ({model}) renders a multi-turn history with a <think> block identically under "
+                "true_eviction and full_context (checked at planning on a rendered two-turn conversation)"
+            )
+        elif rendering == "no_model":
+            notes.append(f"{once}: backend {backend} has no model, so no history is rendered and reuse is exact")
+        elif rendering == "differs":
+            notes.append(
+                f"{each}: the chat template of its model ({model}) re-renders a history differently from what true "
+                "eviction holds (checked at planning), so dense is a different computation under each"
+            )
+        elif rendering == "unknown":
+            why = "the server renders the history, unseen" if backend == "openai" else "its tokenizer did not load"
+            notes.append(f"{each}: how backend {backend} renders a history could not be checked ({why})")
+        else:
+            notes.append(
+                f"job {job.id} was planned before dense's rendering check: its dense ran under {protocols[0]} only "
+                "and is reused for the other protocols unchecked; under full context Qwen3's template drops earlier "
+                "<think> blocks, so it may be a different computation (resubmit to plan dense per protocol)"
+            )
+    return notes
 
 
 #: Job settings that change what a column means; merged jobs that differ in them get a warning note. Density is

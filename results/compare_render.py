@@ -3,7 +3,8 @@
 - ``json``: ``CompareTable.to_dict()``: ``rows[].cells[method]`` with every Cell field (fractions in [0, 1]),
   ``grid[]`` per task with the statuses of each scope/protocol/method cell, ordered by seed.
 - ``csv``: long format, one line per (scope, protocol, density, method) with :data:`SUMMARY_COLUMNS` (the cost
-  columns among them); ``to_csv(..., grid=True)`` gives one line per task x cell x seed instead.
+  columns among them); ``to_csv(..., grid=True)`` gives one line per task x cell x seed instead. ``tsv``: the same,
+  tab-separated (:mod:`results.table_formats`).
 - ``markdown``: the summary table, the trade-off table (:func:`tradeoff_rows`: quality beside cost, a line per
   cell), then the per-task grid (one symbol per seed, see :data:`LEGEND`).
 - ``table``: the same as rich tables (``rich_tables`` for printing to a live console).
@@ -36,8 +37,9 @@ from results.compare_csv import to_csv
 from results.compare_table import NO_SAMPLES, TASK_BOOTSTRAP, WILSON, Cell, CompareTable, GridKey, grid_key
 from results.cost import human_bytes
 from results.replay_stats import REPLAY_CAPTION, ReplayCell
+from results.table_formats import TABLE_FORMATS, csv_to_tsv
 
-FORMATS = ("table", "json", "csv", "markdown")
+FORMATS = TABLE_FORMATS  # the one list (results.table_formats); this name is what the verbs import
 SYMBOLS = {
     EpisodeStatus.resolved: "✓",
     EpisodeStatus.unresolved: "✗",
@@ -90,7 +92,10 @@ def _apart(cell: Cell) -> list[str]:
 
 def quality_parts(cell: Cell) -> list[str]:
     """The cell's rate and interval: ``["7/10 70.0%", "[39.7–89.2]"]`` or Pass@1, interval, pass@k; the count
-    and "too few for an interval" where the cell has fewer units than its interval needs."""
+    and "too few for an interval" where the cell has fewer units than its interval needs; ``["not run: <first
+    cause>"]`` where every episode broke (nothing measured: no rate, interval or p-value)."""
+    if cell.not_run is not None:
+        return [f"not run: {cell.not_run}"]
     if cell.n == 0:
         return _apart(cell) or ["-"]
     if cell.too_few_for_interval:
@@ -177,7 +182,7 @@ def tradeoff_rows(table: CompareTable) -> list[list[str]]:
     for row in table.rows:
         for method, c in row.cells.items():
             key = grid_key(row, method)
-            if key in seen or (c.n == 0 and not c.pending):
+            if key in seen or (c.n == 0 and not c.pending and c.not_run is None):
                 continue
             seen.add(key)
             r = replays.get(key)
@@ -376,6 +381,8 @@ def render_as(
         return json.dumps(table.to_dict(), indent=2, sort_keys=False) + "\n"
     if fmt == "csv":
         return csv_of(table)
+    if fmt == "tsv":
+        return csv_to_tsv(csv_of(table))
     if fmt == "markdown":
         return markdown_of(table)
     if fmt == "table":

@@ -17,6 +17,7 @@ from db.models import (
     COUNTED_STATUSES,
     LIMIT_EXIT_STATUSES,
     RUN_FAILURE_STATUSES,
+    SERVICE_FAILURE_STATUSES,
     AttemptDriver,
     EpisodeStatus,
     is_interactive,
@@ -126,6 +127,9 @@ class Cell:
     interactive: int = 0  # counted outcomes from interactive attempts (only with include_interactive)
     density: float | None = None  # the row's density; 1.0 for dense (keeps every token)
     cost: CellCost = field(default_factory=CellCost)
+    # every episode broke (timeout, infra_failure, cancelled): nothing was measured, so n is 0 and there is no
+    # rate, interval or test; the first episode's cause, one line (:func:`not_run_reason`); None otherwise
+    not_run: str | None = None
 
     @property
     def too_few_for_interval(self) -> bool:
@@ -297,6 +301,30 @@ class CompareTable:
         if self.demonstrations:
             out["demonstrations"] = [d.to_dict() for d in self.demonstrations]
         return out
+
+
+#: the longest "not run" reason a cell carries (the first line of the first episode's error, shortened)
+NOT_RUN_CHARS = 120
+
+
+def broke_all(outcomes: Sequence[Outcome]) -> bool:
+    """Whether every one of ``outcomes`` (there is one at least) is a broken run (``SERVICE_FAILURE_STATUSES``):
+    a cell of them measured nothing, and shows "not run" instead of a rate (docs/numbers.md)."""
+    return bool(outcomes) and all(o.status in SERVICE_FAILURE_STATUSES for o in outcomes)
+
+
+def first_outcome(outcomes: Sequence[Outcome]) -> Outcome:
+    """The first of ``outcomes`` in the grid's order (task, then seed): whose cause a "not run" cell names."""
+    return min(outcomes, key=lambda o: (natural_key(o.task_id), o.seed))
+
+
+def not_run_reason(status: str, error: str | None) -> str:
+    """A "not run" cell's reason: the first non-blank line of the episode's stored ``error``, shortened to
+    :data:`NOT_RUN_CHARS`; its ``status`` when it stored none."""
+    line = next((part.strip() for part in (error or "").splitlines() if part.strip()), "")
+    if not line:
+        return status
+    return line if len(line) <= NOT_RUN_CHARS else line[: NOT_RUN_CHARS - 1].rstrip() + "…"
 
 
 def natural_key(text: str) -> list[Any]:

@@ -22,7 +22,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from agent_runner.records import CompletionInfo, TurnRecord
+from agent_runner.records import CompletionInfo, OperatorAct, TurnRecord
 
 #: the keys of ``backend`` that rows stored before ``Completion.info`` used for its fields
 #: the stored key holding what ``user_message`` adds after the row's observation (module docstring)
@@ -48,7 +48,8 @@ class TurnExtra(BaseModel):
     # the TurnRecord's
     parse_error: str | None = None
     format_error: bool | None = None
-    intervened: bool = False  # an operator's intervene hook replaced the parsed action
+    intervened: bool = False  # an operator's intervene hook replaced (or skipped) the parsed action
+    operator: OperatorAct | None = None  # what the operator did at this turn (interactive rerun); None: nothing
     user_message: str | None = None  # what was sent back (the observation + the step-budget line); None: the last
     submitted: bool = False
     model_s: float = 0.0
@@ -70,6 +71,7 @@ class TurnExtra(BaseModel):
             parse_error=turn.parse_error,
             format_error=turn.format_error,
             intervened=turn.intervened,
+            operator=turn.operator,
             user_message=turn.user_message,
             submitted=turn.submitted,
             model_s=turn.model_s,
@@ -87,6 +89,8 @@ class TurnExtra(BaseModel):
         """The JSON ``turns.extra`` stores beside the row's ``observation``: a ``user_message`` that starts with the
         observation keeps only the rest (module docstring)."""
         dumped = self.model_dump(mode="json")
+        if dumped["operator"] is None:  # no operator at this turn (every agent turn): nothing stored
+            del dumped["operator"]
         message = self.user_message
         if message is not None and observation and message.startswith(observation):
             dumped["user_message"] = None
@@ -111,6 +115,22 @@ class TurnExtra(BaseModel):
         if isinstance(row, Mapping):
             return cls.read(row.get("extra"), row.get("observation"))
         return cls.read(row.extra, row.observation)
+
+    @property
+    def steered(self) -> bool:
+        """An operator changed this turn (``TurnRecord.steered``): replaced or skipped its action, stopped, a shell."""
+        return self.intervened or (self.operator is not None and self.operator.steers)
+
+    @property
+    def skipped(self) -> bool:
+        """The operator skipped this turn's action: nothing ran (the stored action is the model's, not run)."""
+        return self.operator is not None and self.operator.choice == "skip"
+
+    @property
+    def replaced(self) -> bool:
+        """The stored action is the operator's, not the model's (an edit or a stop; rows stored before
+        ``operator``: every intervened turn)."""
+        return self.intervened and not self.skipped
 
     def format_error_or(self, action: Mapping[str, Any] | None) -> bool:
         """Whether the turn had no usable call: the stored flag, or for a row stored without it, no action."""

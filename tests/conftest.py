@@ -248,3 +248,12 @@ def local_task_image(local_task, docker_client) -> str:
     from tasks.images import ensure_task_image
 
     return ensure_task_image(local_task, docker_client)
+
+
+@pytest.fixture(autouse=True)
+def _own_celery_app(monkeypatch):
+    """Each test builds its own process Celery app (``jobs.queue.get_app``: one per process, from the first
+    settings asked for): a CLI verb invoked in-process by one test must not decide the broker of the next."""
+    import jobs.queue
+
+    monkeypatch.setattr(jobs.queue, "_APP", [])

@@ -37,7 +37,7 @@ from db.models import EpisodeStatus
 from jobs.control import enqueue_episode
 from jobs.queue import EPISODE_TASK, GRADE_TASK, PING_TASK, RESUME_TASK, get_app
 from workers.execution import EpisodeHooks, WorkerContext, execute_episode, grade_stored_episode
-from workers.faults.db_retry import DatabaseUnavailable, retrying
+from workers.faults.db_retry import DatabaseStillDown, retrying
 from workers.faults.docker_gate import DockerDown, docker_down, wait_for_docker
 from workers.faults.recovery import resume_job, retry_infra_failure
 from workers.faults.sweeper import Sweeper
@@ -145,7 +145,7 @@ def episode_task(self: Task, episode_id: str) -> dict[str, Any]:
         )
         hooks = EpisodeHooks(progress=_progress_reporter(self), time_limits=(SoftTimeLimitExceeded,))
         outcome = execute_episode(database(self.app), episode_id, worker=worker, hooks=hooks)
-    except (DockerDown, DatabaseUnavailable) as exc:
+    except (DockerDown, DatabaseStillDown) as exc:
         raise _requeue(f"episode {episode_id}", exc) from exc
     if outcome.needs_grade:
         self.app.send_task(GRADE_TASK, (episode_id,), retry=True)
@@ -167,7 +167,7 @@ def grade_task(self: Task, episode_id: str) -> dict[str, Any]:
         wait_for_docker(settings.docker_wait_s, what=f"grade of {episode_id}")
         worker = WorkerContext(tasks=_tasks(self.app), liveness=settings.liveness)
         status = grade_stored_episode(database(self.app), episode_id, worker=worker, docker_check=docker_down)
-    except (DockerDown, DatabaseUnavailable) as exc:
+    except (DockerDown, DatabaseStillDown) as exc:
         raise _requeue(f"grade of {episode_id}", exc) from exc
     if status == EpisodeStatus.infra_failure:
         _after_infra_failure(self.app, episode_id)

@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -94,30 +95,53 @@ class EmbeddedWorker:
 
 
 def progress_table(db: Database, job_id: str):
-    """A rich Table: one row per method x scope x protocol with counts per status (newest attempts). Redrawn every
-    second by ``status --watch`` and ``run``: one GROUP BY (``db.progress.group_counts``), no episode row loaded."""
+    """A rich Table: one row per method x scope x protocol with counts per status of each key's result attempt (the
+    rule ``compare`` counts by, ``db.attempt_roles``), ``done`` = keys whose result is final, and the attempts kept
+    apart (resamples, interactive, steered) in their own column. Redrawn every second by ``status --watch`` and
+    ``run``: one GROUP BY (``db.progress.group_counts``), no episode row loaded."""
     from rich.table import Table
 
+    from db.attempt_roles import APART_ROLES, Role
     from db.progress import group_counts
 
     with db.session() as s:
         job = db_store.get_job(s, job_id)
         groups = group_counts(s, job.id)
         job_status = job.status
-    statuses = sorted({st for c in groups.values() for st in c}, key=lambda st: (st not in ACTIVE_STATUSES, st))
+    results = {group: by.get(Role.result.value, Counter()) for group, by in groups.items()}
+    statuses = sorted({st for c in results.values() for st in c}, key=lambda st: (st not in ACTIVE_STATUSES, st))
+    apart = any(by.get(r.value) for by in groups.values() for r in APART_ROLES)
     table = Table(title=f"job {job_id}: {job_status}")
-    for col in ("method", "scope", "protocol", *statuses, "done"):
-        table.add_column(col, justify="left" if col in ("method", "scope", "protocol") else "right")
-    for (method, scope, protocol), counts in sorted(groups.items()):
+    for col in ("method", "scope", "protocol", *statuses, "done", *(["apart"] if apart else [])):
+        table.add_column(col, justify="left" if col in ("method", "scope", "protocol", "apart") else "right")
+    for (method, scope, protocol), counts in sorted(results.items()):
         total = sum(counts.values())
         done = total - sum(counts[a] for a in ACTIVE_STATUSES)
-        table.add_row(method, scope, protocol, *(str(counts.get(st, 0)) for st in statuses), f"{done}/{total}")
+        cells = [method, scope, protocol, *(str(counts.get(st, 0)) for st in statuses), f"{done}/{total}"]
+        if apart:
+            cells.append(apart_text(groups[(method, scope, protocol)]))
+        table.add_row(*cells)
     return table
 
 
+def apart_text(by_role: dict[str, Counter]) -> str:
+    """``1 resample (1 resolved); 1 steered (1 running)``: the attempts kept apart from a row's results."""
+    from db.attempt_roles import APART_ROLES
+
+    parts = []
+    for role in APART_ROLES:
+        counts = by_role.get(role.value)
+        if counts and sum(counts.values()):
+            n = sum(counts.values())
+            statuses = ", ".join(f"{c} {st}" for st, c in sorted(counts.items()) if c)
+            parts.append(f"{n} {role.value}{'s' if n > 1 and role.value == 'resample' else ''} ({statuses})")
+    return "; ".join(parts)
+
+
 def job_finished(db: Database, job_id: str) -> bool:
-    """No episode is queued/running/awaiting its grade, or the job is cancelled/failed. Asked on every poll: one
-    GROUP BY over the newest attempts' statuses (``db.progress.status_counts``)."""
+    """No attempt a view shows (each key's result, resamples, interactive and steered attempts) is queued, running
+    or awaiting its grade, or the job is cancelled/failed. Asked on every poll: one GROUP BY over those attempts'
+    statuses (``db.progress.status_counts``)."""
     from db.progress import status_counts
 
     with db.session() as s:

@@ -29,7 +29,7 @@ from db.models import AGENT_EXIT_STATUSES
 from jobs.settings import LIVENESS, Liveness
 from nexus.presets import stored_settings
 from results.turn_data import TurnExtra
-from workers.faults.db_retry import DatabaseUnavailable, retrying
+from workers.faults.db_retry import DatabaseStillDown, retrying
 from workers.faults.heartbeat import Heartbeat
 from workers.faults.recovery import NOT_RETRIED
 from workers.task_cache import TaskCache
@@ -186,7 +186,7 @@ def execute_episode(
 
     ``worker.soft_deadline_s`` passing, or any of ``hooks.time_limits`` raised into the run, stores the run as
     ``timeout`` with its partial trajectory. A database call that stays down past ``worker.liveness.db_retry_s``
-    raises :class:`DatabaseUnavailable` (the caller requeues its message; nothing was acknowledged into nothing).
+    raises :class:`DatabaseStillDown` (the caller requeues its message; nothing was acknowledged into nothing).
     An openai episode whose endpoint ``worker.allowed`` refuses ends as ``infra_failure`` naming why, before any
     request. ``hooks``: see ``EpisodeHooks``; its ``on_turn`` sees each turn after it is stored, and the container
     labels name the job and the episode. The runner's record of what ran (``EpisodeResult.config``: the spec as the
@@ -220,13 +220,13 @@ def execute_episode(
 
     def store_turn(turn: TurnRecord) -> None:
         with db.session() as s:
-            db_store.record_turn(s, claim, turn.index, steered=turn.intervened, **turn_row(turn))
+            db_store.record_turn(s, claim, turn.index, steered=turn.steered, **turn_row(turn))
 
     def persist(turn: TurnRecord) -> None:
         t0 = time.monotonic()
         try:
             retrying(lambda: store_turn(turn), budget_s=liveness.db_retry_s, what=f"turn {turn.index} of {episode_id}")
-        except DatabaseUnavailable as exc:
+        except DatabaseStillDown as exc:
             state["db_lost"] = exc
             raise
         except db_store.ClaimLost as exc:
@@ -330,7 +330,7 @@ def grade_stored_episode(
 
     ``docker_check`` (``workers.faults.docker_gate.docker_down``): asked when grading ends in an infra failure; when it
     says Docker is down, nothing is recorded, the grade claim is given back and ``DockerDown`` is
-    raised (the caller requeues the grade). Database outages raise :class:`DatabaseUnavailable` likewise."""
+    raised (the caller requeues the grade). Database outages raise :class:`DatabaseStillDown` likewise."""
     liveness = worker.liveness
 
     def claim_it():

@@ -60,7 +60,7 @@ def conversation(db: Database, episode_id: str, tasks: TaskCache | None = None) 
     for position, (index, completion, extra) in enumerate(rows):
         if index != position:
             raise TextTrajectoryError(f"episode {episode_id} lacks turn {position}")
-        if extra.intervened:
+        if extra.steered:  # an edit, a skip, a stop or a shell: not the model's own trajectory
             raise TextTrajectoryError(f"episode {episode_id}: turn {index} was steered by an operator")
         messages.append(Message(role="assistant", content=completion))
         reply = extra.user_message

@@ -31,6 +31,15 @@
       li.appendChild(n);
       list.appendChild(li);
     });
+    var apart = box.querySelector("p.apart");
+    var parts = Object.keys(p.apart || {}).sort().map(function (role) {
+      var by = p.apart[role];
+      var statuses = Object.keys(by).sort().map(function (s) { return by[s] + " " + s; });
+      var n = Object.keys(by).reduce(function (sum, s) { return sum + by[s]; }, 0);
+      return n + " " + role + " (" + statuses.join(", ") + ")";
+    });
+    apart.hidden = parts.length === 0;
+    apart.querySelector(".apart-text").textContent = parts.join("; ");
   }
 
   function poll() {

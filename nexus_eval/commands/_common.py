@@ -49,10 +49,30 @@ def db_url(db: str | None) -> str:
 
 
 def open_db(db: str | None = None) -> Database:
-    """The results database (``--db``, else ``$NEXUS_EVAL_DB``, else ./runs/nexus-eval.db), migrated."""
+    """The results database (``--db``, else ``$NEXUS_EVAL_DB``, else ./runs/nexus-eval.db), created when it is not
+    there yet and migrated: for the verbs that store new work (submit, run, worker, probe run). Exit 2 with one line
+    when it does not answer (:func:`read_db`'s words)."""
     from db import connect
+    from db.connection import DatabaseUnavailable, check_reachable
 
-    return connect(db_url(db))
+    url = db_url(db)
+    try:
+        check_reachable(url)  # a down database is one line, not the traceback of the migration that met it
+    except DatabaseUnavailable as exc:
+        fail(str(exc))
+    return connect(url)
+
+
+def read_db(db: str | None = None) -> Database:
+    """The results database for a verb that reads what is stored (status, compare, episodes, cancel, ...): it must
+    exist at this version's schema. Never creates a file, a folder or a table and never migrates; exit 2 with one
+    message naming the database (password masked) and what to do when it is missing, down or at another schema."""
+    from db.connection import DatabaseUnavailable, open_existing
+
+    try:
+        return open_existing(db_url(db))
+    except DatabaseUnavailable as exc:
+        fail(str(exc))
 
 
 def service_settings(db: str | None = None, *, embedded: bool = False, **worker: Any):

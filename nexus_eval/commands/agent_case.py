@@ -23,6 +23,7 @@ from nexus.config import EVICTION_DEFAULTS
 from nexus_eval.commands import _job_flags as jf
 from nexus_eval.commands._common import DB_OPTION, WORKERS, csv_list, fail
 from nexus_eval.commands.replay import REDO_OPTION
+from results.table_formats import FORMAT_HELP
 
 #: what the first command replays: the paper's method, its Ada variant and the two baselines it is read against
 DEFAULT_METHODS = "dense,snapkv,streaming_llm,nexus,ada_nexus"
@@ -42,7 +43,7 @@ def agent_case(
     workers: int = WORKERS,
     redo: bool = REDO_OPTION,
     db: str = DB_OPTION,
-    fmt: str = typer.Option("table", "--format", help="table | json | csv | markdown"),
+    fmt: str = typer.Option("table", "--format", help=FORMAT_HELP),
 ) -> None:
     """Expert demonstrations of a few mini tasks in real containers, replayed on a real model under each method
     and protocol; print the action table (what an agent must copy, and how much of it each method keeps)."""
@@ -65,13 +66,13 @@ def agent_case(
         "protocols": csv_list(protocols),
         "densities": parse_densities(densities),
     }
-    try:  # every name, and a model that is set up here, before anything runs
-        from agent_runner.model_host import weights_source
+    try:  # every name, and a model this machine can find (agent_runner.model_lookup), before anything runs
+        from agent_runner.model_lookup import resolve_model
 
         check_settings(**wanted)
-        weights_source(model)
+        resolve_model(model)
     except ValueError as exc:
-        fail(str(exc))
+        fail(f"{exc}\nnothing was run")
     console = Console(stderr=True, highlight=False)
     database, job_id = run_here(plan, db, console)
     try:

@@ -78,6 +78,7 @@ def episode(
         None, "--grade/--no-grade", help="grade the patch in a fresh container (default: the job's)"
     ),
     as_json: bool = typer.Option(False, "--json", help="print the EpisodeResult as JSON"),
+    no_model_check: bool = jf.NO_MODEL_CHECK,
 ) -> None:
     """Run one episode in a real container and grade it: one cell of a job (--file, else the job defaults)
     with the flags given on top, through the same runner as a worker (agent_runner.episode.run_episode)."""
@@ -115,7 +116,7 @@ def episode(
         "grade": grade,
     }
     overrides.update({key: value for key, value in given.items() if value is not None})
-    spec = _one_episode(file, overrides, task)
+    spec = _one_episode(file, overrides, task, model_check=not no_model_check)
     try:
         spec.agent.scaffold()  # a bad prompt file fails here, before any container starts
         the_task = spec.load_task()
@@ -146,10 +147,11 @@ def episode(
         raise typer.Exit(1)
 
 
-def _one_episode(file: Path | None, overrides: dict, task_id: str):
+def _one_episode(file: Path | None, overrides: dict, task_id: str, *, model_check: bool = True):
     """The ``EpisodeSpec`` of ``task_id`` in the job (``file`` + ``overrides``): its first method, scope,
-    protocol and seed (the flags, when given, are the only ones). Exit 2 naming the problem."""
-    job = jf.job_from_flags(file, overrides, what="nothing was run")
+    protocol and seed (the flags, when given, are the only ones). Exit 2 naming the problem (an hf model
+    this machine cannot find among them, unless not ``model_check``)."""
+    job = jf.job_from_flags(file, overrides, what="nothing was run", model_check=model_check)
     method, (scope, protocol), seed = job.methods[0], job.cells(job.methods[0])[0], job.seeds[0]
     return job.episode_config(task_id, method, scope, protocol, seed)
 

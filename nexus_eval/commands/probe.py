@@ -19,10 +19,11 @@ from typing import Any
 import typer
 from typer.core import TyperCommand
 
-from nexus_eval.commands._common import DB_OPTION, WORKERS, csv_list, fail, open_db
+from nexus_eval.commands._common import DB_OPTION, WORKERS, csv_list, fail, open_db, read_db
 from nexus_eval.commands._flag_group import flag, takes_flags
+from results.table_formats import FORMAT_HELP
 
-FORMAT = typer.Option("table", "--format", help="table | json | csv | markdown")
+FORMAT = typer.Option("table", "--format", help=FORMAT_HELP)
 
 
 @dataclass(frozen=True)
@@ -247,6 +248,18 @@ def sweep_orphans(database: Any) -> None:
         )
 
 
+#: what ``probe show`` / ``list`` say of a run whose process is gone (they read; ``probe run`` marks it failed)
+GONE = "its process is gone; the next `nexus-eval probe run` here marks it failed"
+
+
+def orphans(database: Any) -> list[str]:
+    """The ids of this host's open runs whose process is gone (``db.probes.orphaned_probe_runs``), read only."""
+    from db.probes import orphaned_probe_runs
+
+    with database.session() as s:
+        return [r.id for r in orphaned_probe_runs(s)]
+
+
 def show_table(database: Any, ident: str, fmt: str, output: Path | None = None) -> None:
     """Print (or write to ``output``) the table of probe run ``ident`` as stored; exit 2 for an unknown id."""
     from results.probe_render import render
@@ -276,9 +289,11 @@ def show(
 
     if fmt not in FORMATS:
         fail(f"unknown --format {fmt!r}; use one of {', '.join(FORMATS)}")
-    database = open_db(db)
-    sweep_orphans(database)
+    database = read_db(db)
+    gone = orphans(database)  # said, not written: a read never writes (`probe run` marks them failed)
     show_table(database, run_id, fmt)
+    for orphan in gone:
+        typer.echo(f"probe run {orphan}: {GONE}", err=True)
 
 
 def list_runs(limit: int = typer.Option(20, min=1, help="how many, newest first"), db: str = DB_OPTION) -> None:
@@ -291,13 +306,14 @@ def list_runs(limit: int = typer.Option(20, min=1, help="how many, newest first"
     table = Table(title="probe runs")
     for col in ("run", "created", "status", "model", "probes", "variants", "results"):
         table.add_column(col, overflow="fold")
-    database = open_db(db)
-    sweep_orphans(database)
+    database = read_db(db)
+    gone = set(orphans(database))  # said, not written: a read never writes (`probe run` marks them failed)
     with database.session() as s:
         for r in list_probe_runs(s, limit=limit):
             settings = r.settings or {}
+            status = f"{r.status} ({GONE})" if r.id in gone else r.status
             table.add_row(
-                r.id, f"{r.created_at:%Y-%m-%d %H:%M}", r.status, r.model, ",".join(settings.get("probes", [])),
+                r.id, f"{r.created_at:%Y-%m-%d %H:%M}", status, r.model, ",".join(settings.get("probes", [])),
                 ",".join(settings.get("variants", [])), f"{r.n_results}/{r.n_planned}",
             )  # fmt: skip
     Console(width=140).print(table)

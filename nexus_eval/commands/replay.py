@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import typer
 
-from nexus_eval.commands._common import DB_OPTION, WORKERS, csv_list, fail, open_db
+from nexus_eval.commands._common import DB_OPTION, WORKERS, csv_list, fail, read_db
 
 REDO_OPTION = typer.Option(
     False, "--redo", help="measure again replays already stored ok (default: run only those not stored ok yet)"
@@ -60,7 +60,7 @@ def replay(
 
     from workers.replay import plan_replays
 
-    database = open_db(db)
+    database = read_db(db)
     try:
         plan = plan_replays(
             database,

@@ -20,9 +20,11 @@ from nexus_eval.commands._common import (
     fail,
     job_id_of,
     open_db,
+    read_db,
     service_settings,
 )
 from nexus_eval.commands._flag_group import takes_flags
+from results.table_formats import FORMAT_HELP
 
 
 @takes_flags
@@ -30,7 +32,7 @@ def submit(job: jf.JobFlags, db: str = DB_OPTION) -> None:
     """Submit a job to the queue and print its id (workers run it; see `nexus-eval worker`).
 
     The job is --file (or the job defaults, jobs/spec.py) with every flag given set on top of it."""
-    plan = jf.load_job(job.file, job.overrides(), what="nothing was submitted")
+    plan = jf.load_job(job.file, job.overrides(), what="nothing was submitted", model_check=job.model_check)
     if job.show:
         jf.show(plan.spec)
     from rich.console import Console
@@ -53,15 +55,47 @@ def submit(job: jf.JobFlags, db: str = DB_OPTION) -> None:
     except NotEnqueued as exc:  # stored, not (all) sent: the message names the job and `resume`
         fail(str(exc), 1)
     typer.echo(job_id)
-    Console(stderr=True).print(f"submitted job {job_id}: {n} episodes on the gpu queue")
+    from rich.markup import escape
+
+    said = f"submitted job {job_id}: {n} episodes on the gpu queue; {who_runs_it(db)}"
+    Console(stderr=True).print(escape(said), highlight=False, soft_wrap=True)
+
+
+def who_runs_it(db: str | None) -> str:
+    """Whether any worker listens on the gpu (and grade) queue, from the ``workers`` table (each worker writes its
+    row every sweep; ``nexus_eval.readiness.queue_workers``), and how to start one when none does. Bounded: a
+    SELECT or two."""
+    from nexus_eval.readiness import queue_workers, sweep_window_s
+
+    url, window, on_db = db_url(db), sweep_window_s(), f" --db {db}" if db else ""
+    start = (
+        f"start one: `nexus-eval worker{on_db}` (every queue; `--queues gpu` for this one alone), or run jobs with "
+        f"`nexus-eval run{on_db}`, which brings its own worker"
+    )
+    gpu = queue_workers(url, "gpu", within_s=window)
+    if gpu is None:
+        return f"could not read which workers listen; if none does, {start}"
+    if gpu["ok"]:
+        n = len(gpu["ok"])
+        said = f"{n} worker{'s' if n > 1 else ''} listen{'' if n > 1 else 's'} on it ({', '.join(gpu['ok'][:3])})"
+        grade = queue_workers(url, "grade", within_s=window)
+        if grade is not None and not grade["ok"]:
+            said += f"; none on the grade queue (grades wait): `nexus-eval worker{on_db} --queues grade`"
+        return said
+    if gpu["paused"]:
+        return (
+            f"its workers ({', '.join(gpu['paused'])}) are paused: the Docker engine does not answer there "
+            "(`nexus-eval doctor` says why); the episodes wait until it does"
+        )
+    return f"no worker listens on it (none reported in the last {window:g} s), so nothing runs it yet: {start}"
 
 
 @takes_flags
 def run(
-    job: jf.JobFlags,
+    job: jf.RunJobFlags,
     db: str = DB_OPTION,
     timeout: float = typer.Option(None, help="give up after this many seconds"),
-    fmt: str = typer.Option("table", "--format", help="compare output: table | json | csv | markdown"),
+    fmt: str = typer.Option("table", "--format", help=f"compare output: {FORMAT_HELP}"),
 ) -> None:
     """Submit a job and run it here with an embedded worker (no Redis needed); print the compare table.
 
@@ -69,7 +103,7 @@ def run(
     below; also examples/quick.yaml); every flag given is set on top of the job."""
     from jobs.spec import QUICK_JOB_FILE
 
-    plan = jf.load_job(job.file or QUICK_JOB_FILE, job.overrides(), what="nothing was run")
+    plan = jf.load_job(job.file or QUICK_JOB_FILE, job.overrides(), what="nothing was run", model_check=job.model_check)
     spec = plan.spec
     if job.show:
         jf.show(spec)
@@ -203,7 +237,7 @@ def status(
     from nexus_eval.commands._job_progress import watch_job
     from workers.embedded import progress_table
 
-    database = open_db(db)
+    database = read_db(db)
     console = Console()
     if job is None:
         table = Table(title="jobs")
@@ -229,7 +263,7 @@ def cancel(job: str = typer.Argument(..., help="job id (prefix)"), db: str = DB_
     """Cancel a job: queued episodes will do nothing, running ones stop at their next turn."""
     from jobs.control import cancel as cancel_job
 
-    database = open_db(db)
+    database = read_db(db)
     job_id = job_id_of(database, job)
     revoked = cancel_job(database, job_id, app=celery_app(db))
     if revoked is None:
@@ -246,7 +280,7 @@ def resume(job: str = typer.Argument(..., help="job id (prefix)"), db: str = DB_
     from db import store as db_store
     from workers.celery_tasks import resume as resume_job
 
-    database = open_db(db)
+    database = read_db(db)
     job_id = job_id_of(database, job)
     try:
         counts = resume_job(database, job_id, app=celery_app(db))

@@ -12,10 +12,10 @@ from collections.abc import Iterable
 
 import typer
 
-from nexus_eval.commands._common import DB_OPTION, csv_list, fail, open_db
+from nexus_eval.commands._common import DB_OPTION, csv_list, fail, read_db
+from results.table_formats import FORMAT_HELP, delimited_line, markdown_line, unknown_format
 
 EPISODE_COLUMNS = ("episode", "task", "method", "scope", "protocol", "seed", "attempt", "driver", "result", "status")
-EPISODE_FORMATS = ("table", "tsv", "json")
 
 
 def episodes(
@@ -25,7 +25,7 @@ def episodes(
     results_only: bool = typer.Option(
         False, "--results", help="only each key's result attempt (its first the agent drove alone that did not break)"
     ),
-    fmt: str = typer.Option(None, "--format", help="table | tsv | json (default: table on a terminal, tsv in a pipe)"),
+    fmt: str = typer.Option(None, "--format", help=f"{FORMAT_HELP} (default: table on a terminal, tsv in a pipe)"),
     db: str = DB_OPTION,
 ) -> None:
     """Every attempt of a job: id, task, configuration, seed, attempt, who drove it and its status.
@@ -38,10 +38,10 @@ def episodes(
     from db import store as db_store
 
     fmt = fmt or ("table" if sys.stdout.isatty() else "tsv")
-    if fmt not in EPISODE_FORMATS:
-        fail(f"unknown --format {fmt!r}; use one of {', '.join(EPISODE_FORMATS)}")
+    if message := unknown_format(fmt):
+        fail(message)
     wanted = set(csv_list(statuses)) if statuses else None
-    database = open_db(db)
+    database = read_db(db)
     try:
         with database.session() as s:
             the_job = db_store.get_job(s, job)
@@ -51,8 +51,12 @@ def episodes(
             rows = (_row(r) for r in listed)
             if fmt == "table":
                 _table(the_job.id, list(rows))
+            elif fmt == "json":
+                _json_array(rows)
+            elif fmt == "markdown":
+                _markdown(rows)
             else:
-                (_json_array if fmt == "json" else _tsv)(rows)
+                _delimited(rows, fmt)
     except LookupError as exc:
         fail(str(exc))
 
@@ -65,10 +69,18 @@ def _row(attempt: object) -> dict:
     return dict(zip(EPISODE_COLUMNS, (getattr(attempt, f) for f in ATTEMPT_FIELDS), strict=True))
 
 
-def _tsv(rows: Iterable[dict]) -> None:
-    typer.echo("\t".join(EPISODE_COLUMNS))
+def _delimited(rows: Iterable[dict], fmt: str) -> None:
+    """csv or tsv (``results.table_formats``), a line as each row comes."""
+    typer.echo(delimited_line(EPISODE_COLUMNS, fmt))
     for row in rows:
-        typer.echo("\t".join(_cell(row[c]) for c in EPISODE_COLUMNS))
+        typer.echo(delimited_line((_cell(row[c]) for c in EPISODE_COLUMNS), fmt))
+
+
+def _markdown(rows: Iterable[dict]) -> None:
+    typer.echo(markdown_line(EPISODE_COLUMNS))
+    typer.echo(markdown_line("---" for _ in EPISODE_COLUMNS))
+    for row in rows:
+        typer.echo(markdown_line(_cell(row[c]) for c in EPISODE_COLUMNS))
 
 
 def _json_array(rows: Iterable[dict]) -> None:
@@ -121,7 +133,7 @@ def inspect(
 
     from db import store as db_store
 
-    database = open_db(db)
+    database = read_db(db)
     try:
         with database.session() as s:
             row = db_store.get_episode(s, episode)
@@ -165,13 +177,15 @@ def inspect(
             " [yellow](the task needs the network; graded without it)[/yellow]" if grade.get("needs_network") else ""
         )
         console.print(escape(f"graded by {info['grader']} ({info['grader_version']})") + offline)
-    table = Table(title="turns", caption="* an operator replaced the action")
+    extras = [TurnExtra.of_row(t) for t in turn_rows]
+    marks = {mark: any(test(e) for e in extras) for mark, (_, test) in TURN_MARKS.items()}
+    caption = escape("; ".join(f"{mark} {legend}" for mark, (legend, _) in TURN_MARKS.items() if marks[mark]))
+    table = Table(title="turns", caption=caption or None)
     for col in TURN_COLUMNS:
         table.add_column(col, justify="left" if col == "action" else "right")
-    for t in turn_rows:
+    for t, extra in zip(turn_rows, extras, strict=True):
         action = (t["action"] or {}).get("name", "(no call)")
-        if TurnExtra.of_row(t).intervened:
-            action += " *"
+        action += "".join(f" {mark}" for mark, (_, test) in TURN_MARKS.items() if test(extra))
         table.add_row(
             *(str(t["index"]), escape(action), str(t["tokens_appended"]), str(t["tokens_generated"])),
             *(str(t["logical_length"]), _fmt_stats(t["physical_before"]), _fmt_stats(t["physical_after"])),
@@ -183,21 +197,68 @@ def inspect(
     if full:
         for t in turn_rows:
             _print_turn(console, t)
+    elif any(e.operator is not None for e in extras):
+        console.rule("operator")
+        for t, extra in zip(turn_rows, extras, strict=True):
+            for label, text in _operator_sections(t, extra, full=False):
+                console.print(f"[bold]turn {t['index']}: {escape(label)}[/bold]")
+                if text:
+                    console.print(text, markup=False)
+
+
+#: the marks after a turn's action in ``inspect``'s table, each with its legend (printed only when a turn has it)
+TURN_MARKS = {
+    "*": ("an operator replaced the action", lambda e: e.replaced),
+    "[skipped]": ("the operator skipped the action: nothing ran", lambda e: e.skipped),
+    "[shell]": ("the operator opened a shell in the container", lambda e: bool(e.operator and e.operator.shells)),
+    "[forced]": ("forced from the stored attempt (rerun --from-turn)", lambda e: e.forced),
+}
+#: the characters of a shell transcript ``inspect`` prints without --full
+SHELL_SHOWN_CHARS = 2000
+
+
+def _operator_sections(t: dict, extra, *, full: bool) -> list[tuple[str, str]]:
+    """What the operator did at one turn (``agent_runner.records.OperatorAct``): (label, text) sections."""
+    act = extra.operator
+    if act is None:
+        return []
+    proposed = json.dumps(act.proposed.model_dump(mode="json"), ensure_ascii=False) if act.proposed else "(no call)"
+    repeated = " (a forced turn repeating the source attempt's act)" if act.forced else ""
+    sections: list[tuple[str, str]] = []
+    for number, shell in enumerate(act.shells, 1):
+        text = shell.transcript
+        if not full and len(text) > SHELL_SHOWN_CHARS:
+            text = text[:SHELL_SHOWN_CHARS] + f"\n... ({len(text) - SHELL_SHOWN_CHARS} more characters: --full)"
+        cut = f", {shell.cut} characters left out of its middle when stored" if shell.cut else ""
+        label = f"operator shell session {number} ({shell.seconds:.0f}s, exit {shell.exit_code}{cut}): transcript"
+        sections.append((label, text))
+    if act.choice == "edit":
+        sections.append((f"operator edited the action{repeated}; the model proposed", proposed))
+    elif act.choice == "skip":
+        sections.append((f"operator skipped the action{repeated}: nothing ran; the model proposed", proposed))
+    elif act.choice == "stop":
+        sections.append((f"operator stopped the run (submitted){repeated}; the model proposed", proposed))
+    return sections
 
 
 def _print_turn(console, t: dict) -> None:
     """One turn's texts: each label in bold (markup), each stored text verbatim (no markup, no highlighting)."""
+    from rich.markup import escape
+
     from results.turn_data import TurnExtra
 
     extra = TurnExtra.of_row(t)
-    console.rule(f"turn {t['index']}")
+    forced = " (forced from the stored attempt)" if extra.forced else ""
+    console.rule(f"turn {t['index']}{forced}")
     sections = [("thought", t["thought"] or ""), ("action", json.dumps(t["action"], ensure_ascii=False))]
-    if t["action"] is None or extra.format_error or extra.intervened:
-        why = "replaced by the operator" if extra.intervened else "no valid function call"
+    if t["action"] is None or extra.format_error or extra.replaced:
+        why = "replaced by the operator" if extra.replaced else "no valid function call"
         sections.append((f"raw completion ({why})", t["completion"] or ""))
-    sections.append(("observation", (t["observation"] or "")[:4000]))
+    sections += _operator_sections(t, extra, full=True)
+    observation = "observation (the operator skipped the action: nothing ran)" if extra.skipped else "observation"
+    sections.append((observation, (t["observation"] or "")[:4000]))
     for label, text in sections:
-        console.print(f"[bold]{label}[/bold]")
+        console.print(f"[bold]{escape(label)}[/bold]")
         console.print(text, markup=False)
 
 

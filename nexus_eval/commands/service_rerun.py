@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from nexus_eval.commands._common import DB_OPTION, celery_app, csv_list, fail, open_db, service_settings
+from nexus_eval.commands._common import DB_OPTION, celery_app, csv_list, fail, read_db, service_settings
 
 
 def rerun(
@@ -23,7 +23,7 @@ def rerun(
     db: str = DB_OPTION,
 ) -> None:
     """Rerun a job's episodes with the chosen statuses (enqueued), or one episode interactively."""
-    database = open_db(db)
+    database = read_db(db)
     if interactive:
         _interactive(database, target, from_turn, service_settings(db).openai_allowed)
         return
@@ -55,32 +55,26 @@ def _interactive(database, episode: str, from_turn: int, allowed) -> None:
 
     from agent_runner.backends.forced_prefix import ForcedPrefix
     from agent_runner.environment import DockerEnvironment
-    from agent_runner.parsing import ParsedAction
     from db import store as db_store
-    from db.models import AttemptDriver
-    from results.turn_data import TurnExtra
-    from sandbox.tools import ToolCall
     from workers.execution import EpisodeHooks, WorkerContext, execute_episode, grade_stored_episode
-    from workers.interactive import Operator
+    from workers.interactive import Operator, start_rerun
 
     console = Console(highlight=False)
     try:
         with database.session() as s:
-            source = db_store.get_episode(s, episode)
-            recorded = [(t.completion, t.tokens) for t in source.turns if t.index < from_turn]  # text + token ids
-            # an operator's replacement in the source is run again (the rerun is then steered too)
-            edits = {
-                t.index: ParsedAction(thought=t.thought or "", call=ToolCall.model_validate(t.action))
-                for t in source.turns
-                if t.index < from_turn and TurnExtra.of_row(t).intervened and t.action is not None
-            }
-            if len(recorded) < from_turn:
-                raise ValueError(f"--from-turn {from_turn}: episode {source.id} has only {len(recorded)} turns")
-            row = db_store.new_attempt(s, source.id, driver=AttemptDriver.interactive.value)
-            new_id, attempt = row.id, row.attempt
+            start = start_rerun(s, episode, from_turn)
     except (LookupError, ValueError) as exc:
         fail(str(exc))
-    console.print(f"episode {source.id} -> new attempt {attempt} ({new_id}); forcing {from_turn} stored turns")
+    new_id, attempt, recorded, edits = start.new_id, start.attempt, start.recorded, start.edits
+    console.print(f"episode {episode} -> new attempt {attempt} ({new_id}); forcing {from_turn} stored turns")
+    if start.unrepeated_shells:
+        console.print(
+            f"note: the source's operator opened a shell at turn(s) {', '.join(map(str, start.unrepeated_shells))}; "
+            "a shell session is not repeated, so this container lacks whatever it changed, and this attempt is "
+            "steered (its forced turns were written against it)",
+            style="yellow",
+            markup=False,
+        )
     operator = Operator(forced_turns=from_turn, forced_actions=edits, console=console)
     prefixes: list[ForcedPrefix] = []
 

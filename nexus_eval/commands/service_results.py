@@ -7,12 +7,13 @@ from pathlib import Path
 
 import typer
 
-from nexus_eval.commands._common import DB_OPTION, fail, open_db
+from nexus_eval.commands._common import DB_OPTION, fail, read_db
+from results.table_formats import FORMAT_HELP, unknown_format
 
 
 def compare(
     jobs: list[str] = typer.Argument(..., help="one or more job ids (prefixes), or one probe run id"),
-    fmt: str = typer.Option("table", "--format", help="table | json | csv | markdown"),
+    fmt: str = typer.Option("table", "--format", help=FORMAT_HELP),
     include_interactive: bool = typer.Option(
         False,
         "--include-interactive",
@@ -31,11 +32,11 @@ def compare(
     of the calls' copied values per method, ΔNLL vs dense, by distance). What each number means: docs/numbers.md.
     Given one probe run id instead, the probe run's table."""
     from results.compare import compare_jobs
-    from results.compare_render import FORMATS, render
+    from results.compare_render import render
 
-    if fmt not in FORMATS:
-        fail(f"unknown --format {fmt!r}; use one of {', '.join(FORMATS)}")
-    database = open_db(db)
+    if message := unknown_format(fmt):
+        fail(message)
+    database = read_db(db)
     if len(jobs) == 1:
         from db.probes import job_or_probe_run
 
@@ -89,7 +90,7 @@ def export(
 
     if output is not None and output_dir is not None:
         fail("give --output FILE or --output-dir DIR, not both")
-    database = open_db(db)
+    database = read_db(db)
     only = {"method": method, "scope": scope, "protocol": protocol, "seed": seed}
     # two streaming reads, a chunk of patches held at a time (results.export): what the files will hold first, so
     # an ambiguous or empty export is refused before anything is written; then the lines, written as they come
@@ -146,7 +147,7 @@ def regrade(
 
     from workers.execution import regrade_job
 
-    database = open_db(db)
+    database = read_db(db)
     try:
         changes = regrade_job(database, job, include_interactive=include_interactive)
     except LookupError as exc:

@@ -122,7 +122,8 @@ def test_on_turn_failure_is_recorded_not_raised(task, environment):
 def test_intervene_replaces_the_action_before_it_runs(task, environment):
     replacement = ToolCall(name="finish", arguments={"command": "submit"})
 
-    def intervene(index, parsed):
+    def intervene(index, parsed, raw):
+        assert raw == LS  # the raw completion comes with the parse (the live prompt shows it)
         return ParsedAction(thought="operator override", call=replacement) if index == 0 else None
 
     result = run_loop(ScriptedModel([LS]), environment, task, intervene=intervene)

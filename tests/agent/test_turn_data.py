@@ -12,12 +12,13 @@ from pydantic import ValidationError
 
 from agent_runner.backends.forced_prefix import ForcedPrefix
 from agent_runner.backends.scripted import ScriptedModel
-from agent_runner.records import Completion, CompletionInfo, Message, TurnRecord
+from agent_runner.records import Completion, CompletionInfo, Message, OperatorAct, ShellSession, TurnRecord
 from db import Database, connect, sqlite_url
 from db import store as db_store
 from db.models import Turn
 from jobs.spec import EpisodeKey
 from results.turn_data import TurnExtra
+from sandbox.tools import ToolCall
 from workers.execution import turn_row
 
 #: a value unlike the default for every field the code reads from ``turns.extra``
@@ -33,6 +34,11 @@ TURN_VALUES: dict[str, Any] = {
     "parse_error": "no closing </function>",
     "format_error": True,
     "intervened": True,
+    "operator": OperatorAct(
+        choice="edit",
+        proposed=ToolCall(name="execute_bash", arguments={"cmd": "ls"}),
+        shells=[ShellSession(transcript="$ ls\nREADME.md\n", cut=3, seconds=1.5, exit_code=0)],
+    ),
     "user_message": "obs\nSteps Remaining: 3",
     "submitted": True,
     "model_s": 0.75,
@@ -135,7 +141,7 @@ def test_a_known_key_is_refused_in_the_free_form_extra():
 #: ``turns.extra`` as turn_row wrote it before ``Completion.info``: the backend's keys in ``backend``, the openai
 #: reply's id as ``id``, and a key nothing reads
 OLD_ROW = {
-    **TURN_VALUES,
+    **{k: v.model_dump(mode="json") if isinstance(v, OperatorAct) else v for k, v in TURN_VALUES.items()},
     **COMPLETION_VALUES,
     "backend": {**{k: v for k, v in INFO_VALUES.items() if k != "request_id"}, "id": "chatcmpl-1", "queue_ms": 12},
 }

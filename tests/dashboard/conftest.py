@@ -2,8 +2,8 @@
 port, and Debian's chromium driven by Playwright.
 
 - ``job_run`` (session): ``nexus-eval run`` of the tiny model on one mini task, dense/snapkv/nexus under
-  prefill_decode and both protocols (5 episodes in real Docker sandboxes, graded: dense runs in the first
-  protocol only and the compare table reuses it for the other row), into a fresh SQLite file,
+  prefill_decode and both protocols (6 episodes in real Docker sandboxes, graded: dense runs under each protocol,
+  since the tiny model's Qwen3 template re-renders a history without its <think> blocks), into a fresh SQLite file,
   plus ``nexus-eval compare JOB --format json`` of it: the numbers the compare page must show. The CLI runs as
   ``python -m nexus_eval.cli`` so it is this checkout's code whatever the ``nexus-eval`` script points at.
 - ``serve(public=...)``: ``dashboard.app.create_app(url, token=TOKEN, public=...)`` under uvicorn in a thread,
@@ -133,8 +133,8 @@ def job_run(tmp_path_factory) -> JobRun:
     compare = cli("compare", job_id, "--db", str(db_path), "--format", "json", timeout=120)
     assert compare.returncode == 0, _failed("nexus-eval compare", compare)
     episodes = _episodes(sqlite_url(db_path), job_id)
-    # dense runs once per task and seed, in the first cell; the other rows reuse it (jobs.spec: dense_per_cell)
-    cells = {(m, p) for m in METHODS for p in PROTOCOLS if m != "dense" or p == PROTOCOLS[0]}
+    # dense runs under each protocol: Qwen3's template renders a history differently under full context (jobs.spec)
+    cells = {(m, p) for m in METHODS for p in PROTOCOLS}
     assert {(e["method"], e["protocol"]) for e in episodes} == cells and len(episodes) == len(cells), episodes
     return JobRun(db_path, job_id, json.loads(compare.stdout), episodes, seconds)
 

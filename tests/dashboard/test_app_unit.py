@@ -174,7 +174,7 @@ def test_job_page_and_progress(filled):
     assert 'data-live="0"' in page
     progress = c.get(f"/api/jobs/{filled.live_job_id}/progress").json()
     assert progress == {"job_id": filled.live_job_id, "status": "pending", "total": 1, "finished": 0,
-                        "counts": {"queued": 1}}  # fmt: skip
+                        "counts": {"queued": 1}, "apart": {}}  # fmt: skip
     assert 'data-live="1"' in c.get(f"/jobs/{filled.live_job_id}").text
 
 
@@ -311,7 +311,9 @@ def test_episode_page(filled):
     charts_div = page[page.index('<div id="cache-charts">') : page.index('<div id="retention">')]
     assert charts_div.count("<svg") >= 4 and "KV held and allocated" in charts_div
     # the episode's KV peaks: the largest of its turns' peaks (the first turn's prefill here), labelled as such
-    assert '<dd id="kv-peak-held-bytes">24576</dd>' in page and '<dd id="kv-peak-allocated-bytes">30720</dd>' in page
+    # in the job page's byte format (results.cost.human_bytes), the exact count in the title
+    assert '<dd id="kv-peak-held-bytes" title="24576 bytes">24.0 KiB</dd>' in page
+    assert '<dd id="kv-peak-allocated-bytes" title="30720 bytes">30.0 KiB</dd>' in page
     assert ">KV held peak</dt>" in page and ">KV alloc peak</dt>" in page
     retention = page[page.index('<div id="retention">') :]
     assert "<svg" in retention.split("</div>")[0]
@@ -392,3 +394,36 @@ def test_cli_verbs(filled, tmp_path, monkeypatch):
     missing = tmp_path / "no-such-folder" / "r.html"
     done = CliRunner().invoke(app, ["report", filled.job_id, "-o", str(missing), "--db", filled.url])
     assert done.exit_code == 2 and "does not exist" in done.output and not missing.parent.exists()
+
+
+def test_a_cell_whose_every_episode_broke_shows_not_run_on_the_compare_page_and_the_report(tmp_path):
+    """Issue 44, item 4: nothing measured, so no rate, interval or p-value: "not run: <the first cause>"."""
+    url = sqlite_url(tmp_path / "broken.db")
+    db = connect(url)
+    keys = [EpisodeKey(t, m, "prefill_only", "true_eviction", 0) for m in ("dense", "nexus") for t in ("t1", "t2")]
+    with db.session() as s:
+        job = db_store.create_job(s, config={"methods": ["dense", "nexus"]}, config_hash="h", name="broken",
+                                  package_versions={}, git_revision="abc")  # fmt: skip
+        rows = db_store.add_episodes(s, job.id, keys)
+        job_id, ids = job.id, {(k.task_id, k.method): r.id for k, r in zip(keys, rows, strict=True)}
+    for task in ("t1", "t2"):
+        _run(db, ids[(task, "dense")], "dense", "resolved")
+        with db.session() as s:
+            claim = db_store.claim_episode(s, ids[(task, "nexus")])
+        with db.session() as s:
+            error = f"ValueError: cannot load model 'typo' ({task})\nTraceback (most recent call last):"
+            db_store.finish_episode(s, claim, "infra_failure", error=error)
+    db.dispose()
+    c = client(Fixture(url, job_id, job_id, {}))
+    data = c.get(f"/jobs/{job_id}/compare.json").json()["rows"][0]["cells"]["nexus"]
+    assert (data["rate"], data["p_value"], data["not_run"]) == (None, None, "ValueError: cannot load model 'typo' (t1)")
+    assert ",not_run," in c.get(f"/jobs/{job_id}/compare.csv").text.splitlines()[0]
+    page = c.get(f"/jobs/{job_id}/compare").text
+    report = write_report(url, job_id, tmp_path / "report.html").read_text(encoding="utf-8")
+    for html in (page, report):
+        cell = re.search(r'<td class="cell"[^>]*data-method="nexus"[^>]*>(.*?)</td>', html, re.S)
+        assert cell, html
+        assert 'data-rate=""' in cell[0] and 'data-p-value=""' in cell[0]
+        assert 'data-not-run="ValueError: cannot load model &#39;typo&#39; (t1)"' in cell[0]
+        assert "not run: ValueError: cannot load model &#39;typo&#39; (t1)" in cell[1] and "p=" not in cell[1]
+        assert "1 cell(s) not run" in html

@@ -452,3 +452,61 @@ def test_a_resample_belongs_to_its_own_density_row_of_a_sweep():
     by_density = {r.density: r.cells["nexus"] for r in table.rows}
     assert (by_density[0.1].resamples, by_density[0.1].best_of_n) == (1, 1.0)
     assert (by_density[0.2].resamples, by_density[0.2].best_of_n) == (0, None)
+
+
+# --- issue 44, item 4: a cell whose every episode broke measured nothing, and says so ----------------------------
+
+LOAD_ERROR = "ValueError: cannot load model 'nosuch-model-xyz': " + "x" * 200 + "\nTraceback (most recent call last):"
+
+
+def _broken_job(db):
+    """Dense ran (1/2 resolved); every nexus episode broke (the model never loaded), in true_eviction only."""
+    job_id, ids = _oracle_job(db, ["t1", "t2"], methods=("dense", "nexus"), protocols=["true_eviction"])
+    _finish(db, ids[("t1", "dense")], "resolved")
+    _finish(db, ids[("t2", "dense")], "unresolved")
+    for task in ("t2", "t1"):
+        with db.session() as s:
+            claim = st.claim_episode(s, ids[(task, "nexus")])
+        with db.session() as s:
+            st.finish_episode(s, claim, "infra_failure", error=LOAD_ERROR if task == "t1" else "later error")
+    return job_id
+
+
+def test_a_cell_whose_every_episode_broke_is_not_run_with_no_rate_interval_or_p_value(sqlite_db):
+    job_id = _broken_job(sqlite_db)
+    with sqlite_db.session() as s:
+        table = compare_jobs(s, [job_id])
+    cell = table.rows[0].cells["nexus"]
+    reason = cell.not_run
+    assert reason.startswith("ValueError: cannot load model 'nosuch-model-xyz'") and len(reason) <= 120, reason
+    assert "\n" not in reason and reason.endswith("…")  # the first episode's (t1's) error, one line, shortened
+    assert (cell.n, cell.rate, cell.ci_low, cell.ci_high, cell.p_value, cell.failures) == (0, None, None, None, None, 2)
+    assert cell_text(cell) == f"not run: {reason}" and "p=" not in cell_text(cell)
+    assert table.rows[0].cells["dense"].rate == 0.5 and table.rows[0].cells["dense"].not_run is None
+    assert any(n.startswith("1 cell(s) not run") for n in table.notes)
+    text = render(table, "table", width=400)
+    assert "not run: ValueError: cannot load model" in text and "p=" not in text
+    assert "not run: ValueError" in render(table, "markdown")
+    data = json.loads(render(table, "json"))["rows"][0]["cells"]["nexus"]
+    assert (data["rate"], data["p_value"], data["ci_low"], data["not_run"]) == (None, None, None, reason)
+    lines = {r["method"]: r for r in csv.DictReader(io.StringIO(render(table, "csv")))}
+    assert (lines["nexus"]["rate"], lines["nexus"]["p_value_vs_dense"], lines["nexus"]["not_run"]) == ("", "", reason)
+    assert lines["dense"]["not_run"] == "" and lines["dense"]["rate"] == "0.5"
+
+
+def test_a_cell_with_some_broken_episodes_still_counts_them_as_not_resolved():
+    rows = [Outcome(t, "dense", "prefill_only", "true_eviction", 0, "resolved") for t in ("t1", "t2")]
+    rows += [Outcome("t1", "nexus", "prefill_only", "true_eviction", 0, "infra_failure")]
+    rows += [Outcome("t2", "nexus", "prefill_only", "true_eviction", 0, "resolved")]
+    cell = build_table(rows).rows[0].cells["nexus"]
+    assert (cell.not_run, cell.n, cell.resolved, cell.failures, cell.rate, cell.c) == (None, 2, 1, 1, 0.5, 1)
+    assert cell.p_value is not None and "1/2 50.0%" in cell_text(cell)
+
+
+def test_no_paired_test_against_a_dense_that_was_not_run():
+    rows = [Outcome(t, "dense", "prefill_only", "true_eviction", 0, "timeout") for t in ("t1", "t2")]
+    rows += [Outcome(t, "nexus", "prefill_only", "true_eviction", 0, "resolved") for t in ("t1", "t2")]
+    table = build_table(rows)
+    dense, nexus = table.rows[0].cells["dense"], table.rows[0].cells["nexus"]
+    assert dense.not_run == "timeout" and dense.rate is None  # no stored error (no database): the status
+    assert (nexus.rate, nexus.p_value, nexus.n_pairs) == (1.0, None, 0)

@@ -108,7 +108,7 @@ def test_interactive_rerun_edit_continue_finish_in_a_real_terminal(tmp_path):
 
     # a rerun of the steered attempt past its edited turn runs the operator's stored action again
     child = rerun_in_a_terminal(new_id, 2, "terminal2.log")
-    child.expect_exact("--- turn 1 (forced from the stored attempt with its operator's action) ---")
+    child.expect_exact("--- turn 1 (forced from the stored attempt repeating its operator's edit) ---")
     child.expect_exact("EDITED_BY_OPERATOR")
     child.expect_exact("--- turn 2 ---")
     child.expect_exact("[c]ontinue")
@@ -122,3 +122,84 @@ def test_interactive_rerun_edit_continue_finish_in_a_real_terminal(tmp_path):
         third = db_store.get_episode(s, third_id)
         assert (third.attempt, third.driver) == (3, "steered")
         assert "EDITED_BY_OPERATOR" in third.turns[1].observation and third.turns[1].extra["intervened"] is True
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_interactive_shell_and_skip_are_on_the_record_in_a_real_terminal(tmp_path):
+    """Issue 44: ``h`` then ``c`` at turn 0, ``h`` (the fix applied in the shell) then ``s`` at turn 1, ``c`` at the
+    finish. Before: the attempt was stored ``interactive`` with no trace of either shell, and the skip ran an echo
+    in the container shown as "observation (edited)". Now: ``steered``, each shell's transcript (the commands and
+    their output) on its turn, and the skipped action never ran."""
+    require(*docker_status())
+    import pexpect
+
+    from agent_runner.records import SKIPPED_OBSERVATION
+    from tests.service.test_cli import read_cli
+
+    url = sqlite_url(tmp_path / "nexus-eval.db")
+    db = connect(url)
+    spec = JobSpec.from_dict(oracle_job(["humanfmt__humanfmt-1"], ["nexus"], ["true_eviction"]))
+    _, (source_id,) = create_job_rows(db, plan_job(spec, load_tasks(spec)))
+    assert execute_episode(db, source_id).needs_grade
+    assert grade_stored_episode(db, source_id) == "resolved"
+
+    env = {**os.environ, "NO_COLOR": "1", "TERM": "dumb", "COLUMNS": "200", "NEXUS_EVAL_DB": url}
+    child = pexpect.spawn(
+        sys.executable,
+        ["-m", "nexus_eval.cli", "rerun", source_id, "--interactive"],
+        cwd=str(ROOT),
+        env=env,
+        encoding="utf-8",
+        timeout=120,
+        dimensions=(50, 200),
+    )
+    child.logfile_read = open(tmp_path / "terminal.log", "w")  # noqa: SIM115
+    child.expect_exact("--- turn 0 ---")
+    child.expect_exact("[c]ontinue")
+    child.sendline("h")
+    child.expect_exact("the session is recorded")
+    child.sendline("echo SHELL_LOOKED_$((6*7)) && ls /testbed | head -3")
+    child.expect_exact("SHELL_LOOKED_42")  # computed: the echoed command line does not match it
+    child.sendline("exit")
+    child.expect_exact("shell session recorded")
+    child.expect_exact("[c]ontinue")
+    child.sendline("c")
+    child.expect_exact("--- turn 1 ---")
+    child.expect_exact("[c]ontinue")
+    child.sendline("h")
+    child.expect_exact("the session is recorded")
+    child.sendline(f"{EDITED.replace('EDITED_BY_OPERATOR', 'SHELL_FIXED_$((6*7))')}")
+    child.expect_exact("SHELL_FIXED_42")
+    child.sendline("exit")
+    child.expect_exact("shell session recorded")
+    child.expect_exact("[c]ontinue")
+    child.sendline("s")
+    child.expect_exact("observation (the operator skipped the action: nothing ran)")
+    child.expect_exact("--- turn 2 ---")
+    child.expect_exact("action: finish")
+    child.expect_exact("[c]ontinue")
+    child.sendline("c")
+    child.expect(r"RESULT (\w+) (\w+)")
+    new_id, verdict = child.match.group(1), child.match.group(2)
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+    assert verdict == "resolved"  # the fix the operator applied in the shell
+
+    with db.session() as s:
+        new = db_store.get_episode(s, new_id)
+        assert new.driver == "steered"
+        turns = new.turns
+        looked = turns[0].extra["operator"]
+        assert looked["choice"] == "continue" and not turns[0].extra["intervened"]
+        (session,) = looked["shells"]
+        assert "echo SHELL_LOOKED_$((6*7))" in session["transcript"] and "SHELL_LOOKED_42" in session["transcript"]
+        assert "\x1b" not in session["transcript"] and session["exit_code"] == 0
+        fixed = turns[1].extra["operator"]
+        assert fixed["choice"] == "skip" and "SHELL_FIXED_42" in fixed["shells"][0]["transcript"]
+        assert fixed["proposed"] == turns[1].action  # the model's own action, kept and not run
+        assert turns[1].observation == SKIPPED_OBSERVATION and turns[1].env_s == 0.0
+        assert "SHELL_FIXED_42" not in (turns[1].observation or "")
+    shown = read_cli("inspect", new_id, db=db)
+    assert "SHELL_LOOKED_42" in shown and "SHELL_FIXED_42" in shown and "[skipped]" in shown

@@ -93,7 +93,7 @@ def _check(url: str) -> None:
         assert (e0.mean_kv_held_bytes, e0.kept_fraction) == (expected["mean_kv_held_bytes"], expected["kept_fraction"])
         assert e0.mean_kv_held_bytes == 300.0  # turns 1..3 report 200, 300, 400 bytes; turn 0 none
         assert e0.kept_fraction == pytest.approx((3.5 / 10 + 4.5 / 20 + 5.5 / 30) / 3)  # turn 0 has no length
-        assert s.get(Job, "j1").counts == recount(s, "j1") == {"resolved": 1, "running": 1}
+        assert s.get(Job, "j1").counts == recount(s, "j1") == {"result": {"resolved": 1, "running": 1}}  # 0010's form
     db.dispose()
     command.downgrade(_alembic_config(url), "0008")  # and back: the JSON exactly as it was
     engine = make_engine(url)

@@ -26,7 +26,7 @@ from results.stats import bootstrap_mean_ci, mcnemar_paired, wilson_interval
 CELLS = ["--lengths", "256", "--variants", "dense,snapkv", "--densities", "0.5", "--workers", "1"]
 ARGS = ["--model", "tiny", "--samples", "2", *CELLS]
 SETTINGS = ProbeSettings(model="tiny", samples=2, lengths=(256,), variants=("dense", "snapkv"), densities=(0.5,))
-FORMATS = ("json", "csv", "markdown", "table")
+FORMATS = ("json", "csv", "tsv", "markdown", "table")
 
 
 @dataclass
@@ -127,12 +127,16 @@ def test_show_and_compare_carry_numbers_equal_to_a_recomputation(probe_run):
     cells = json.loads(outputs["json"])["cells"]
     assert len(cells) == len(expected) == 8
     csv_rows = {(r["probe"], r["variant"], r["protocol"]): r for r in csv.DictReader(io.StringIO(outputs["csv"]))}
+    tsv_lines = list(csv.reader(io.StringIO(outputs["tsv"]), delimiter="\t"))
+    assert tsv_lines == list(csv.reader(io.StringIO(outputs["csv"])))  # csv with a tab: the same fields
     for c in cells:
         want = expected[(c["probe"], c["variant"], c["scope"], c["protocol"], c["density"])]
         for name, value in want.items():
             if name.startswith("vs_"):
                 test = c["vs"][name[3:]]
                 assert (test["b"], test["c"], test["p_value"]) == value, (c, name)
+            elif value is None:  # no interval (too few samples): None compared as itself, not through approx
+                assert c[name] is None, (c, name)
             else:
                 assert c[name] == pytest.approx(value, rel=1e-12, abs=1e-15), (c, name)
         line = csv_rows[(c["probe"], c["variant"], c["protocol"])]
@@ -208,7 +212,8 @@ def test_help_names_the_probe_settings_defaults():
 @pytest.mark.slow
 def test_a_killed_probe_run_is_marked_failed_with_its_cause_at_the_next_start(tmp_path):
     """kill -9 leaves no chance to record why; the run stayed `running` for good. The next `probe` command of this
-    host finds its process gone and marks it failed, saying so and how far it got."""
+    host that writes (`probe run`) finds its process gone and marks it failed, saying so and how far it got; `probe
+    list` and `probe show` say so and write nothing (a read never writes)."""
     import os
     import signal
     import subprocess
@@ -243,7 +248,15 @@ def test_a_killed_probe_run_is_marked_failed_with_its_cause_at_the_next_start(tm
     run, _ = stored(sqlite_url(db_path), run_id)
     assert run.status == "running" and run.provenance["process"].endswith(f"/{process.pid}")
     listed = cli("probe", "list", "--db", str(db_path))
-    assert listed.exit_code == 0 and f"probe run {run_id}: its process is gone; marked failed" in listed.output
+    assert listed.exit_code == 0 and "its process is gone" in listed.output, listed.output
+    shown = cli("probe", "show", run_id, "--db", str(db_path))
+    assert f"probe run {run_id}: its process is gone; the next" in shown.output
+    assert stored(sqlite_url(db_path), run_id)[0].status == "running"  # a read never writes
+    from nexus_eval.commands.probe import sweep_orphans
+
+    database = connect(sqlite_url(db_path))
+    sweep_orphans(database)  # what `probe run` does first
+    database.dispose()
     run, rows = stored(sqlite_url(db_path), run_id)
     assert run.status == "failed" and run.finished_at is not None
     assert run.error.startswith(f"the process {run.provenance['process']} that ran it is gone")

@@ -26,7 +26,7 @@ from tests.service.test_liveness import _claim, _job, _row, _submitted
 from tests.service.test_rerun import RecordingBroker
 from workers import celery_tasks
 from workers.faults import recovery as rec
-from workers.faults.db_retry import DatabaseUnavailable, is_transient, retrying
+from workers.faults.db_retry import DatabaseStillDown, is_transient, retrying
 from workers.faults.docker_gate import DockerDown, wait_for_docker
 from workers.faults.recovery import UNSENT_NOTE, Recovered, recover_at_start, resume_job, retry_infra_failure, sweep
 
@@ -135,7 +135,7 @@ def test_retrying_gives_up_after_its_budget_chaining_the_last_error():
         raised.append(_down(f"refused #{len(raised)}"))
         raise raised[-1]
 
-    with pytest.raises(DatabaseUnavailable) as gave_up:
+    with pytest.raises(DatabaseStillDown) as gave_up:
         retrying(down, budget_s=40, what="finish e1", sleep=t.sleep, clock=t.clock)
     assert t.slept == [0.5, 1.0, 2.0, 4.0, 8.0, 10.0, 10.0]  # doubling, capped at 10 s, within the budget
     assert sum(t.slept) <= 40 and len(raised) == 8

@@ -11,7 +11,7 @@ import json
 import tracemalloc
 from collections import Counter
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 from rich.console import Console
@@ -20,12 +20,13 @@ from sqlalchemy.engine import Engine
 
 from db import progress
 from db import store as st
+from db.attempt_roles import AttemptFacts, Role, roles_of
 from nexus_eval.commands._job_progress import Attempt, EndedLines
 from nexus_eval.commands._preflight import failure_reasons, first_line
 from results import export
 from tests.service.db_fixtures import any_db_fixture, sqlite_db_fixture  # noqa: F401  (fixtures)
 from tests.service.test_cli import invoke
-from workers.embedded import ACTIVE_STATUSES, job_finished, progress_table
+from workers.embedded import ACTIVE_STATUSES, apart_text, job_finished, progress_table
 
 # "Zeta" sorts before "alpha" by code point (Python), after it in a locale collation (PostgreSQL's default)
 TASKS = ("alpha__a-1", "Zeta__z-1", "alpha__a-10", "beta.b-1")
@@ -108,40 +109,57 @@ def whole_rows(seen: list[str]) -> list[str]:
     return [q for q in seen if "episodes.config" in q]
 
 
+def _shown(s, job_id: str) -> list[tuple]:
+    """(row, role) of every attempt a view shows, by the result rule written out over all the job's rows (a
+    replaced broken run left out), in key then attempt order."""
+    rows = st.episodes_for_job(s, job_id)
+    by_key: dict = {}
+    for r in rows:
+        by_key.setdefault(r.episode_key, []).append(r)
+    shown = []
+    for key in sorted(by_key):
+        roles = roles_of(AttemptFacts(r.attempt, r.driver, r.status) for r in by_key[key])
+        shown += [(r, roles[r.attempt].value) for r in by_key[key] if roles[r.attempt] != Role.replaced]
+    return shown
+
+
 def test_grouped_counts_equal_a_count_over_the_rows(any_db):
     job_id = _varied_job(any_db)
     with any_db.session() as s:
-        rows = st.latest_attempts(s, [job_id])
-        assert {r.driver for r in rows} >= {"agent", "interactive"} and max(r.attempt for r in rows) == 2
+        shown = _shown(s, job_id)
+        assert {role for _, role in shown} >= {"result", "resample", "interactive"}
         by_group: dict = {}
-        for r in rows:
-            by_group.setdefault((r.method, r.scope, r.protocol), Counter())[r.status] += 1
+        for r, role in shown:
+            by_group.setdefault((r.method, r.scope, r.protocol), {}).setdefault(role, Counter())[r.status] += 1
         assert progress.group_counts(s, job_id) == by_group
-        assert progress.status_counts(s, job_id) == Counter(r.status for r in rows)
-        assert progress.newest_statuses(s, job_id) == [(r.id, r.status) for r in rows]  # Python's key order
+        assert progress.status_counts(s, job_id) == Counter(r.status for r, _ in shown)
+        assert progress.shown_statuses(s, job_id) == [(r.id, r.status, role) for r, role in shown]  # key order
         assert set(progress.status_counts(s, job_id)) >= set(ENDS) - {"empty_patch"}
+        rows = [r for r, role in shown if role == "result"]
         failed = Counter(f"{r.status}: {first_line(r.error)}" for r in rows if r.status in ("infra_failure", "timeout"))
     assert failure_reasons(any_db, job_id) == [(n, reason) for reason, n in failed.most_common()]
     assert not job_finished(any_db, job_id)
 
 
 def _old_table(db, job_id: str) -> str:
-    """The status table as it was drawn from every newest row."""
+    """The status table drawn from every row, by the result rule written out (:func:`_shown`)."""
     with db.session() as s:
-        rows, status = st.latest_attempts(s, [job_id]), st.get_job(s, job_id).status
+        shown, status = _shown(s, job_id), st.get_job(s, job_id).status
     groups: dict = {}
-    for r in rows:
-        groups.setdefault((r.method, r.scope, r.protocol), Counter())[r.status] += 1
-    statuses = sorted({x for c in groups.values() for x in c}, key=lambda x: (x not in ACTIVE_STATUSES, x))
+    for r, role in shown:
+        groups.setdefault((r.method, r.scope, r.protocol), {}).setdefault(role, Counter())[r.status] += 1
+    results = {g: by.get("result", Counter()) for g, by in groups.items()}
+    statuses = sorted({x for c in results.values() for x in c}, key=lambda x: (x not in ACTIVE_STATUSES, x))
     from rich.table import Table
 
     table = Table(title=f"job {job_id}: {status}")
-    for col in ("method", "scope", "protocol", *statuses, "done"):
-        table.add_column(col, justify="left" if col in ("method", "scope", "protocol") else "right")
-    for (method, scope, protocol), counts in sorted(groups.items()):
+    for col in ("method", "scope", "protocol", *statuses, "done", "apart"):
+        table.add_column(col, justify="left" if col in ("method", "scope", "protocol", "apart") else "right")
+    for (method, scope, protocol), counts in sorted(results.items()):
         total = sum(counts.values())
         done = total - sum(counts[a] for a in ACTIVE_STATUSES)
-        table.add_row(method, scope, protocol, *(str(counts.get(x, 0)) for x in statuses), f"{done}/{total}")
+        cells = [method, scope, protocol, *(str(counts.get(x, 0)) for x in statuses), f"{done}/{total}"]
+        table.add_row(*cells, apart_text(groups[(method, scope, protocol)]))
     return _drawn(table)
 
 
@@ -173,14 +191,14 @@ def test_a_poll_reads_the_fields_of_what_ended_only(any_db):
         with statements() as seen:
             by_poll.poll(any_db, job_id)
         with any_db.session() as s:
-            by_rows.report([Attempt.of(r) for r in st.latest_attempts(s, [job_id])])
+            by_rows.report([replace(Attempt.of(r), role=role) for r, role in _shown(s, job_id)])
         return [q for q in seen if q.startswith("SELECT")]
 
     assert whole_rows(both()) == []
     with any_db.session() as s:
         waiting = [r.id for r in st.latest_attempts(s, [job_id]) if r.status == "submitted"]
         failed = next(r.id for r in st.latest_attempts(s, [job_id]) if r.status == "timeout")
-        st.new_attempt(s, failed)  # a retry: its key's ended attempt is no longer the newest
+        st.new_attempt(s, failed)  # a retry: its key's ended attempt is no longer its result
     assert len(waiting) == 2
     for episode_id in waiting:
         with any_db.session() as s:

@@ -232,3 +232,26 @@ def test_episodes_stored_before_the_kv_figures_show_a_dash_never_0(tmp_path):
     assert [cells[k].strip() for k in ("KV held", "KV held peak", "KV alloc peak")] == ["-", "-", "-"]
     (row,) = list(csv.DictReader(io.StringIO(to_csv(table))))
     assert [row[name] for name in COST_FIELDS if "kv" in name] == ["", "", "", ""]
+
+
+def test_equal_cost_points_are_all_visible_and_keep_their_true_values(table):
+    """Cells of one cost would be drawn on one spot: they are dodged side by side, each point's tooltip and
+    ``data-kv-held-mib`` keeping its true cost (issue 44)."""
+    import copy
+    import itertools
+
+    same = copy.deepcopy(table)
+    for row in same.rows:
+        for cell in row.cells.values():
+            cell.cost.mean_kv_held_bytes = 3 * 2**20
+    svg = quality_vs_cost_chart(same)
+    point = r'<g class="point" data-method="(\w+)" data-density="([\d.]*)" data-kv-held-mib="([^"]+)">\s*<title>([^<]*)'
+    points = re.findall(point + r'</title>.*?<use [^>]*\bx="([\d.]+)" y="([\d.]+)"', svg, re.S)
+    assert len(points) == len(re.findall(r'class="point"', svg)) == 1 + len(METHODS) * len(DENSITIES)
+    assert len({(x, y) for *_, x, y in points}) == len(points)  # no marker on top of another
+    assert all(float(mib) == 3.0 and "3 MiB KV held" in tip for _, _, mib, tip, _, _ in points)
+    cell = same.rows[0].cells["nexus"]
+    tip = next(t for m, d, _, t, _, _ in points if (m, d) == ("nexus", f"{same.rows[0].density:g}"))
+    assert f"{100 * cell.rate:.1f}% resolved" in tip
+    apart = sorted(float(x) for *_, x, _ in points)
+    assert min(b - a for a, b in itertools.pairwise(apart)) > 1  # SVG points apart: visibly side by side

@@ -4,7 +4,15 @@ and the flags used to travel in an untyped ``Completion.extra`` that a hand-writ
 
 from __future__ import annotations
 
-from agent_runner.records import Completion, CompletionInfo, LayerStats, TurnRecord, TurnTokens
+from agent_runner.records import (
+    Completion,
+    CompletionInfo,
+    LayerStats,
+    OperatorAct,
+    ShellSession,
+    TurnRecord,
+    TurnTokens,
+)
 from db import store as db_store
 from db.models import Turn
 from jobs.spec import JobSpec
@@ -54,6 +62,7 @@ def _every_field_set() -> TurnRecord:
         parse_error="none really",
         format_error=True,
         intervened=True,
+        operator=OperatorAct(choice="skip", shells=[ShellSession(transcript="$ pwd\n/testbed\n", exit_code=0)]),
         observation="the observation",
         user_message="the observation\nSteps Remaining: 3",
         submitted=True,

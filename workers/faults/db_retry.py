@@ -3,7 +3,7 @@
 A worker must never acknowledge a message whose episode it could not record: a PostgreSQL restart of a few
 seconds would otherwise leave ``queued`` rows that no message will ever start. Every database call of an
 episode's life (claim, turn, finish, grade, the failure handler's own write) goes through :func:`retrying`;
-when the budget is spent it raises :class:`DatabaseUnavailable`, and the Celery task requeues its message
+when the budget is spent it raises :class:`DatabaseStillDown`, and the Celery task requeues its message
 (``workers.celery_tasks``) so the episode runs later.
 
 Only connection-level errors are retried (``OperationalError``, ``InterfaceError``, a DBAPI error that
@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-class DatabaseUnavailable(RuntimeError):
+class DatabaseStillDown(RuntimeError):
     """The database did not answer within the retry budget; ``__cause__`` is its last error."""
 
 
@@ -44,7 +44,7 @@ def retrying(
     clock: Callable[[], float] = time.monotonic,
 ) -> T:
     """``work()``, tried again after a transient database error (backoff 0.5 s doubling to 10 s) until
-    ``budget_s`` seconds have passed; then :class:`DatabaseUnavailable`. ``what`` names the work in logs."""
+    ``budget_s`` seconds have passed; then :class:`DatabaseStillDown`. ``what`` names the work in logs."""
     deadline, wait, tries = clock() + budget_s, 0.5, 0
     while True:
         tries += 1
@@ -54,7 +54,7 @@ def retrying(
             if not is_transient(exc):
                 raise
             if clock() + wait > deadline:
-                raise DatabaseUnavailable(
+                raise DatabaseStillDown(
                     f"{what}: the database did not answer for {budget_s:.0f} s ({tries} tries): "
                     f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
                 ) from exc
