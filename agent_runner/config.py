@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from agent_runner.backends.expert import ExpertConfig
+from agent_runner.backend_settings import ExpertConfig
 from nexus.config import EvictionConfig
 from nexus.methods import check_method, check_scope
 
@@ -38,6 +38,13 @@ ScopeName = Annotated[str, AfterValidator(check_scope)]
 TINY = "tiny"
 #: a real trained model preset (agent_runner/real_models.py), fetched once by `nexus-eval setup`
 SMOLLM2 = "smollm2-135m"
+
+#: does a history render alike under both protocols (``agent_runner.dense_reuse.dense_rendering``, at planning)
+DenseRendering = Literal["identical", "no_model", "differs", "unknown"]
+#: the answers under which one dense episode stands for every protocol
+SHARED_DENSE: frozenset[str] = frozenset({"identical", "no_model"})
+#: backends with no model: what they do does not depend on how a history is rendered
+NO_MODEL_BACKENDS: frozenset[str] = frozenset({"oracle", "expert"})
 
 
 class _Config(BaseModel):

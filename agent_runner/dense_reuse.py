@@ -28,18 +28,11 @@ context: ``identical`` means the rendering is the same, not that every sampled t
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Literal
 
 from agent_runner.chat_stream import ChatStream
-from agent_runner.config import ModelSpec
+from agent_runner.config import NO_MODEL_BACKENDS, DenseRendering, ModelSpec
 from agent_runner.records import Message
 from agent_runner.tokenizers import load_tokenizer, render_chat
-
-DenseRendering = Literal["identical", "no_model", "differs", "unknown"]
-#: the answers under which one dense episode stands for every protocol
-SHARED: frozenset[str] = frozenset({"identical", "no_model"})
-#: backends with no model: what they do does not depend on how a history is rendered
-NO_MODEL_BACKENDS: frozenset[str] = frozenset({"oracle", "expert"})
 
 #: the two-turn conversation the check renders: a reasoning block in the earlier assistant turn
 CHECK_CONVERSATION = (

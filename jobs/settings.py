@@ -19,7 +19,7 @@ Where things live, from the environment (see :class:`ServiceSettings`):
 What a job may make the worker send, and where (``backend: openai``; the operator's choice, never the job's):
 
 - ``NEXUS_EVAL_OPENAI_HOSTS``: comma-separated hosts (or globs) a job's ``openai.base_url`` may name; default
-  loopback only (``agent_runner.backends.openai.DEFAULT_HOSTS``).
+  loopback only (``agent_runner.backend_settings.DEFAULT_HOSTS``).
 - ``NEXUS_EVAL_OPENAI_KEY_ENVS``: comma-separated variable names (or globs) a job's ``openai.api_key_env`` may
   name, whose value is sent as the Bearer key; default ``OPENAI_API_KEY,*_API_KEY`` (``DEFAULT_KEY_ENVS``).
 
@@ -37,7 +37,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
-from agent_runner.backends.openai import (
+from agent_runner.backend_settings import (
     DEFAULT_HOSTS,
     DEFAULT_KEY_ENVS,
     HOSTS_VARIABLE,

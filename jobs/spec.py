@@ -66,12 +66,14 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
 
-from agent_runner.backends.expert import ExpertConfig
-from agent_runner.backends.openai import AllowedEndpoints, OpenAIConfig
+from agent_runner.backend_settings import AllowedEndpoints, ExpertConfig, OpenAIConfig
 from agent_runner.config import (
+    NO_MODEL_BACKENDS,
     PROTOCOLS,
+    SHARED_DENSE,
     AgentConfig,
     BackendName,
+    DenseRendering,
     EpisodeSpec,
     MethodName,
     ModelSpec,
@@ -81,7 +83,6 @@ from agent_runner.config import (
     check_openai_fields,
     legacy_agent_fields,
 )
-from agent_runner.dense_reuse import NO_MODEL_BACKENDS, SHARED, DenseRendering
 from nexus.config import EVICTION_DEFAULTS, SHARED_FIELDS, EvictionConfig
 from nexus.methods import DENSE, check_method
 from nexus.presets import DEFAULT_PRESET, PRESETS, check_preset, resolve, split_settings, stored_settings
@@ -364,7 +365,7 @@ class JobSpec(_Frozen):
 
     def check_endpoint(self, allowed: AllowedEndpoints, *, source: str = "<spec>") -> None:
         """``backend=openai``: refuse an endpoint the operator's allow-lists do not allow (``JobSpecError`` naming
-        ``openai.base_url`` / ``openai.api_key_env``; ``agent_runner.backends.openai.AllowedEndpoints.check``). Other
+        ``openai.base_url`` / ``openai.api_key_env``; ``agent_runner.backend_settings.AllowedEndpoints.check``). Other
         backends send nothing anywhere: nothing to check."""
         if self.backend != "openai":
             return
@@ -401,7 +402,7 @@ class JobSpec(_Frozen):
         ``jobs.submit.plan_job``, the one path a submission takes, always plans it."""
         if len(self.protocols) == 1 or self.backend in NO_MODEL_BACKENDS or self.dense_rendering is None:
             return True
-        return self.dense_rendering in SHARED
+        return self.dense_rendering in SHARED_DENSE
 
     def cells(self, method: str) -> list[tuple[str, str]]:
         """The (scope, protocol) cells ``method`` runs in: all of them; for dense the first scope under each

@@ -8,7 +8,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from agent_runner.dense_reuse import NO_MODEL_BACKENDS
+from agent_runner.config import NO_MODEL_BACKENDS
 from db.models import (
     AttemptDriver,
 )

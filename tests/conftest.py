@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import textwrap
 from pathlib import Path
 
@@ -68,11 +69,62 @@ def docker_status() -> tuple[bool, str]:
     return True, ""
 
 
+def pytest_addoption(parser):
+    parser.addoption(
+        "--matrix-seed",
+        type=int,
+        default=None,
+        help="seed of the sample each `matrix(keep=K)` test runs of its parameter matrix (default: a new one each "
+        "run, printed in the header; give it to rerun the same sample)",
+    )
+    parser.addoption("--matrix-full", action="store_true", help="run every cell of every `matrix` test")
+
+
+def matrix_seed(config) -> int:
+    """This run's matrix seed: given, or drawn once per run (and printed by :func:`pytest_report_header`)."""
+    if not hasattr(config, "_matrix_seed"):
+        given = config.getoption("--matrix-seed")
+        config._matrix_seed = given if given is not None else random.SystemRandom().randrange(10**6)
+    return config._matrix_seed
+
+
+def pytest_report_header(config):
+    if config.getoption("--matrix-full"):
+        return "matrix tests: every cell (--matrix-full)"
+    return f"matrix tests: a seeded sample of each matrix, --matrix-seed {matrix_seed(config)} (--matrix-full: all)"
+
+
+def sample_matrices(config, items) -> list:
+    """Exhaustive matrices keep their coverage across runs, not their wall time in each: of each test function's
+    items marked ``matrix(keep=K)``, K are kept (drawn with this run's seed, by the items' ids, so a seed names
+    the same sample on any machine), plus every item marked ``matrix(always=True)``. Returns the dropped items."""
+    if config.getoption("--matrix-full"):
+        return []
+    groups: dict[str, list] = {}
+    for item in items:
+        mark = item.get_closest_marker("matrix")
+        if mark is not None and not mark.kwargs.get("always"):
+            groups.setdefault(item.originalname, []).append(item)
+    rng = random.Random(matrix_seed(config))
+    dropped = []
+    for name in sorted(groups):
+        group = sorted(groups[name], key=lambda i: i.nodeid)
+        keep = group[0].get_closest_marker("matrix").kwargs["keep"]
+        kept = set(rng.sample(range(len(group)), min(keep, len(group))))
+        dropped += [item for index, item in enumerate(group) if index not in kept]
+    return dropped
+
+
 def pytest_collection_modifyitems(config, items):
     has_gpu = torch.cuda.is_available()
     for item in items:
         if "gpu" in item.keywords and not has_gpu:
             item.add_marker(pytest.mark.skip(reason="needs a CUDA device"))
+    dropped = sample_matrices(config, items)
+    if dropped:
+        gone = {id(item) for item in dropped}
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = [item for item in items if id(item) not in gone]
 
 
 def run_task_episode(task, model, *, agent=None, grade: bool = True, seed: int = 0, **hooks):

@@ -185,6 +185,22 @@ def test_a_forbidden_load_would_be_found():
     assert "celery" in _loaded_after_import(["jobs.queue"])
 
 
+def _modules_after_import(module: str) -> list[str]:
+    code = f"import importlib, sys; importlib.import_module({module!r}); print(sorted(sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    return ast.literal_eval(out.stdout)
+
+
+def test_a_job_spec_loads_no_sandbox_grader_or_backend():
+    """Configs are data: reading a job file (``jobs.spec``) loads the settings of the backends
+    (``agent_runner.backend_settings``), never a backend, a sandbox or a grader (it loaded 29 of our modules,
+    ``sandbox.container`` and ``grading.official`` among them)."""
+    loaded = _modules_after_import("jobs.spec")
+    ours = [m for m in loaded if m.split(".")[0] in ("sandbox", "tasks", "grading") or ".backends" in m]
+    assert ours == [], ours
+    assert "agent_runner.backend_settings" in loaded
+
+
 # A module name means one thing (CLI verb modules, nexus_eval.commands.*, are named after their verbs):
 # "tasks" are coding tasks (Celery's are workers.celery_tasks), "engine" is the batched decode engine (Docker's
 # is sandbox.docker_daemon), "episode" is the one episode runner, "replay" is counterfactual replay

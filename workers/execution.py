@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from agent_runner import spec_diff
-from agent_runner.backends.openai import AllowedEndpoints, EndpointNotAllowed, OpenAIConfig
+from agent_runner.backend_settings import AllowedEndpoints, EndpointNotAllowed, OpenAIConfig
 from agent_runner.config import EpisodeSpec
 from agent_runner.episode import EpisodeHooks, run_episode  # callers of the worker import EpisodeHooks from here
 from agent_runner.status import TIMEOUT, status_of

@@ -44,8 +44,7 @@ import shlex
 from collections.abc import Generator
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
-
+from agent_runner.backend_settings import ExpertConfig
 from agent_runner.backends import ModelError, stand_in_completion
 from agent_runner.expert_edits import (
     EditError,
@@ -99,19 +98,6 @@ THOUGHTS = {
     "cleanup": "Remove the reproduction changes so that only the fix remains.",
     "finish": "The fix is in place; submit it.",
 }
-
-
-class ExpertConfig(BaseModel):
-    """How much the expert explores before it reproduces and edits."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    explore_chars: int = Field(
-        0, ge=0, description="view related files until the observations total this many characters (0: none)"
-    )
-    max_chars: int = Field(
-        20000, gt=0, description="never add an exploration view that would push the observations past this"
-    )
 
 
 def view_size(path: str, lines: int, nbytes: int) -> int:

@@ -17,8 +17,9 @@ from types import SimpleNamespace
 import pytest
 from pydantic import ValidationError
 
+from agent_runner.backend_settings import ExpertConfig
 from agent_runner.backends import ModelError, make_backend
-from agent_runner.backends.expert import ExpertConfig, ExpertModel
+from agent_runner.backends.expert import ExpertModel
 from agent_runner.config import AgentConfig, EpisodeSpec
 from agent_runner.expert_edits import (
     EditError,

@@ -16,13 +16,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from pydantic import ValidationError
 
+from agent_runner.backend_settings import AllowedEndpoints, EndpointNotAllowed, OpenAIConfig
 from agent_runner.backends import ModelError
-from agent_runner.backends.openai import (
-    AllowedEndpoints,
-    EndpointNotAllowed,
-    OpenAIBackend,
-    OpenAIConfig,
-)
+from agent_runner.backends.openai import OpenAIBackend
 from agent_runner.records import Message
 
 MESSAGES = [Message(role="system", content="sys"), Message(role="user", content="fix it")]

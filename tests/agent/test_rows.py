@@ -121,10 +121,17 @@ def _turn_facts(turn) -> dict:
     return out
 
 
+#: how many of the matrix's other 38 cells a run measures (~7 s each): every cell over runs, a printed seed a run
+REPLAY_CELLS_PER_RUN = 8
+
+
 def _replay_matrix():
+    """Every method x scope x protocol. Two cells run always; of the rest, a seeded sample of
+    :data:`REPLAY_CELLS_PER_RUN` per run (``--matrix-seed``, ``--matrix-full``: tests/conftest.py)."""
     cells = [(m, s, p) for m in nexus.METHODS for s in nexus.SCOPES for p in ("true_eviction", "full_context")]
     fast = {("nexus", "prefill_decode", "true_eviction"), ("h2o", "prefill_decode", "full_context")}
-    return [pytest.param(*c, marks=() if c in fast else pytest.mark.slow) for c in cells]
+    sampled = (pytest.mark.slow, pytest.mark.matrix(keep=REPLAY_CELLS_PER_RUN))
+    return [pytest.param(*c, marks=pytest.mark.matrix(always=True) if c in fast else sampled) for c in cells]
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from agent_runner.backends.openai import AllowedEndpoints
+from agent_runner.backend_settings import AllowedEndpoints
 from db import store as db_store
 from db.models import Job
 from jobs.settings import ServiceSettings
