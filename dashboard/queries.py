@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session, defer
 from dashboard.list_queries import JOBS, BadListParameter, Listing, ListQuery, filtered_jobs
 from db import episode_lists, liveness
 from db import store as db_store
+from db.attempt_roles import apart_text
 from db.job_status import JobSummary, summarize, summarize_jobs
 from db.models import Episode, Replay, Turn, is_interactive, utcnow
 from db.packing import packed_keep
@@ -52,13 +53,8 @@ class JobRow:
 
     @property
     def apart_text(self) -> str:
-        """``1 resample (1 resolved)``: the attempts kept apart, or ""."""
-        parts = []
-        for role, by in sorted(self.apart.items()):
-            n = sum(by.values())
-            statuses = ", ".join(f"{c} {st}" for st, c in sorted(by.items()) if c)
-            parts.append(f"{n} {role} ({statuses})")
-        return "; ".join(parts)
+        """``1 resample (1 resolved)``: the attempts kept apart, or "" (``db.attempt_roles.apart_text``)."""
+        return apart_text(self.apart)
 
     @property
     def live(self) -> bool:

@@ -20,7 +20,7 @@ A key (task x method x scope x protocol x seed) may have many attempts (rows). E
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from enum import StrEnum
 from typing import Any, NamedTuple
 
@@ -84,6 +84,19 @@ def nested(flat: Counter[tuple[str, str]]) -> RoleCounts:
         if n:
             out.setdefault(role, {})[status] = n
     return out
+
+
+def apart_text(apart: Mapping[str, Mapping[str, int]]) -> str:
+    """``1 resample (1 resolved); 2 steered (1 resolved, 1 running)``: the attempts kept apart from the results, in
+    :data:`APART_ROLES` order, or "". The one wording of the status table, the job page and live.js."""
+    parts = []
+    for role in APART_ROLES:
+        counts = apart.get(role.value) or {}
+        n = sum(counts.values())
+        if n:
+            statuses = ", ".join(f"{c} {st}" for st, c in sorted(counts.items()) if c)
+            parts.append(f"{n} {role.value}{'s' if n > 1 and role == Role.resample else ''} ({statuses})")
+    return "; ".join(parts)
 
 
 def flat(counts: RoleCounts | None) -> Counter[tuple[str, str]]:

@@ -101,7 +101,7 @@ def progress_table(db: Database, job_id: str):
     ``run``: one GROUP BY (``db.progress.group_counts``), no episode row loaded."""
     from rich.table import Table
 
-    from db.attempt_roles import APART_ROLES, Role
+    from db.attempt_roles import APART_ROLES, Role, apart_text
     from db.progress import group_counts
 
     with db.session() as s:
@@ -122,20 +122,6 @@ def progress_table(db: Database, job_id: str):
             cells.append(apart_text(groups[(method, scope, protocol)]))
         table.add_row(*cells)
     return table
-
-
-def apart_text(by_role: dict[str, Counter]) -> str:
-    """``1 resample (1 resolved); 1 steered (1 running)``: the attempts kept apart from a row's results."""
-    from db.attempt_roles import APART_ROLES
-
-    parts = []
-    for role in APART_ROLES:
-        counts = by_role.get(role.value)
-        if counts and sum(counts.values()):
-            n = sum(counts.values())
-            statuses = ", ".join(f"{c} {st}" for st, c in sorted(counts.items()) if c)
-            parts.append(f"{n} {role.value}{'s' if n > 1 and role.value == 'resample' else ''} ({statuses})")
-    return "; ".join(parts)
 
 
 def job_finished(db: Database, job_id: str) -> bool:

@@ -32,11 +32,13 @@
       list.appendChild(li);
     });
     var apart = box.querySelector("p.apart");
-    var parts = Object.keys(p.apart || {}).sort().map(function (role) {
-      var by = p.apart[role];
-      var statuses = Object.keys(by).sort().map(function (s) { return by[s] + " " + s; });
+    // the wording of db.attempt_roles.apart_text, in its role order
+    var apartBy = p.apart || {};
+    var parts = ["resample", "interactive", "steered"].filter(function (role) { return apartBy[role]; }).map(function (role) {
+      var by = apartBy[role];
+      var statuses = Object.keys(by).sort().filter(function (s) { return by[s]; }).map(function (s) { return by[s] + " " + s; });
       var n = Object.keys(by).reduce(function (sum, s) { return sum + by[s]; }, 0);
-      return n + " " + role + " (" + statuses.join(", ") + ")";
+      return n + " " + role + (n > 1 && role === "resample" ? "s" : "") + " (" + statuses.join(", ") + ")";
     });
     apart.hidden = parts.length === 0;
     apart.querySelector(".apart-text").textContent = parts.join("; ");

@@ -242,3 +242,15 @@ def test_a_queued_resample_can_be_cancelled_from_the_job_page():
 
     assert not job_actions({"resolved": 2}, {"resolved": 2}).cancel
     assert job_actions({"resolved": 2}, {"resolved": 2}, {"resample": {"queued": 1}}).cancel
+
+
+def test_the_status_table_and_the_job_page_word_the_apart_attempts_alike():
+    """One wording (``db.attempt_roles.apart_text``): the job page said "2 resample" and sorted the roles
+    alphabetically where the status table said "2 resamples" in the roles' order."""
+    from datetime import UTC, datetime
+
+    from db.attempt_roles import apart_text
+
+    apart = {"steered": {"running": 1}, "resample": {"resolved": 1, "unresolved": 1}}
+    row = queries.JobRow("j", None, "running", datetime.now(UTC), 2, 2, {"resolved": 2}, apart=apart)
+    assert row.apart_text == apart_text(apart) == "2 resamples (1 resolved, 1 unresolved); 1 steered (1 running)"

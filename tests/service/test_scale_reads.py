@@ -20,13 +20,13 @@ from sqlalchemy.engine import Engine
 
 from db import progress
 from db import store as st
-from db.attempt_roles import AttemptFacts, Role, roles_of
+from db.attempt_roles import AttemptFacts, Role, apart_text, roles_of
 from nexus_eval.commands._job_progress import Attempt, EndedLines
 from nexus_eval.commands._preflight import failure_reasons, first_line
 from results import export
 from tests.service.db_fixtures import any_db_fixture, sqlite_db_fixture  # noqa: F401  (fixtures)
 from tests.service.test_cli import invoke
-from workers.embedded import ACTIVE_STATUSES, apart_text, job_finished, progress_table
+from workers.embedded import ACTIVE_STATUSES, job_finished, progress_table
 
 # "Zeta" sorts before "alpha" by code point (Python), after it in a locale collation (PostgreSQL's default)
 TASKS = ("alpha__a-1", "Zeta__z-1", "alpha__a-10", "beta.b-1")
