@@ -389,7 +389,7 @@ def reap(older_than_s: float | None = None, label_filter: dict[str, str] | None 
     filters = [f"{LABEL_PREFIX}.created"] + [f"{k}={v}" for k, v in (label_filter or {}).items()]
     removed = 0
     now = time.time()
-    for container in client.containers.list(all=True, filters={"label": filters}):
+    for container in client.containers.list(all=True, ignore_removed=True, filters={"label": filters}):
         labels = container.labels
         try:
             age = now - float(labels.get(f"{LABEL_PREFIX}.created", "0"))

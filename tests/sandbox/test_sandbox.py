@@ -180,7 +180,7 @@ def test_reaper_removes_expired_but_not_live_containers(docker_client, base_imag
     try:
         assert reap(label_filter={"nexus-eval.job": job}, client=docker_client) == 0
         assert reap(older_than_s=0, label_filter={"nexus-eval.job": job}, client=docker_client) == 1
-        assert not docker_client.containers.list(all=True, filters={"label": f"nexus-eval.job={job}"})
+        assert not docker_client.containers.list(all=True, ignore_removed=True, filters={"label": f"nexus-eval.job={job}"})
     finally:
         live.close()
 

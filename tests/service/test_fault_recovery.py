@@ -58,7 +58,7 @@ def _docker(host: str | None = None):
 
 def _containers(job_id: str, host: str | None = None, **labels: str) -> list:
     wanted = [f"nexus-eval.job={job_id}", *(f"{k}={v}" for k, v in labels.items())]
-    return _docker(host).containers.list(all=True, filters={"label": wanted})
+    return _docker(host).containers.list(all=True, ignore_removed=True, filters={"label": wanted})
 
 
 def _quietly(condition):

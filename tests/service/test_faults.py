@@ -44,7 +44,7 @@ def _containers(job_id: str) -> list[str]:
     import docker
 
     client = docker.from_env(timeout=30)
-    return [c.id for c in client.containers.list(all=True, filters={"label": f"nexus-eval.job={job_id}"})]
+    return [c.id for c in client.containers.list(all=True, ignore_removed=True, filters={"label": f"nexus-eval.job={job_id}"})]
 
 
 def _turn_count(s, episode_id: str) -> int:

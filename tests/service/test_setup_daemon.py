@@ -60,7 +60,7 @@ def test_setup_starts_a_stopped_daemon(tmp_path):
     stays up after setup exits."""
     client = _client()
     require(os.geteuid() == 0, "stopping and starting dockerd needs root")
-    left = lambda: [f"{c.short_id} {c.status} {c.labels}" for c in client.containers.list()]  # noqa: E731
+    left = lambda: [f"{c.short_id} {c.status} {c.labels}" for c in client.containers.list(ignore_removed=True)]  # noqa: E731
     _wait(lambda: not left(), 120, "other containers to finish before stopping the daemon", left)
     pid = dockerd_pid()
     require(pid is not None, "no dockerd pidfile (the daemon is not a local dockerd this test may stop)")

@@ -214,7 +214,7 @@ def reap_finished_containers(db: Database) -> int:
         import docker
 
         client = docker.from_env(timeout=30)
-        boxes = client.containers.list(all=True, filters={"label": "nexus-eval.episode"})
+        boxes = client.containers.list(all=True, ignore_removed=True, filters={"label": "nexus-eval.episode"})
         ids = {box.labels.get("nexus-eval.episode") for box in boxes}
         with db.session() as s:
             rows = s.execute(select(Episode.id, Episode.status, Episode.claim_token).where(Episode.id.in_(ids)))
