@@ -45,8 +45,8 @@ from agent_runner.status import (
     TimeLimit,
     status_of,
 )
-from sandbox.container import SandboxError
-from sandbox.tools import ToolCall, ToolResult
+from env.sandbox.container import SandboxError
+from env.sandbox.tools import ToolCall, ToolResult
 
 
 class TaskLike(Protocol):

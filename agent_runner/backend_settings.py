@@ -119,19 +119,17 @@ class AllowedEndpoints:
         is accepted (``nexus-eval submit`` / ``run`` / ``episode``) and again in the worker before the episode
         starts, each with its own process's settings."""
         if not allowed_key_env(config.api_key_env, self.key_envs):
-            raise EndpointNotAllowed(
-                "api_key_env",
-                f"openai.api_key_env={config.api_key_env!r} is not a variable jobs may send as the API key; "
-                f"allowed: {', '.join(self.key_envs) or 'none'} (the operator's setting openai_key_envs, "
-                f"${KEY_ENVS_VARIABLE})",
-            )
+            what = f"openai.api_key_env={config.api_key_env!r} is not a variable jobs may send as the API key"
+            raise _refusal("api_key_env", what, self.key_envs, "openai_key_envs", KEY_ENVS_VARIABLE)
         if not allowed_host(config.host, self.hosts):
-            raise EndpointNotAllowed(
-                "base_url",
-                f"openai.base_url={config.base_url!r}: host {config.host!r} is not a host jobs may send requests "
-                f"to; allowed: {', '.join(self.hosts) or 'none'} (the operator's setting openai_hosts, "
-                f"${HOSTS_VARIABLE})",
-            )
+            what = f"openai.base_url={config.base_url!r}: host {config.host!r} is not a host jobs may send requests to"
+            raise _refusal("base_url", what, self.hosts, "openai_hosts", HOSTS_VARIABLE)
+
+
+def _refusal(field: str, what: str, allowed: tuple[str, ...], setting: str, variable: str) -> EndpointNotAllowed:
+    """The refusal of one endpoint field: what is wrong, then what the operator allows and where that is set."""
+    where = f"the operator's setting {setting}, ${variable}"
+    return EndpointNotAllowed(field, f"{what}; allowed: {', '.join(allowed) or 'none'} ({where})")
 
 
 class ExpertConfig(BaseModel):

@@ -18,7 +18,7 @@ from nexus.methods import check_method, check_scope
 
 if TYPE_CHECKING:
     from agent_runner.scaffold import Scaffold
-    from tasks.loading import Task
+    from env.tasks.loading import Task
 
 ProtocolName = Literal["true_eviction", "full_context"]
 PROTOCOLS: tuple[str, ...] = ProtocolName.__args__  # type: ignore[attr-defined]
@@ -171,7 +171,8 @@ class EpisodeSpec(_Config):
     """Everything that determines one episode (stored whole with its result).
 
     ``seed`` is the episode's one seed: the runner (``agent_runner.episode.run_episode``) resets the backend's
-    sampler with it, and the eviction policy draws from it (``eviction.seed`` always equals it).
+    sampler with it, and the eviction policy draws from it (``eviction.seed`` always equals it: the library's
+    ``EvictionConfig`` carries a seed of its own, and a replay's ``config_key`` hashes it with the settings).
 
     An episode is built from a job (``jobs.spec.JobSpec.episode_config``), which holds the defaults: the fields a
     job sets (``suite``, ``backend``, ``protocol``, ``seed``, ``grade``) have none here, so none can drift from
@@ -230,22 +231,22 @@ class EpisodeSpec(_Config):
     def grade_config(self, job: str = "grade", episode: str | None = None, ceilings=None):
         """The grading settings this episode asks for (``grading.GradeConfig``); ``job`` and ``episode``
         label the grading container (the service's ids, so a gone grader's container can be found and reaped);
-        ``ceilings``: the operator's ``tasks.ceilings.GradingCeilings`` (None: the defaults)."""
-        from grading import GradeConfig
+        ``ceilings``: the operator's ``env.tasks.ceilings.GradingCeilings`` (None: the defaults)."""
+        from env.grading import GradeConfig
 
         config = GradeConfig(r2e_swebench_route=self.grade_route, job=job, episode=episode)
         return config if ceilings is None else config.model_copy(update={"ceilings": ceilings})
 
     def task_source(self) -> dict[str, str | None]:
-        """Where the task comes from, as ``tasks.loading.load_source``'s keywords (a file, else a suite)."""
+        """Where the task comes from, as ``env.tasks.loading.load_source``'s keywords (a file, else a suite)."""
         if self.tasks_file:
             return {"suite": None, "file": self.tasks_file, "split": self.split}
         return {"suite": self.suite, "file": None, "split": self.split}
 
     def load_task(self) -> Task:
         """This episode's task, its source loaded for it alone (a process that runs many episodes keeps the
-        sources it loaded: ``workers.task_cache.TaskCache``). ``tasks.loading.TaskNotFound`` (a ValueError) names
+        sources it loaded: ``env.tasks.task_cache.TaskCache``). ``env.tasks.loading.TaskNotFound`` (a ValueError) names
         the source and the known ids."""
-        from tasks.loading import find_task
+        from env.tasks.loading import find_task
 
         return find_task(self.task_id, **self.task_source())

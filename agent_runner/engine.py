@@ -17,7 +17,7 @@ the model work:
 
 Both protocols work unchanged: under full_context the episode brings a fresh cache each turn.
 Every row's tokens equal what the episode would produce alone (same logits to rounding, same events, same
-seeded draws), whatever else is in the batch: tests/agent/test_engine.py checks it for every method.
+seeded draws), whatever else is in the batch: tests/agent_runner/test_engine.py checks it for every method.
 """
 
 from __future__ import annotations

@@ -1,24 +1,24 @@
 """The agent's view of a task's sandbox: run one tool call, take the diff, close.
 
 :class:`Environment` is the protocol the loop needs (tests use small in-process doubles of it);
-:class:`DockerEnvironment` is the real one, built from env's pieces: the task image
-(``tasks.images.ensure_task_image``), a ``sandbox.container.Sandbox`` container (``network_mode="none"``, limits from
-``SandboxConfig``) and the R2E tools installed into it (``sandbox.tools.ToolBox``); then the layout's grading
-material is removed and the tree snapshotted (``tasks.layouts``), so the diff holds only the agent's changes.
-env is imported inside ``open`` so importing this module does not need Docker.
+:class:`DockerEnvironment` is the real one, built from ``env``'s pieces: the task image
+(``env.tasks.images.ensure_task_image``), a ``env.sandbox.container.Sandbox`` container (``network_mode="none"``,
+limits from ``SandboxConfig``) and the R2E tools installed into it (``env.sandbox.tools.ToolBox``); then the
+layout's grading material is removed and the tree snapshotted (``env.tasks.layouts``), so the diff holds only the
+agent's changes. ``env`` is imported inside ``open`` so importing this module does not need Docker.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from sandbox.tools import ToolCall, ToolResult
+from env.sandbox.tools import ToolCall, ToolResult
 
 if TYPE_CHECKING:
-    from sandbox.config import SandboxConfig
-    from sandbox.container import Sandbox
-    from sandbox.tools import ToolBox
-    from tasks.loading import Task
+    from env.sandbox.config import SandboxConfig
+    from env.sandbox.container import Sandbox
+    from env.sandbox.tools import ToolBox
+    from env.tasks.loading import Task
 
 
 @runtime_checkable
@@ -56,11 +56,11 @@ class DockerEnvironment:
         """Ensure the task image, start its sandbox and install the tools. ``job``/``episode`` go into the
         container's labels (``reap`` uses them). Raises env's ImageMissing / ImageBuildFailed / SandboxError
         (the caller records them); a half-started sandbox is closed before re-raising."""
-        from sandbox.config import SandboxConfig
-        from sandbox.container import Sandbox
-        from sandbox.tools import ToolBox
-        from tasks.images import ensure_task_image
-        from tasks.layouts import prepare_agent_sandbox
+        from env.sandbox.config import SandboxConfig
+        from env.sandbox.container import Sandbox
+        from env.sandbox.tools import ToolBox
+        from env.tasks.images import ensure_task_image
+        from env.tasks.layouts import prepare_agent_sandbox
 
         image = ensure_task_image(task, client) if client is not None else ensure_task_image(task)
         sandbox = Sandbox.start(

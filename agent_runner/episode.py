@@ -41,8 +41,8 @@ from agent_runner.records import EpisodeResult, TurnRecord
 from agent_runner.status import INFRA_FAILURE, status_of
 
 if TYPE_CHECKING:
-    from sandbox.config import SandboxConfig
-    from tasks.loading import Task
+    from env.sandbox.config import SandboxConfig
+    from env.tasks.loading import Task
 
 
 @dataclass(frozen=True)
@@ -192,7 +192,7 @@ def run_episode(
     if spec.grade and result.patch is not None and result.exit_status != INFRA_FAILURE:
         t0 = time.monotonic()
         try:
-            from grading import grade as grade_patch
+            from env.grading import grade as grade_patch
 
             job = hooks.labels.get("nexus-eval.job", "grade")
             result.grade = grade_patch(task, result.patch, config=spec.grade_config(job=job))

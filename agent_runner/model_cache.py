@@ -16,7 +16,7 @@ from agent_runner.model_host import ModelHost, load_host
 
 if TYPE_CHECKING:
     from agent_runner.engine import DecodeEngine
-    from tasks.loading import Task
+    from env.tasks.loading import Task
 
 _HOSTS: dict[ModelSpec, ModelHost] = {}  # one loaded model per process, keyed by its spec
 _ENGINES: dict[int, DecodeEngine] = {}  # id(host.model) -> the engine batching that model's episodes
@@ -78,5 +78,4 @@ def backend_for(spec: EpisodeSpec, task: Task | None = None, *, episodes_per_gpu
         protocol=spec.protocol,
         sampling=spec.sampling,
         max_context_tokens=spec.agent.max_context_tokens,
-        seed=spec.seed,
     )

@@ -24,7 +24,7 @@ Rules, following the agentica fork of R2E-Gym's ``parse_response`` (the parser D
   **Duplicate keys: the last one wins**, as in R2E-Gym (``duplicates="first"`` is available).
 
 Scanning uses ``str.find`` rather than non-greedy regexes so a megabyte of text with many stray openers stays
-linear time. :func:`parse_response` never raises on any string (see tests/agent/test_parsing_fuzz.py).
+linear time. :func:`parse_response` never raises on any string (see tests/agent_runner/test_parsing_fuzz.py).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-from sandbox.tools import ToolCall
+from env.sandbox.tools import ToolCall
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 FUNCTION_OPEN, FUNCTION_CLOSE = "<function=", "</function>"

@@ -1,12 +1,12 @@
 """The prompts of DeepSWE's R2E-Gym ``r2egym`` scaffold, in our own words, with the same structure.
 
-* system prompt: a role line, one "BEGIN/END FUNCTION #k" manual per tool (from ``sandbox.tools.TOOL_SPECS``),
+* system prompt: a role line, one "BEGIN/END FUNCTION #k" manual per tool (from ``env.sandbox.tools.TOOL_SPECS``),
   the call syntax shown on a dummy function with a multi-line parameter, and a reminder block;
 * instance prompt: the repository location, the issue inside ``<github_issue>`` tags, "change non-test files
   only", a nine-step workflow, closing advice;
 * every user message ends with the step budget: ``Steps Remaining: N`` (N = soft limit - steps taken), or,
   once N <= 0, an instruction to submit now (R2E does the same for steps 41..100);
-* a completion without a function call gets ``sandbox.tools.NO_FUNCTION_CALL_REMINDER`` as its observation.
+* a completion without a function call gets ``env.sandbox.tools.NO_FUNCTION_CALL_REMINDER`` as its observation.
 
 Those are the default (``agent_runner.scaffold.NEXUS_SCAFFOLD``). With ``AgentConfig.prompts`` set,
 ``agent_runner.scaffold.load_scaffold`` reads R2E-Gym's own prompt YAML at run time and the agent sends exactly
@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from sandbox.tools import NO_FUNCTION_CALL_REMINDER, TOOL_SPECS
+from env.sandbox.tools import NO_FUNCTION_CALL_REMINDER, TOOL_SPECS
 
 WORKING_DIR = "/testbed"
 

@@ -15,8 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
 from agent_runner.parsing import ParsedAction
 from agent_runner.status import AGENT_EXITS, INFRA_FAILURE
-from grading import GradeResult
-from sandbox.tools import ToolCall
+from env.grading import GradeResult
+from env.sandbox.tools import ToolCall
 
 Role = Literal["system", "user", "assistant"]
 
@@ -53,7 +53,7 @@ class LayerStats(BaseModel):
 class TurnTokens(BaseModel):
     """One turn's token stream as a backend fed and sampled it (hf): this turn's context is the previous
     stream's first ``keep`` tokens + ``append``; ``generated`` are the sampled tokens, the stop token included.
-    Counterfactual replay (``agent_runner.counterfactual``) feeds exactly this stream."""
+    Counterfactual replay (``measure.counterfactual``) feeds exactly this stream."""
 
     keep: int = Field(ge=0)
     append: list[int]
@@ -94,7 +94,7 @@ class Completion(BaseModel):
     turn; ``kv_peak_held_bytes`` and ``kv_peak_allocated_bytes`` the largest of each during the turn, from
     before its prefill to its end (the prefill's pre-eviction state included). Fields a backend cannot
     measure stay at their defaults.
-    Every field is stored with the turn (``workers.execution.turn_row``). ``info`` holds what only some backends
+    Every field is stored with the turn (``workers.stored_records.turn_row``). ``info`` holds what only some backends
     report (the hf backend's budget, an endpoint's request id), typed; ``extra`` is free-form, for a backend's
     own keys that nothing here reads (none today): a key that names an ``info`` field is refused there.
     """
@@ -262,7 +262,7 @@ class EpisodeResult(BaseModel):
     """The outcome of one episode.
 
     ``exit_status`` is how the agent loop ended; ``grade`` is grading's ``GradeResult`` (its ``log`` is what
-    ``grading.regrade`` needs), ``None`` when not graded.
+    ``env.grading.regrade`` needs), ``None`` when not graded.
     ``status`` is the one word the service reports: the grade's status when graded, else the exit status.
     ``error`` says why, for every exit but ``submitted``; ``grade_error`` is set when grading itself raised.
     ``retention`` is the final cache's retention map (see ``nexus.retention``) for backends that keep a cache.

@@ -22,7 +22,7 @@ import yaml
 
 from agent_runner.prompts import instance_prompt, steps_remaining_text, system_prompt
 from agent_runner.r2egym_source import UnreadableSource, read_continue_message, read_step_texts
-from sandbox.tools import FINISH_NAMES, NO_FUNCTION_CALL_REMINDER, TOOL_NAMES
+from env.sandbox.tools import FINISH_NAMES, NO_FUNCTION_CALL_REMINDER, TOOL_NAMES
 
 #: the keys R2E-Gym's ``AgentArgs.from_yaml`` cannot do without (its dataclass fields without a default)
 R2E_REQUIRED_KEYS = ("system_prompt", "instance_prompt", "command_files", "llm_name")

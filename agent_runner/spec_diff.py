@@ -4,7 +4,7 @@ changed from the episode's stored config (``episodes.config``) instead of a seco
 ``changes(base, new)`` -> ``{"set": {dotted path: value}, "removed": [dotted paths]}`` (paths name leaves: a
 mapping is descended into, anything else is a value, lists included); ``apply(base, changes)`` rebuilds ``new``
 exactly: ``apply(a, changes(a, b)) == b`` for any JSON mappings ``a`` and ``b`` whose keys hold no ``.``
-(``tests/agent/test_spec_diff.py``). A key with a ``.`` is stored whole under its nearest dot-free parent.
+(``tests/agent_runner/test_spec_diff.py``). A key with a ``.`` is stored whole under its nearest dot-free parent.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ interruption to a status word:
 - Celery's failure handler (``workers.celery_tasks.EpisodeTask.on_failure``): the exception that killed the
   task, with ``TimeLimitExceeded`` as its time limit.
 
-The words are ``db.models.EpisodeStatus`` values (``tests/service/test_status.py`` holds them equal); they are
+The words are ``db.models.EpisodeStatus`` values (``tests/agent_runner/test_status.py`` holds them equal); they are
 defined here because the agent is the lowest layer that needs them, and ``agent_runner`` imports no ``db``.
 """
 
@@ -63,7 +63,7 @@ class FormatErrorLimit(AgentExit):
 
 
 class InfraFailure(AgentExit):
-    """The model host or the sandbox failed (wraps sandbox.config.SandboxError, ModelError and anything else)."""
+    """The model host or the sandbox failed (wraps env.sandbox.config.SandboxError, ModelError and anything else)."""
 
     exit_status = INFRA_FAILURE
 

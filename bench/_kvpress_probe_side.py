@@ -115,7 +115,7 @@ def step(model, cache, ids: list[int], start: int) -> torch.Tensor:
 
 
 def greedy(model, cache, last: torch.Tensor, t: int, max_new: int, stop: set[int], until=None) -> list[int]:
-    """The nexus side's greedy rule (agent_runner.probes.runner): argmax, stop before a stop token, at most
+    """The nexus side's greedy rule (measure.probes.runner): argmax, stop before a stop token, at most
     `max_new` tokens, and stop as soon as `until(tokens)` (the expected text is in the decoded answer)."""
     out: list[int] = []
     logits = last

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import gc
 import statistics
 import sys
 import time
@@ -49,7 +48,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
 import common  # noqa: E402
-from decode import StepClock, _percentile, parse_spec  # noqa: E402
+from decode import StepClock, _percentile, add_eviction_args, eviction_config, parse_spec, results_title  # noqa: E402
 
 import nexus  # noqa: E402
 
@@ -94,15 +93,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         help=f"METHOD or METHOD@SCOPE, comma-separated (scope defaults to --scope); known: {', '.join(nexus.METHODS)}",
     )
     ap.add_argument("--no-solo", action="store_true", help="skip the unstacked batch-1 baseline")
-    ap.add_argument("--scope", default="prefill_decode", choices=list(nexus.SCOPES))
-    ap.add_argument("--density", type=float, default=0.2)
-    ap.add_argument("--budget", type=int, default=None, help="absolute per-head budget instead of --density")
-    ap.add_argument("--window", type=int, default=16)
-    ap.add_argument("--block-size", type=int, default=32, help="b; the decode slack is one block")
-    ap.add_argument("--dtype", default="auto", choices=["auto", *common.DTYPES])
-    ap.add_argument("--device", default="auto")
-    ap.add_argument("--attn", default="auto", help="auto (flash_attention_2 on CUDA if installed, else sdpa)")
-    ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0 = torch default)")
+    add_eviction_args(ap, block_help="b; the decode slack is one block")
+    common.add_device_args(ap)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=Path("bench/out/batch.json"))
     args = ap.parse_args(argv)
@@ -138,19 +130,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def _config(spec: str, args) -> nexus.EvictionConfig:
-    method, scope = parse_spec(spec, args.scope)
-    return nexus.EvictionConfig(
-        method=method,
-        scope=scope,
-        density=args.density,
-        budget_tokens=args.budget,
-        window=args.window,
-        block_size=args.block_size,
-        seed=args.seed,
-    )
-
-
 def prompt_lengths(args) -> list[int]:
     """The prompt length of each distinct prompt (row r uses prompt r % K)."""
     k = min(args.distinct_prompts or args.rows[-1], args.rows[-1])
@@ -163,7 +142,7 @@ def prefill(model, spec: str, prompts: list[torch.Tensor], args, device) -> tupl
     kw = nexus.cache_kwarg(model)
     rows, seconds = [], {"prefill": [], "pre_decode": []}
     for ids in prompts:
-        cache = nexus.EvictableCache(model.config, _config(spec, args))
+        cache = nexus.EvictableCache(model.config, eviction_config(spec, args))
         common.sync(device)
         t0 = time.perf_counter()
         out = model(input_ids=ids, use_cache=True, logits_to_keep=1, **{kw: cache})
@@ -264,9 +243,7 @@ def decode_run(model, snapshot: list[Any], n: int, stacked: bool, args, device) 
         peak_bytes=peak,
     )
     del caches, tok
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
+    common.free_memory(device)
     return result
 
 
@@ -312,43 +289,28 @@ def add_ratios(records: list[dict[str, Any]]) -> None:
 
 
 def _table(records: list[dict[str, Any]], title: str):
-    from rich.table import Table
-
-    table = Table(title=title)
-    for col in (
-        "method",
-        "path",
-        "N",
-        "tok/s",
-        "vs N=1",
-        "vs solo",
-        "step ms med",
-        "p95",
-        "row hooks ms",
-        "events/row",
-        "stack MiB/row",
-        "own MiB/row",
-        "slots L0 (cap)",
-    ):
-        table.add_column(col, justify="right")
     order = {spec: i for i, spec in enumerate(dict.fromkeys(r["label"] for r in records))}
+    rows = []
     for r in sorted(records, key=lambda r: (order[r["label"]], r["path"] == "stack", r["rows"])):
-        table.add_row(
-            r["label"],
-            r["path"],
-            str(r["rows"]),
-            f"{r['tokens_per_s']:.2f}",
-            f"{r['ratio_vs_n1']:.2f}" if r["ratio_vs_n1"] is not None else "",
-            f"{r['ratio_vs_solo']:.2f}" if r["ratio_vs_solo"] is not None else "",
-            f"{r['step_ms_median']:.1f}",
-            f"{r['step_ms_p95']:.1f}",
-            f"{r['row_hooks_ms_per_step']:.2f}",
-            f"{r['decode_events_per_row']:.2f}",
-            f"{r['stack_bytes_per_row'] / 2**20:.2f}" if r["stack_bytes_per_row"] is not None else "",
-            f"{r['own_bytes_per_row'] / 2**20:.2f}",
-            f"{r['longest_layer0']} ({r['capacity_layer0']})",
+        stack_bytes = r["stack_bytes_per_row"]
+        rows.append(
+            [
+                ("method", r["label"]),
+                ("path", r["path"]),
+                ("N", str(r["rows"])),
+                ("tok/s", f"{r['tokens_per_s']:.2f}"),
+                ("vs N=1", f"{r['ratio_vs_n1']:.2f}" if r["ratio_vs_n1"] is not None else ""),
+                ("vs solo", f"{r['ratio_vs_solo']:.2f}" if r["ratio_vs_solo"] is not None else ""),
+                ("step ms med", f"{r['step_ms_median']:.1f}"),
+                ("p95", f"{r['step_ms_p95']:.1f}"),
+                ("row hooks ms", f"{r['row_hooks_ms_per_step']:.2f}"),
+                ("events/row", f"{r['decode_events_per_row']:.2f}"),
+                ("stack MiB/row", f"{stack_bytes / 2**20:.2f}" if stack_bytes is not None else ""),
+                ("own MiB/row", f"{r['own_bytes_per_row'] / 2**20:.2f}"),
+                ("slots L0 (cap)", f"{r['longest_layer0']} ({r['capacity_layer0']})"),
+            ]
         )
-    return table
+    return common.results_table(title, rows)
 
 
 def main(argv=None) -> dict[str, Any]:
@@ -356,41 +318,26 @@ def main(argv=None) -> dict[str, Any]:
 
     args = parse_args(argv)
     console = Console(width=200)
-    threads = common.set_threads(args.threads)
-    device = common.resolve_device(args.device)
-    dtype = (
-        (torch.bfloat16 if device.type == "cuda" else torch.float32)
-        if args.dtype == "auto"
-        else common.DTYPES[args.dtype]
-    )
-    attn = common.attn_implementation(device, args.attn)
-    config = common.model_config(args.model, args.layers or None, args.vocab, attn)
+    run = common.setup(args, args.layers or None)
+    device, config = run.device, run.config
     t0 = time.perf_counter()
-    model = nexus.prepare(common.random_model(config, dtype, device, args.seed))
+    model = nexus.prepare(common.random_model(config, run.dtype, device, args.seed))
     common.sync(device)
     build_s = time.perf_counter() - t0
     lengths = prompt_lengths(args)
     gen = torch.Generator().manual_seed(args.seed)
     prompts = [torch.randint(0, config.vocab_size, (1, n), generator=gen).to(device) for n in lengths]
     records: list[dict[str, Any]] = []
-    meta = dict(
-        schema=SCHEMA,
-        env=common.environment(device),
-        dtype=str(dtype).removeprefix("torch."),
-        attn=attn,
-        model=args.model,
-        layers=config.num_hidden_layers,
-        vocab=config.vocab_size,
-        params=sum(p.numel() for p in model.parameters()),
-        threads=threads,
+    meta = run.run_meta(
+        SCHEMA,
+        args,
+        model,
         build_s=build_s,
         prompt_lengths=lengths,
         row_prompt_lengths=[lengths[r % len(lengths)] for r in range(args.rows[-1])],
         prefill_s={},
         pre_decode_s={},
         budget={},
-        args={k: v for k, v in vars(args).items() if k != "out"},
-        complete=False,
     )
     payload = dict(meta=meta, runs=records)
     rounds: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
@@ -420,15 +367,8 @@ def main(argv=None) -> dict[str, Any]:
                 records[:] = [summarise(s, p, k, rs, args) for (s, p, k), rs in rounds.items()]
                 add_ratios(records)
                 common.write_json(args.out, payload)  # after every run: a killed run still leaves its numbers
-    meta["complete"] = True
-    title = (
-        f"{args.model} ({config.num_hidden_layers} layers, {meta['dtype']}, {attn}) on {device}, prompts "
-        f"{lengths[-1]}-{lengths[0]}, {args.steps} steps, {args.scope}, density {args.density}, {threads} threads"
-    )
-    console.print(_table(records, title))
-    common.write_json(args.out, payload)
-    console.print(f"wrote {args.out}")
-    return payload
+    title = results_title(run, args, f"prompts {lengths[-1]}-{lengths[0]}, {args.steps} steps")
+    return common.report(console, _table(records, title), args.out, payload)
 
 
 if __name__ == "__main__":

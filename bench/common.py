@@ -15,12 +15,14 @@ service packages, so `bench/decode.py` runs there from a bare checkout.
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib.util
 import json
 import os
 import platform
 import statistics
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +38,26 @@ _LLAMA31_ROPE = {
     "high_freq_factor": 4.0,
     "original_max_position_embeddings": 8192,
 }
+
+
+def _large(vocab: int, hidden: int, intermediate: int, layers: int, heads: int, positions: int, eps: float, rope):
+    """The config kwargs of the released models below: all three have 8 KV heads of 128 dims, untied embeddings."""
+    return dict(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=8,
+        head_dim=128,
+        max_position_embeddings=positions,
+        rms_norm_eps=eps,
+        tie_word_embeddings=False,
+        rope_parameters=rope,
+    )
+
+
+_QWEN3_ROPE = {"rope_type": "default", "rope_theta": 1000000.0}
 
 #: name -> (transformers architecture, config kwargs). Numbers from each model's published config.json.
 SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
@@ -53,54 +75,10 @@ SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
             tie_word_embeddings=True,
         ),
     ),
-    "llama-3.1-8b": (
-        "llama",
-        dict(
-            vocab_size=128256,
-            hidden_size=4096,
-            intermediate_size=14336,
-            num_hidden_layers=32,
-            num_attention_heads=32,
-            num_key_value_heads=8,
-            head_dim=128,
-            max_position_embeddings=131072,
-            rms_norm_eps=1e-5,
-            tie_word_embeddings=False,
-            rope_parameters=_LLAMA31_ROPE,
-        ),
-    ),
-    "qwen3-8b": (
-        "qwen3",
-        dict(
-            vocab_size=151936,
-            hidden_size=4096,
-            intermediate_size=12288,
-            num_hidden_layers=36,
-            num_attention_heads=32,
-            num_key_value_heads=8,
-            head_dim=128,
-            max_position_embeddings=40960,
-            rms_norm_eps=1e-6,
-            tie_word_embeddings=False,
-            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
-        ),
-    ),
-    "qwen3-32b": (
-        "qwen3",
-        dict(
-            vocab_size=151936,
-            hidden_size=5120,
-            intermediate_size=25600,
-            num_hidden_layers=64,
-            num_attention_heads=64,
-            num_key_value_heads=8,
-            head_dim=128,
-            max_position_embeddings=40960,
-            rms_norm_eps=1e-6,
-            tie_word_embeddings=False,
-            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
-        ),
-    ),
+    # the released models: (vocab, hidden, intermediate, layers, q heads, max positions, rms eps, rope)
+    "llama-3.1-8b": ("llama", _large(128256, 4096, 14336, 32, 32, 131072, 1e-5, _LLAMA31_ROPE)),
+    "qwen3-8b": ("qwen3", _large(151936, 4096, 12288, 36, 32, 40960, 1e-6, _QWEN3_ROPE)),
+    "qwen3-32b": ("qwen3", _large(151936, 5120, 25600, 64, 64, 40960, 1e-6, _QWEN3_ROPE)),
 }
 
 
@@ -147,6 +125,14 @@ def attn_implementation(device: torch.device, requested: str = "auto") -> str:
     if device.type == "cuda" and importlib.util.find_spec("flash_attn") is not None:
         return "flash_attention_2"
     return "sdpa"
+
+
+def free_memory(device: torch.device) -> None:
+    """Collect what the last run dropped and hand the device's cached blocks back, so the next run's memory
+    figures start from the same floor."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
 
 
 def sync(device: torch.device) -> None:
@@ -226,6 +212,86 @@ def environment(device: torch.device) -> dict[str, Any]:
             free_gib=free / 2**30,
         )
     return env
+
+
+def add_device_args(ap: argparse.ArgumentParser) -> None:
+    """The options every random-model script reads through `setup`: dtype, device, attention, threads."""
+    ap.add_argument("--dtype", default="auto", choices=["auto", *DTYPES])
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--attn", default="auto", help="auto (flash_attention_2 on CUDA if installed, else sdpa)")
+    ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0 = torch default)")
+
+
+@dataclass(frozen=True)
+class Setup:
+    """Where and how a script's random-weight model runs, as `setup` resolved the `add_device_args` options."""
+
+    threads: int
+    device: torch.device
+    dtype: torch.dtype
+    attn: str
+    config: Any  # the transformers config of the model shape
+
+    def run_meta(self, schema: str, args, model: torch.nn.Module, **extra: Any) -> dict[str, Any]:
+        """The `meta` of the script's JSON: what ran where, then `extra`, the arguments, and `complete=False`
+        (set true by `report` once every run is written)."""
+        return dict(
+            schema=schema,
+            env=environment(self.device),
+            dtype=str(self.dtype).removeprefix("torch."),
+            attn=self.attn,
+            model=args.model,
+            layers=self.config.num_hidden_layers,
+            vocab=self.config.vocab_size,
+            params=sum(p.numel() for p in model.parameters()),
+            threads=self.threads,
+            **extra,
+            args={k: v for k, v in vars(args).items() if k != "out"},
+            complete=False,
+        )
+
+    def title(self, shape: str) -> str:
+        """The opening of the results table's title: the model and where it ran."""
+        dtype = str(self.dtype).removeprefix("torch.")
+        return f"{shape} ({self.config.num_hidden_layers} layers, {dtype}, {self.attn}) on {self.device}"
+
+
+def setup(args, layers: int | None) -> Setup:
+    """Threads, device, dtype ("auto": bfloat16 on CUDA, float32 on the CPU), attention and the config of
+    `args.model` sliced to `layers` (None = all), from the `add_device_args` options."""
+    threads = set_threads(args.threads)
+    device = resolve_device(args.device)
+    auto = torch.bfloat16 if device.type == "cuda" else torch.float32
+    dtype = auto if args.dtype == "auto" else DTYPES[args.dtype]
+    attn = attn_implementation(device, args.attn)
+    return Setup(threads, device, dtype, attn, model_config(args.model, layers, args.vocab, attn))
+
+
+def results_table(title: str, rows: list[list[tuple[str, str]]]):
+    """A rich table of right-justified columns from rows of (header, text) cells, each header beside what fills
+    it; the columns are the first row's headers."""
+    from rich.table import Table
+
+    table = Table(title=title)
+    for header, _ in rows[0] if rows else ():
+        table.add_column(header, justify="right")
+    for row in rows:
+        table.add_row(*(text for _, text in row))
+    return table
+
+
+def report(console, table, out: Path, payload: dict[str, Any]) -> dict[str, Any]:
+    """Mark the run complete, show its table and write its JSON a last time; returns the payload."""
+    payload["meta"]["complete"] = True
+    console.print(table)
+    save(console, out, payload)
+    return payload
+
+
+def save(console, out: Path, payload: dict[str, Any]) -> None:
+    """Write a script's JSON and say where."""
+    write_json(out, payload)
+    console.print(f"wrote {out}")
 
 
 def set_threads(n: int) -> int:

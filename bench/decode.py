@@ -24,7 +24,6 @@ the policy. A per-method `--max-seconds` guard stops a decode early and marks it
 from __future__ import annotations
 
 import argparse
-import gc
 import statistics
 import sys
 import time
@@ -91,13 +90,19 @@ def parse_spec(spec: str, default_scope: str) -> tuple[str, str]:
     return method, scope
 
 
-def _make_cache(model, spec: str, args):
-    method, scope = parse_spec(spec, args.scope)
-    if method == "dynamic":
-        from transformers import DynamicCache
+def add_eviction_args(ap: argparse.ArgumentParser, block_help: str | None = None) -> None:
+    """The eviction options `eviction_config` reads (this script's and bench/batch.py's)."""
+    ap.add_argument("--scope", default="prefill_decode", choices=list(nexus.SCOPES))
+    ap.add_argument("--density", type=float, default=0.2)
+    ap.add_argument("--budget", type=int, default=None, help="absolute per-head budget instead of --density")
+    ap.add_argument("--window", type=int, default=16)
+    ap.add_argument("--block-size", type=int, default=32, help=block_help)
 
-        return DynamicCache(config=model.config)
-    cfg = nexus.EvictionConfig(
+
+def eviction_config(spec: str, args) -> nexus.EvictionConfig:
+    """The cache configuration of one --methods entry under the `add_eviction_args` options."""
+    method, scope = parse_spec(spec, args.scope)
+    return nexus.EvictionConfig(
         method=method,
         scope=scope,
         density=args.density,
@@ -106,7 +111,14 @@ def _make_cache(model, spec: str, args):
         block_size=args.block_size,
         seed=args.seed,
     )
-    return nexus.EvictableCache(model.config, cfg)
+
+
+def _make_cache(model, spec: str, args):
+    if parse_spec(spec, args.scope)[0] == "dynamic":
+        from transformers import DynamicCache
+
+        return DynamicCache(config=model.config)
+    return nexus.EvictableCache(model.config, eviction_config(spec, args))
 
 
 def _percentile(xs: list[float], q: float) -> float:
@@ -204,9 +216,7 @@ def run_method(model, method: str, ids: torch.Tensor, args, device, ctx: dict[st
         checkpoints=checkpoints,
     )
     del cache, out
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
+    common.free_memory(device)
     return record
 
 
@@ -248,51 +258,38 @@ def _dynamic_nbytes(cache) -> int:
 
 
 def _table(records: list[dict[str, Any]], title: str):
-    from rich.table import Table
-
-    table = Table(title=title)
-    for col in (
-        "method",
-        "decode",
-        "tok/s",
-        "vs dense",
-        "step ms med",
-        "p95",
-        "evict s",
-        "events",
-        "KV held MiB/seq",
-        "KV alloc MiB/seq",
-        "vs dense",
-        "slots L0",
-        "floor ms",
-        "of floor",
-        "note",
-    ):
-        table.add_column(col, justify="right")
     dense = {cp["decode_len"]: cp for r in records if r["method"] == "dense" for cp in r["checkpoints"]}
+    rows = []
     for r in records:
         for cp in r["checkpoints"]:
             d = dense.get(cp["decode_len"])
             speed = f"{cp['tokens_per_s'] / d['tokens_per_s']:.2f}" if d else ""
             mem = f"{cp['kv_allocated_bytes_per_seq'] / d['kv_allocated_bytes_per_seq']:.2f}" if d else ""
-            table.add_row(
-                r["label"],
-                str(cp["decode_len"]),
-                f"{cp['tokens_per_s']:.2f}",
-                speed,
-                f"{cp['step_ms_median']:.2f}",
-                f"{cp['step_ms_p95']:.2f}",
-                f"{cp['eviction_s']:.3f}",
-                str(cp["decode_events"]),
-                f"{cp['kv_held_bytes_per_seq'] / 2**20:.1f}",
-                f"{cp['kv_allocated_bytes_per_seq'] / 2**20:.1f}",
-                mem,
-                str(cp["kv_slots_layer0"]),
-                f"{cp['floor_step_ms']:.2f}",
-                f"{cp['floor_fraction']:.2f}",
-                "truncated" if r["truncated"] and cp is r["checkpoints"][-1] else "",
+            rows.append(
+                [
+                    ("method", r["label"]),
+                    ("decode", str(cp["decode_len"])),
+                    ("tok/s", f"{cp['tokens_per_s']:.2f}"),
+                    ("vs dense", speed),
+                    ("step ms med", f"{cp['step_ms_median']:.2f}"),
+                    ("p95", f"{cp['step_ms_p95']:.2f}"),
+                    ("evict s", f"{cp['eviction_s']:.3f}"),
+                    ("events", str(cp["decode_events"])),
+                    ("KV held MiB/seq", f"{cp['kv_held_bytes_per_seq'] / 2**20:.1f}"),
+                    ("KV alloc MiB/seq", f"{cp['kv_allocated_bytes_per_seq'] / 2**20:.1f}"),
+                    ("vs dense", mem),
+                    ("slots L0", str(cp["kv_slots_layer0"])),
+                    ("floor ms", f"{cp['floor_step_ms']:.2f}"),
+                    ("of floor", f"{cp['floor_fraction']:.2f}"),
+                    ("note", "truncated" if r["truncated"] and cp is r["checkpoints"][-1] else ""),
+                ]
             )
-    return table
+    return common.results_table(title, rows)
+
+
+def results_title(run: common.Setup, args, what: str) -> str:
+    """The results table's title of this script and bench/batch.py: the model, `what` ran, and the settings."""
+    return f"{run.title(args.model)}, {what}, {args.scope}, density {args.density}, {run.threads} threads"
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -311,15 +308,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="METHOD or METHOD@SCOPE (scope defaults to --scope); 'dynamic' = transformers "
         f"DynamicCache; known: {', '.join(nexus.METHODS)}",
     )
-    ap.add_argument("--scope", default="prefill_decode", choices=list(nexus.SCOPES))
-    ap.add_argument("--density", type=float, default=0.2)
-    ap.add_argument("--budget", type=int, default=None, help="absolute per-head budget instead of --density")
-    ap.add_argument("--window", type=int, default=16)
-    ap.add_argument("--block-size", type=int, default=32)
-    ap.add_argument("--dtype", default="auto", choices=["auto", *common.DTYPES])
-    ap.add_argument("--device", default="auto")
-    ap.add_argument("--attn", default="auto", help="auto (flash_attention_2 on CUDA if installed, else sdpa)")
-    ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0 = torch default)")
+    add_eviction_args(ap)
+    common.add_device_args(ap)
     ap.add_argument("--max-seconds", type=float, default=1e9, help="per-method decode time guard")
     ap.add_argument(
         "--time-box",
@@ -350,15 +340,8 @@ def main(argv=None) -> dict[str, Any]:
     started = time.perf_counter()
     args = parse_args(argv)
     console = Console(width=200)
-    threads = common.set_threads(args.threads)
-    device = common.resolve_device(args.device)
-    dtype = (
-        (torch.bfloat16 if device.type == "cuda" else torch.float32)
-        if args.dtype == "auto"
-        else common.DTYPES[args.dtype]
-    )
-    attn = common.attn_implementation(device, args.attn)
-    config = common.model_config(args.model, args.layers, args.vocab, attn)
+    run = common.setup(args, args.layers)
+    device, dtype, config = run.device, run.dtype, run.config
     bandwidth = common.copy_bandwidth(device, args.copy_mib)
     model = nexus.prepare(common.random_model(config, dtype, device, args.seed))
     common.sync(device)
@@ -379,21 +362,7 @@ def main(argv=None) -> dict[str, Any]:
     for method in dict.fromkeys(args.methods):
         run_method(model, method, ids[:, : min(256, args.prefill)], warm, device, ctx)
     records: list[dict[str, Any]] = []
-    meta = dict(
-        schema=SCHEMA,
-        env=common.environment(device),
-        dtype=str(dtype).removeprefix("torch."),
-        attn=attn,
-        model=args.model,
-        layers=config.num_hidden_layers,
-        vocab=config.vocab_size,
-        params=sum(p.numel() for p in model.parameters()),
-        weight_bytes_read=ctx["weight_bytes"],
-        copy_bandwidth_gbs=bandwidth / 1e9,
-        threads=threads,
-        args={k: v for k, v in vars(args).items() if k != "out"},
-        complete=False,
-    )
+    meta = run.run_meta(SCHEMA, args, model, weight_bytes_read=ctx["weight_bytes"], copy_bandwidth_gbs=bandwidth / 1e9)
     payload = dict(meta=meta, runs=records)
     with console.status("decoding") as status:
         for i, method in enumerate(args.methods):
@@ -410,16 +379,9 @@ def main(argv=None) -> dict[str, Any]:
                 + (" (truncated by the time guard)" if records[-1]["truncated"] else "")
             )
             common.write_json(args.out, payload)  # after every method: a killed run still leaves its numbers
-    meta["complete"] = True
-    title = (
-        f"{args.model} ({config.num_hidden_layers} layers, {meta['dtype']}, {attn}) on {device}, "
-        f"prefill {args.prefill}, batch {args.batch}, {args.scope}, density {args.density}, "
-        f"{threads} threads, copy {bandwidth / 1e9:.1f} GB/s"
-    )
-    console.print(_table(records, title))
-    common.write_json(args.out, payload)
-    console.print(f"wrote {args.out}")
-    return payload
+    copy = f", copy {bandwidth / 1e9:.1f} GB/s"
+    title = results_title(run, args, f"prefill {args.prefill}, batch {args.batch}") + copy
+    return common.report(console, _table(records, title), args.out, payload)
 
 
 if __name__ == "__main__":

@@ -31,6 +31,9 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+import common  # noqa: E402
+
 import nexus  # noqa: E402
 
 SCHEMA = "nexus-bench-kvpress-parity/1"
@@ -105,8 +108,26 @@ def n_kept(t: int, ratio: float) -> int:
     return max(1, int(t * (1 - ratio)))
 
 
-def nexus_config(method: str, args, budget: int) -> nexus.EvictionConfig:
-    """The nexus configuration matching kvpress's press of the same name (see docs/benchmarks.md)."""
+#: the `add_press_args` options, under the names the kvpress sides' requests use
+PRESS_OPTIONS = ("window", "kernel_size", "beta", "n_sink", "alpha_safeguard")
+
+
+def add_press_args(ap: argparse.ArgumentParser, window: int, window_help: str, kernel_help: str) -> None:
+    """The press options of both comparisons (this one and bench/kvpress_probes.py), each with its own window."""
+    ap.add_argument("--window", type=int, default=window, help=window_help)
+    ap.add_argument("--kernel-size", type=int, default=5, help=kernel_help)
+    ap.add_argument("--beta", type=int, default=20)
+    ap.add_argument("--n-sink", type=int, default=4)
+    ap.add_argument("--alpha-safeguard", type=float, default=0.2)
+
+
+def press_settings(args) -> dict[str, Any]:
+    """The press settings both sides run with, as the kvpress side's request names them (stored in the JSON too)."""
+    return dict(compression_ratio=args.ratio, **{name: getattr(args, name) for name in PRESS_OPTIONS})
+
+
+def matched_params(method: str, args) -> dict[str, Any]:
+    """The nexus `method_params` matching kvpress's press of the same name (see docs/benchmarks.md)."""
     params: dict[str, Any] = {}
     if method in ("snapkv", "pyramidkv", "ada_snapkv"):
         params = dict(kernel_size=args.kernel_size, pooling="avg", pool_per_query_head=True)
@@ -116,6 +137,12 @@ def nexus_config(method: str, args, budget: int) -> nexus.EvictionConfig:
         params = dict(n_sink=args.n_sink)
     if method == "ada_snapkv":
         params["floor_alpha"] = args.alpha_safeguard
+    return params
+
+
+def nexus_config(method: str, args, budget: int) -> nexus.EvictionConfig:
+    """The nexus configuration matching kvpress's press of the same name."""
+    params = matched_params(method, args)
     return nexus.EvictionConfig(method=method, scope="prefill_only", budget_tokens=budget, window=args.window, **params)
 
 
@@ -176,12 +203,7 @@ def run_kvpress(python: Path, model_dir: Path, ids: torch.Tensor, next_token: in
         out_path=str(out_path),
         next_token=next_token,
         methods=args.methods,
-        compression_ratio=args.ratio,
-        window=args.window,
-        kernel_size=args.kernel_size,
-        beta=args.beta,
-        n_sink=args.n_sink,
-        alpha_safeguard=args.alpha_safeguard,
+        **press_settings(args),
         repeats=args.repeats,
         threads=torch.get_num_threads(),
     )
@@ -282,11 +304,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, default=2048, help="prompt length T")
     ap.add_argument("--ratio", type=float, default=0.8, help="kvpress compression ratio (0.8 = density 0.2)")
-    ap.add_argument("--window", type=int, default=16, help="observation window W (both libraries)")
-    ap.add_argument("--kernel-size", type=int, default=5, help="avg-pool kernel (kvpress's SnapKV default)")
-    ap.add_argument("--beta", type=int, default=20)
-    ap.add_argument("--n-sink", type=int, default=4)
-    ap.add_argument("--alpha-safeguard", type=float, default=0.2)
+    add_press_args(
+        ap,
+        16,
+        window_help="observation window W (both libraries)",
+        kernel_help="avg-pool kernel (kvpress's SnapKV default)",
+    )
     ap.add_argument("--methods", nargs="+", default=METHODS, choices=METHODS)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--heads", type=int, default=8)
@@ -337,13 +360,8 @@ def main(argv=None) -> dict[str, Any]:
     meta = dict(
         schema=SCHEMA,
         tokens=args.tokens,
-        compression_ratio=args.ratio,
+        **press_settings(args),
         budget_tokens=budget,
-        window=args.window,
-        kernel_size=args.kernel_size,
-        beta=args.beta,
-        n_sink=args.n_sink,
-        alpha_safeguard=args.alpha_safeguard,
         model=dict(
             layers=args.layers, heads=args.heads, kv_heads=args.kv_heads, head_dim=args.head_dim, seed=args.seed
         ),
@@ -363,9 +381,7 @@ def main(argv=None) -> dict[str, Any]:
     d = meta["dense_next_logits_nexus_vs_kvpress"]
     console.print(f"dense next-token logits, nexus side vs kvpress side: max |d| {d['max_abs']:.2e}")
     payload = dict(meta=meta, rows=rows)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(payload, indent=2))
-    console.print(f"wrote {args.out}")
+    common.save(console, args.out, payload)
     return payload
 
 

@@ -1,6 +1,6 @@
 """nexus vs NVIDIA kvpress 0.5.5 on the same real weights: the quality probes through both libraries.
 
-The samples are the project's own probes (`agent_runner.probes.samples.build_sample`), built once here and
+The samples are the project's own probes (`measure.probes.samples.build_sample`), built once here and
 sent as token ids to both sides, so both see exactly the same tokens:
   needle   prefill = a chat-rendered document with a fact sentence + the question (+ the answer's opening
            words, as the probe builds it); greedy answer (at most `max_new_tokens`, stopping before <|im_end|> /
@@ -12,7 +12,7 @@ Each method compresses the prefill at compression ratio r = 1 - density. The kvp
 (`with press(model)`, the pipeline-free path), then decodes / teacher-forces on the resulting DynamicCache;
 the `@prefill_decode` methods use kvpress's decode-time press (`PrefillDecodingPress` with a
 `DecodingPress`, which compresses back to the prefill's budget every `--decode-interval` decoded tokens).
-The nexus side runs the same samples through `agent_runner.probes.runner.run_cell` (one recorded dense
+The nexus side runs the same samples through `measure.probes.runner.run_cell` (one recorded dense
 prefill per sample, replayed into each method's `EvictableCache`) with settings matched to kvpress's:
 the per-head budget is kvpress's `int(T * (1 - r))` (`budget_tokens`), the window W, avg pooling with
 kvpress's kernel, per-query-head pooling, sinks, beta, the Ada safeguard, and the decode slack = the
@@ -44,7 +44,16 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
-from kvpress_parity import DEFAULT_VENV, ensure_venv, n_kept, venv_ready  # noqa: E402,F401  (venv_ready: for the test)
+import common  # noqa: E402
+from kvpress_parity import (  # noqa: E402,F401  (venv_ready: for the test)
+    DEFAULT_VENV,
+    add_press_args,
+    ensure_venv,
+    matched_params,
+    n_kept,
+    venv_ready,
+)
+from kvpress_parity import press_settings as prefill_press_settings  # noqa: E402
 
 import nexus  # noqa: E402
 
@@ -93,15 +102,7 @@ def our_config(method: str, args, budget: int) -> nexus.EvictionConfig:
     base, _, scope = method.partition("@")
     if base == "dense":
         return nexus.EvictionConfig(method="dense", scope="prefill_only")
-    params: dict[str, Any] = {}
-    if base in ("snapkv", "pyramidkv", "ada_snapkv"):
-        params = dict(kernel_size=args.kernel_size, pooling="avg", pool_per_query_head=True)
-    if base == "pyramidkv":
-        params["beta"] = args.beta
-    if base == "ada_snapkv":
-        params["floor_alpha"] = args.alpha_safeguard
-    if base == "streaming_llm":
-        params = dict(n_sink=args.n_sink)
+    params = matched_params(base, args)
     # the decode slack is one "block": block_size only sets the slack for these methods (Nexus alone scores
     # by blocks), so block_size = the decode interval gives kvpress's compression_interval exactly
     return nexus.EvictionConfig(
@@ -116,8 +117,8 @@ def our_config(method: str, args, budget: int) -> nexus.EvictionConfig:
 
 
 def build_samples(tokenizer, args) -> list:
-    from agent_runner.probes.samples import build_sample
-    from agent_runner.probes.settings import ProbeSettings
+    from measure.probes.samples import build_sample
+    from measure.probes.settings import ProbeSettings
 
     settings = ProbeSettings(
         model=args.model,
@@ -149,7 +150,7 @@ def _sinks_kept(cache, n_sink: int) -> float:
 def _continued_cache(host, recorded, config, target: list[int]):
     """The cache after teacher-forcing `target[:-1]` (what run_cell's nll scoring leaves), fed as run_cell feeds
     it (split at decode-time events, so it equals one token at a time)."""
-    from agent_runner.rows import Rows
+    from measure.stacked_cells import Rows
 
     cache = recorded.cache_for(config)
     Rows(host.model, [cache]).feed_decoded(target[:-1])
@@ -158,8 +159,8 @@ def _continued_cache(host, recorded, config, target: list[int]):
 
 def run_ours(host, samples, methods: list[str], args) -> list[dict]:
     """Every (sample, method) through `run_cell`, plus the cache figures the comparison needs."""
-    from agent_runner.probes.runner import run_cell
-    from agent_runner.probes.settings import SINGLE_PREFILL
+    from measure.probes.runner import run_cell
+    from measure.probes.settings import SINGLE_PREFILL
     from nexus.shared_prefill import record_prefill
 
     out = []
@@ -198,15 +199,7 @@ def run_ours(host, samples, methods: list[str], args) -> list[dict]:
 
 def press_settings(args) -> dict[str, Any]:
     """The press settings both sides run with, as the kvpress side's request names them (stored in the JSON too)."""
-    return dict(
-        compression_ratio=args.ratio,
-        window=args.window,
-        kernel_size=args.kernel_size,
-        beta=args.beta,
-        n_sink=args.n_sink,
-        alpha_safeguard=args.alpha_safeguard,
-        decode_interval=args.decode_interval,
-    )
+    return dict(**prefill_press_settings(args), decode_interval=args.decode_interval)
 
 
 def start_kvpress(python: Path, model_dir: Path, samples, stop_ids: list[int], methods, args, work: Path):
@@ -439,11 +432,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--density", type=float, default=0.2, help="kept fraction; kvpress compression_ratio = 1 - it")
     ap.add_argument("--methods", nargs="+", default=METHODS, choices=METHODS, help="dense always runs too")
     ap.add_argument("--probes", nargs="+", default=list(PROBES), choices=PROBES)
-    ap.add_argument("--window", type=int, default=64, help="observation window W (kvpress's SnapKV default)")
-    ap.add_argument("--kernel-size", type=int, default=5, help="avg-pool kernel (kvpress's default and only pooling)")
-    ap.add_argument("--beta", type=int, default=20)
-    ap.add_argument("--n-sink", type=int, default=4)
-    ap.add_argument("--alpha-safeguard", type=float, default=0.2)
+    add_press_args(
+        ap,
+        64,
+        window_help="observation window W (kvpress's SnapKV default)",
+        kernel_help="avg-pool kernel (kvpress's default and only pooling)",
+    )
     ap.add_argument("--decode-interval", type=int, default=96, help="decoded tokens between decode-time events")
     ap.add_argument("--continuation", type=int, default=256, help="nll: scored tokens after the context")
     ap.add_argument("--seed", type=int, default=0, help="the probes' texts")
@@ -515,10 +509,10 @@ def main(argv=None) -> dict[str, Any]:
         row["note"] = NOTES[row["method"]]
         row["measured"] = facts(row, args)
     lengths = [len(s.prefill) for s in samples]
-    from agent_runner.probes import fingerprint
+    from measure.probes import fingerprint
 
     probe_code = {
-        name: hashlib.sha256((ROOT / "agent_runner" / "probes" / name).read_bytes()).hexdigest()[:16]
+        name: hashlib.sha256((ROOT / "measure" / "probes" / name).read_bytes()).hexdigest()[:16]
         for name in ("samples.py", "runner.py")
     }
     meta = dict(
@@ -557,9 +551,7 @@ def main(argv=None) -> dict[str, Any]:
         f"wall {meta['wall_seconds']:.0f} s"
     )
     payload = dict(meta=meta, rows=rows, samples=pairs)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(payload, indent=2))
-    console.print(f"wrote {args.out}")
+    common.save(console, args.out, payload)
     return payload
 
 

@@ -1,6 +1,6 @@
 """Why uniform Nexus loses the needle on a real model: what each variant's cache keeps of the needle's tokens.
 
-For each needle sample (``agent_runner.probes``: a fact sentence at 10-90% depth of real filler, the question
+For each needle sample (``measure.probes``: a fact sentence at 10-90% depth of real filler, the question
 after it) the prefill runs once, densely, and is recorded (``nexus.shared_prefill``); every variant's cache is
 then the recorded prefill replayed into that method's cache (exact), so the variants see identical keys and
 queries and differ only in what they keep. Per variant it reports, over samples:
@@ -37,9 +37,9 @@ import common  # noqa: E402
 
 from agent_runner.config import SMOLLM2, ModelSpec  # noqa: E402
 from agent_runner.model_host import load_host  # noqa: E402
-from agent_runner.probes import ProbeSettings, eviction_config  # noqa: E402
-from agent_runner.probes.runner import sample_seed  # noqa: E402
-from agent_runner.probes.samples import build_sample  # noqa: E402
+from measure.probes import ProbeSettings, eviction_config  # noqa: E402
+from measure.probes.runner import sample_seed  # noqa: E402
+from measure.probes.samples import build_sample  # noqa: E402
 from nexus.shared_prefill import record_prefill  # noqa: E402
 
 VARIANTS = (

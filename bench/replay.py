@@ -3,7 +3,7 @@
 A dense episode of the tiny model (real Qwen3 architecture and tokenizer, random weights) is generated with the
 hf backend; its stored token stream (`Completion.tokens`) is then replayed under each method, once in
 chunks (`EvictableCache.decoding()` split at `decode_room()`) and once token by token, both timed in the same run.
-The two give the same logits (tests/agent/test_counterfactual.py); the table shows the speed-up and the
+The two give the same logits (tests/measure/test_counterfactual.py); the table shows the speed-up and the
 largest logit difference measured here. NLL numbers on random weights are a smoke test of the pipeline, not a
 finding about any method.
 
@@ -30,13 +30,13 @@ from common import environment, set_threads, write_json  # noqa: E402
 import nexus  # noqa: E402
 from agent_runner.backends.hf import HFBackend  # noqa: E402
 from agent_runner.config import AgentConfig  # noqa: E402
-from agent_runner.counterfactual import model_forward, replay_episode, teacher_force  # noqa: E402
 from agent_runner.model_host import ModelSpec, load_host  # noqa: E402
 from agent_runner.records import (
     Message,  # noqa: E402
     TurnTokens,  # noqa: E402
 )
 from agent_runner.sampling import SamplingConfig  # noqa: E402
+from measure.counterfactual import model_forward, replay_episode, teacher_force  # noqa: E402
 
 
 def dense_trajectory(host, turns: int, new_tokens: int, seed: int, temperature: float) -> list[TurnTokens]:
@@ -48,7 +48,6 @@ def dense_trajectory(host, turns: int, new_tokens: int, seed: int, temperature: 
         protocol="true_eviction",
         sampling=sampling,
         max_context_tokens=AgentConfig().max_context_tokens,
-        seed=seed,
     )
     backend._stop = set()  # the random model would stop at random; fixed-length turns make runs comparable
     backend.reset(seed=seed)

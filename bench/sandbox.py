@@ -52,11 +52,11 @@ def main() -> None:
     args = parser.parse_args()
 
     import docker
-    from grading import GradeConfig, grade
-    from sandbox.container import Sandbox
-    from sandbox.tools import ToolBox, ToolCall
-    from tasks.images import BASE_IMAGE_TAG, build_base_image, ensure_task_image
-    from tasks.loading import load_suite
+    from env.grading import GradeConfig, grade
+    from env.sandbox.container import Sandbox
+    from env.sandbox.tools import ToolBox, ToolCall
+    from env.tasks.images import BASE_IMAGE_TAG, build_base_image, ensure_task_image
+    from env.tasks.loading import load_suite
 
     console = Console()
     client = docker.from_env(timeout=300)

@@ -5,9 +5,9 @@ Build: a ``JobSpec`` of T tasks (``scale__task-000``...) x 8 methods x 2 protoco
 seeds in scope prefill_decode, with ``dense_per_cell: true`` so every cell holds T x S episodes (50 x 8 x 2 x 4 =
 3,200 by default; ``--episodes 12800`` takes 16 seeds), planned by ``jobs.submit.plan_job`` (the tasks are stand-ins
 that carry only an id) and stored by ``create_job_rows``. Each episode is then written as a worker writes it
-(``workers.execution.execute_episode`` / ``grade_stored_episode``): ``claim_episode``; per turn
+(``workers.execution.execute_episode`` / ``workers.grade_stored.grade_stored_episode``): ``claim_episode``; per turn
 ``record_turn(..., **turn_row(TurnRecord))``; ``finish_episode`` with patch, timings, retention and
-``result["runner"]``; then ``claim_grade`` + ``record_grade`` with a framed test log (``grading.hostlog``). Writes
+``result["runner"]``; then ``claim_grade`` + ``record_grade`` with a framed test log (``env.grading.hostlog``). Writes
 are grouped into three transactions per episode (claim; turns + finish; grade), and the SQLite build connection runs
 ``PRAGMA synchronous=OFF``; nothing bypasses the writer functions.
 
@@ -262,7 +262,7 @@ def finish_fields(rng: random.Random, key, claim, turns: list, exit_status: str,
     timings = {"setup_s": rng.uniform(5, 30), "diff_s": rng.uniform(0.2, 1.0), "agent_s": agent_s}
     runner = {  # agent_runner.episode.run_episode's EpisodeResult.config, on a worker's GPU
         "agent": P.AgentConfig().model_dump(mode="json"),
-        "episode": P.worker_episode_spec(key.config, device="cuda:0").model_dump(mode="json"),
+        "episode": P.stored_episode_spec(key.config, device="cuda:0").model_dump(mode="json"),
         "sandbox": P.SandboxConfig().model_dump(mode="json"),
         "model": "HFBackend",
         "device": "cuda:0",
@@ -354,18 +354,19 @@ def build(args: argparse.Namespace) -> None:
     from sqlalchemy import event, text
 
     import agent_runner.records as records
-    import grading.hostlog as hostlog
     from agent_runner.config import AgentConfig
     from db import connect, store
     from db.liveness import claim_grade
+    from env.grading import hostlog as hostlog
+    from env.sandbox.config import SandboxConfig
+    from env.sandbox.tools import ToolCall
+    from jobs.episode_config import stored_episode_spec
     from jobs.spec import JobSpec
     from jobs.submit import create_job_rows, plan_job
-    from sandbox.config import SandboxConfig
-    from sandbox.tools import ToolCall
-    from workers.execution import turn_row, worker_episode_spec
+    from workers.stored_records import turn_row
 
     P.__dict__.update(store=store, hostlog=hostlog, claim_grade=claim_grade, turn_row=turn_row, ToolCall=ToolCall)
-    P.__dict__.update(AgentConfig=AgentConfig, SandboxConfig=SandboxConfig, worker_episode_spec=worker_episode_spec)
+    P.__dict__.update(AgentConfig=AgentConfig, SandboxConfig=SandboxConfig, stored_episode_spec=stored_episode_spec)
     for name in ("Completion", "CompletionInfo", "TurnRecord", "TurnTokens", "ScaffoldRecord"):
         setattr(P, name, getattr(records, name))
     rng, pool, started = random.Random(args.seed), make_pool(OUT / "pool.json"), time.monotonic()

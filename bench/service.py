@@ -99,7 +99,7 @@ def main() -> None:
     from db import connect
     from db import store as db_store
     from jobs.spec import JobSpec
-    from jobs.submit import load_tasks, plan_job, submit
+    from jobs.submit import load_job_tasks, plan_job, submit
     from workers.embedded import job_finished
 
     seeds = list(range(max(1, -(-args.episodes // len(TASKS)))))
@@ -122,7 +122,7 @@ def main() -> None:
     try:
         time.sleep(3)  # let the workers connect before the clock starts
         started = time.perf_counter()
-        job_id, n = submit(db, plan_job(spec, load_tasks(spec)))
+        job_id, n = submit(db, plan_job(spec, load_job_tasks(spec)))
         deadline = time.monotonic() + args.timeout
         with console.status(f"job {job_id}: {n} oracle episodes"):
             while not job_finished(db, job_id):

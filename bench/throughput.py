@@ -45,7 +45,7 @@ FULL = dict(scopes=["prefill_only", "prefill_decode"], densities=[0.1, 0.2, 0.3]
 
 # -- one measurement, in its own process ---------------------------------------------------------------------
 def _probe_settings(part: str, samples: int, model: str):
-    from agent_runner.probes.settings import ProbeSettings
+    from measure.probes.settings import ProbeSettings
 
     if part == "probe":
         return ProbeSettings(model=model, samples=samples)
@@ -71,18 +71,18 @@ def measure(part: str, variant: str, samples: int, tasks: list[str], db_file: st
         if variant == "before":
             from agent_runner.config import ModelSpec
             from agent_runner.model_host import load_host
-            from agent_runner.probes import run_probes
+            from measure.probes import run_probes
 
             results = list(run_probes(load_host(ModelSpec(name=model)), settings))
         else:
             from agent_runner.config import ModelSpec
-            from agent_runner.probes.parallel import measure as probe_measure
+            from measure.probes.parallel import measure as probe_measure
 
-            values = probe_measure(settings, ModelSpec(name=model), workers=workers)
+            values = probe_measure(settings, ModelSpec(name=model), processes=workers)
             results = [r for r in values if not isinstance(r, tuple)]
         return dict(results=len(results), seconds=time.perf_counter() - started, samples=samples, code=_code())
     from db.connection import connect
-    from workers.replay import plan_replays, run_plan
+    from measure.replay import plan_replays, run_plan
 
     db = connect(f"sqlite:///{db_file}")
     with db.session() as s:
@@ -95,7 +95,7 @@ def measure(part: str, variant: str, samples: int, tasks: list[str], db_file: st
         summary = run_plan(db, plan)
     else:
         plan = plan_replays(db, job, model=model, redo=True, **kw)
-        summary = run_plan(db, plan, workers=workers)
+        summary = run_plan(db, plan, processes=workers)
     seconds = time.perf_counter() - started
     ok = sum(r.status == "ok" for r in summary.results)
     tokens = _history_tokens(db, job, tasks, model)
@@ -129,10 +129,10 @@ def _history_tokens(db, job: str, tasks: list[str] | None, model: str) -> int:
 
     from agent_runner.chat_stream import render_trajectory
     from agent_runner.config import ModelSpec
-    from agent_runner.counterfactual import contexts
     from agent_runner.model_host import load_host
     from db import store
-    from workers.text_trajectories import conversation
+    from measure.counterfactual import contexts
+    from measure.text_trajectories import conversation
 
     tokenizer = load_host(ModelSpec(name=model)).tokenizer
     total = 0

@@ -3,7 +3,9 @@
 
 - ``dashboard.app``: ``create_app(db_url, token=..., public=...)``, the token guard, error pages, the two write
   actions (cancel, rerun failed);
-- ``dashboard.pages``: the read-only pages and downloads; ``dashboard.queries``: what they read, as plain objects;
+- ``dashboard.pages``: the read-only pages and downloads; ``dashboard.queries`` (jobs, compare, workers),
+  ``dashboard.episode_queries`` (one episode) and ``dashboard.replay_queries`` (its replays): what they read, as
+  plain objects;
 - ``dashboard.charts``: matplotlib figures as inline SVG; ``dashboard.render``: the Jinja2 templates;
 - ``dashboard.readonly``: the read-only engine the pages read through; ``dashboard.report``: the HTML report.
 

@@ -52,9 +52,9 @@ class Context:
 
 def job_id_of(ctx: Context, job_id: str) -> str:
     """The full id of a job id or unique prefix; :class:`NotFound` otherwise."""
-    from db import store as db_store
+    from db import job_rows
 
-    return _full_id(ctx, db_store.get_job, job_id)
+    return _full_id(ctx, job_rows.get_job, job_id)
 
 
 def episode_id_of(ctx: Context, episode_id: str) -> str:

@@ -1,7 +1,7 @@
 """A replay's action spans on the episode page: the assistant text with its spans marked, and the copy table.
 
 A replay of a text trajectory (``nexus-eval replay JOB --model M``) stores per turn the ``SpanScore`` dumps of
-``agent_runner.action_scores``: character ranges of the turn's assistant text (``turns.completion``), each a
+``measure.action_scores``: character ranges of the turn's assistant text (``turns.completion``), each a
 ``function`` name, a ``param`` name or keyword value, or a value that is a ``copy`` of an earlier observation
 or ``new`` text, with how well the model still predicted it under the replay's cache. Here they become:
 
@@ -26,7 +26,7 @@ from typing import Any
 
 from markupsafe import Markup, escape
 
-KINDS = ("function", "param", "copy", "new")  # agent_runner.action_spans.SPAN_KINDS (no torch import here)
+KINDS = ("function", "param", "copy", "new")  # measure.action_spans.SPAN_KINDS (no torch import here)
 
 
 # -- reading stored values ------------------------------------------------------------------------------------

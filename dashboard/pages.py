@@ -1,7 +1,8 @@
 """The dashboard's read-only pages and downloads (route and DOM contract: docs/dashboard.md).
 
-Each handler opens one read-only session, turns the rows into plain objects (``dashboard.queries``), closes
-the session, then renders; handlers are sync functions, so FastAPI runs them in its thread pool.
+Each handler opens one read-only session, turns the rows into plain objects (``dashboard.queries``,
+``dashboard.episode_queries``, ``dashboard.replay_queries``), closes the session, then renders; handlers are sync
+functions, so FastAPI runs them in its thread pool.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from dataclasses import replace
 from fastapi import FastAPI, HTTPException, Query
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 
-from dashboard import charts, copy_marks, list_queries, queries, streams
+from dashboard import charts, copy_marks, episode_queries, list_queries, queries, replay_queries, streams
 from dashboard.context import Context, NotFound, episode_id_of, job_id_of
 from dashboard.render import render, svg
 
@@ -31,26 +32,26 @@ def notice_text(notice: str | None, n: int) -> str:
     return ""
 
 
-def _episode(ctx: Context, episode_id: str) -> queries.EpisodeView:
+def _episode(ctx: Context, episode_id: str) -> episode_queries.EpisodeView:
     full_id = episode_id_of(ctx, episode_id)
     with ctx.read() as s:
-        return queries.episode(s, full_id)
+        return episode_queries.episode(s, full_id)
 
 
 def _episode_and_replays(
     ctx: Context, episode_id: str, replay_id: int | None
-) -> tuple[queries.EpisodeView, queries.ReplaySection]:
+) -> tuple[episode_queries.EpisodeView, replay_queries.ReplaySection]:
     full_id = episode_id_of(ctx, episode_id)
     with ctx.read() as s:
-        view = queries.episode(s, full_id)
+        view = episode_queries.episode(s, full_id)
         try:
-            return view, queries.episode_replays(s, full_id, replay_id)
+            return view, replay_queries.episode_replays(s, full_id, replay_id)
         except LookupError as exc:
             raise NotFound(str(exc)) from None
 
 
 def replay_marks(
-    view: queries.EpisodeView, section: queries.ReplaySection
+    view: episode_queries.EpisodeView, section: replay_queries.ReplaySection
 ) -> tuple[dict[int, copy_marks.Marked], list[copy_marks.CopyRow]]:
     """The chosen replay's spans on the page: per turn that has them its assistant text marked (``span-T-N`` ids),
     and a row per copy span for the "copies and their sources" table."""
@@ -66,7 +67,7 @@ def replay_marks(
     return marks, copy_marks.copy_rows(section.spans, anchors)
 
 
-def retention(view: queries.EpisodeView) -> tuple[str, str, list[streams.TurnKept]]:
+def retention(view: episode_queries.EpisodeView) -> tuple[str, str, list[streams.TurnKept]]:
     """(chart svg with the turns' start marks, '', per turn what survived) for an episode with a readable
     retention map, else ('', why there is none, [])."""
     if view.retention is None:
@@ -199,14 +200,17 @@ def register(app: FastAPI, ctx: Context) -> None:
                 f"{right.row.task_id} seed {right.row.seed}): they are compared turn by turn all the same."
             )
         with ctx.read() as s:
-            a_stream, b_stream = streams.turn_streams(s, left.row.id), streams.turn_streams(s, right.row.id)
+            a_stream, b_stream = (
+                streams.generated_turn_streams(s, left.row.id),
+                streams.generated_turn_streams(s, right.row.id),
+            )
         stream = streams.stream_divergence(a_stream, b_stream)
         return render(
             "vs.html",
             a=left,
             b=right,
             mismatch=mismatch,
-            diverge=queries.divergence(left.turns, right.turns),
+            diverge=episode_queries.divergence(left.turns, right.turns),
             stream=stream,
             cache_metrics=streams.CACHE_METRICS,
             cache_rows=streams.cache_rows(left.turns, right.turns),

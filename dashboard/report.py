@@ -24,9 +24,9 @@ from dashboard import charts, queries
 from dashboard.compare_pages import page_charts
 from dashboard.readonly import check_schema, readonly_engine
 from dashboard.render import render, svg
+from db.job_rows import get_job
 from db.models import utcnow
 from db.probes import job_or_probe_run
-from db.store import get_job
 from results.compare import compare_jobs
 from results.probe_stats import load_probe_table
 

@@ -2,7 +2,7 @@
 
 - :func:`turn_starts`: the logical position at which each turn's new tokens begin (the retention map's turn
   marks), and :func:`turn_retention`: how many of each turn's positions the final cache still holds.
-- :func:`turn_streams` and :func:`stream_divergence`: the first turn and token where two episodes' generated
+- :func:`generated_turn_streams` and :func:`stream_divergence`: the first turn and token where two episodes' generated
   token ids differ (the side-by-side page); by completion text, character by character, when a turn has no
   stored ids (a backend without a token stream).
 - :func:`cache_rows`: the two episodes' per-turn cache numbers, side by side.
@@ -92,7 +92,7 @@ class TurnStream:
     text: str  # the raw completion
 
 
-def turn_streams(session: Session, episode_id: str) -> list[TurnStream]:
+def generated_turn_streams(session: Session, episode_id: str) -> list[TurnStream]:
     """The episode's generated ids and completion texts per turn (not the appended ids: only what it sampled)."""
     # the stream is stored packed (db.packing): one episode's, unpacked here
     query = select(Turn.index, Turn.tokens, Turn.completion).where(Turn.episode_id == episode_id).order_by(Turn.index)

@@ -7,7 +7,8 @@ Entry points:
   must already exist at the newest schema and never creates or migrates anything (every verb that reads);
   ``DatabaseUnavailable`` (missing, down, another schema) says which, with the URL masked and what to do.
 - ``db.models``: ``Job``, ``Episode``, ``Turn`` and the status words.
-- ``db.store``: create jobs, fan out episodes, claim/finish/grade them idempotently, reruns, summaries.
+- ``db.job_rows``: create jobs and fan out their episodes, find, list, summarize and cancel jobs.
+- ``db.store``: claim/finish/grade episodes idempotently, read what a job ran or measured, reruns.
 - ``db.probes``: quality-probe runs and their results (``nexus-eval probe run``).
 
 This package knows nothing about Docker, models or Celery.

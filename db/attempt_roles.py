@@ -13,7 +13,7 @@ A key (task x method x scope x protocol x seed) may have many attempts (rows). E
 
 :func:`roles_of` is the rule written out over one key's attempts; :func:`result_attempt_numbers` and
 :func:`role_case` are the same rule in SQL, for the readers that must not load rows (a 12,800-episode job).
-``tests/service/test_job_counts.py`` walks every writer at random and checks each reader against
+``tests/db/test_job_counts.py`` walks every writer at random and checks each reader against
 :func:`roles_of` after every step.
 """
 

@@ -111,6 +111,16 @@ def lock_job(session: Session, job_id: str) -> Job:
     return session.execute(query).scalar_one()
 
 
+def _lock_episode_job(session: Session, episode_id: str) -> Job:
+    """Start the write and lock the job of ``episode_id`` (`lock_job`: the job lock comes before the episode's);
+    ``LookupError`` when there is no such episode."""
+    begin_write(session)
+    job_id = session.execute(select(Episode.job_id).where(Episode.id == episode_id)).scalar_one_or_none()
+    if job_id is None:
+        raise LookupError(f"no episode {episode_id!r}")
+    return lock_job(session, job_id)
+
+
 def claim_episode(
     session: Session,
     episode_id: str,
@@ -127,13 +137,10 @@ def claim_episode(
     A ``running`` episode is taken over when ``is_dead(its worker)`` or its heartbeat is older than
     ``stale_after_s`` (pick a value well above the longest gap between turns).
     """
-    begin_write(session)
+    job = _lock_episode_job(session, episode_id)
+    job_id = job.id
     worker = worker or worker_identity()
     now = now or utcnow()
-    job_id = session.execute(select(Episode.job_id).where(Episode.id == episode_id)).scalar_one_or_none()
-    if job_id is None:
-        raise LookupError(f"no episode {episode_id!r}")
-    job = lock_job(session, job_id)
     row = session.execute(
         select(Episode).where(Episode.id == episode_id).execution_options(populate_existing=True)
     ).scalar_one()
@@ -367,11 +374,7 @@ def fail_running_episode(
     worker that held the claim, e.g. after a hard time limit killed it. ``True`` when written."""
     if status not in RUN_FAILURE_STATUSES:
         raise ValueError(f"fail_running_episode: status must be timeout or infra_failure, not {status!r}")
-    begin_write(session)
-    job_id = session.execute(select(Episode.job_id).where(Episode.id == episode_id)).scalar_one_or_none()
-    if job_id is None:
-        raise LookupError(f"no episode {episode_id!r}")
-    lock_job(session, job_id)
+    job_id = _lock_episode_job(session, episode_id).id
     conditions = [Episode.id == episode_id, Episode.status == "running"]
     if claim_token is not None:
         conditions.append(Episode.claim_token == claim_token)
@@ -405,11 +408,7 @@ def record_grade(
     Returns ``False`` (and writes nothing) when the episode is not awaiting a grade."""
     if status not in VERDICT_STATUSES:
         raise ValueError(f"record_grade: status {status!r} is not one of {sorted(VERDICT_STATUSES)}")
-    begin_write(session)
-    job_id = session.execute(select(Episode.job_id).where(Episode.id == episode_id)).scalar_one_or_none()
-    if job_id is None:
-        raise LookupError(f"no episode {episode_id!r}")
-    lock_job(session, job_id)
+    job_id = _lock_episode_job(session, episode_id).id
     gradable = set(AGENT_EXIT_STATUSES)
     if regrade:
         gradable |= VERDICT_STATUSES

@@ -13,8 +13,8 @@ with :func:`open_existing`, which creates nothing and refuses (:class:`DatabaseU
 the URL with its password masked and what to do) a database that is missing, down, or at another schema.
 
 SQLite is opened in WAL mode with a busy timeout and foreign keys on. Write transactions in
-:mod:`db.store`/:mod:`db.claims` start with ``BEGIN IMMEDIATE`` (see :func:`begin_write`) so two workers
-racing for the same episode serialize at the start of the transaction instead of failing on a lock
+:mod:`db.job_rows`/:mod:`db.store`/:mod:`db.claims` start with ``BEGIN IMMEDIATE`` (see :func:`begin_write`) so
+two workers racing for the same episode serialize at the start of the transaction instead of failing on a lock
 upgrade halfway through it.
 """
 
@@ -195,7 +195,7 @@ class Database:
 
         db = connect()
         with db.session() as s:
-            job = store.create_job(s, spec_json, config_hash=...)
+            job = job_rows.create_job(s, spec_json, config_hash=...)
 
     ``session()`` commits on success and rolls back on error. Never keep a session open across a model
     call or a container run: on SQLite an open write transaction blocks every other writer.

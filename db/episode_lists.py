@@ -6,7 +6,7 @@ hundreds of MB. Here the database filters, sorts, counts and pages over :func:`d
 joined to ``episodes``, and reads only the columns a row shows (:data:`ROW_COLUMNS`: no payloads, no turns).
 
 The semantics are those of the Python-side list (``dashboard.list_queries.EPISODES`` / ``ListQuery.apply``), which
-``tests/service/test_episode_lists.py`` holds this module to on SQLite and PostgreSQL:
+``tests/db/test_episode_lists.py`` holds this module to on SQLite and PostgreSQL:
 
 - ``status``, ``method``, ``scope``, ``protocol`` match the whole value; ``task`` is a case-insensitive substring of
   the task id (``%`` and ``_`` are plain characters). Case folding is SQL's ``lower()`` of the column: the same as

@@ -7,7 +7,7 @@ episode's status or driver, or adds an attempt, holds the job's lock and calls :
 same transaction with what it changed; the counts of the keys it touched are recomputed by the rule from those
 keys' attempts (a handful of rows), so the counts and ``jobs.status`` never lag behind the episodes, and no write
 or read scans a job's episodes to know them (a finish at 12,800 episodes once recomputed the whole job).
-:func:`recount` is the definition the counts must always equal (``tests/service/test_job_counts.py``). A job
+:func:`recount` is the definition the counts must always equal (``tests/db/test_job_counts.py``). A job
 without counts in this form (none yet, or {status: n} over the newest attempts, as versions before issue 44
 stored them) is recounted by a read, and stored by its next writer.
 """

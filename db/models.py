@@ -1,7 +1,7 @@
 """The SQL schema: jobs, their episodes (one row per attempt), the episodes' turns, replays, and probe runs.
 
 Typed SQLAlchemy 2 declarative models. The schema itself is owned by the Alembic revisions in
-``db/migrations/versions``; ``tests/service/test_db_models.py`` checks the two never drift apart.
+``db/migrations/versions``; ``tests/db/test_db_models.py`` checks the two never drift apart.
 
 Status words are stored as short strings (``StrEnum`` values) guarded by CHECK constraints, so a typo is
 an error at write time; adding a status means adding it here *and* a migration that widens the check.
@@ -66,28 +66,44 @@ class EpisodeStatus(StrEnum):
     cancelled = "cancelled"
 
 
+def _words(*members: EpisodeStatus) -> frozenset[str]:
+    """The plain strings of ``members``: each word is spelled once, in :class:`EpisodeStatus`, and the sets below
+    only name members (a misspelt member is an AttributeError at import, where a misspelt string was a silent
+    miss). ``agent_runner.status`` spells the agent's words again, as it may not import ``db``;
+    ``tests/agent_runner/test_status.py`` holds the two spellings equal."""
+    return frozenset(member.value for member in members)
+
+
 # The sets every reader and writer uses; the words themselves are EpisodeStatus's.
-GRADE_STATUSES = frozenset({"resolved", "unresolved", "empty_patch", "patch_failed"})
-AGENT_EXIT_STATUSES = frozenset({"submitted", "step_limit", "context_limit", "time_limit", "format_error_limit"})
+GRADE_STATUSES = _words(
+    EpisodeStatus.resolved, EpisodeStatus.unresolved, EpisodeStatus.empty_patch, EpisodeStatus.patch_failed
+)
+AGENT_EXIT_STATUSES = _words(
+    EpisodeStatus.submitted,
+    EpisodeStatus.step_limit,
+    EpisodeStatus.context_limit,
+    EpisodeStatus.time_limit,
+    EpisodeStatus.format_error_limit,
+)
 # the agent exits at a limit: the patch graded is whatever the agent had left when the limit cut it off
-LIMIT_EXIT_STATUSES = AGENT_EXIT_STATUSES - {"submitted"}
+LIMIT_EXIT_STATUSES = AGENT_EXIT_STATUSES - _words(EpisodeStatus.submitted)
 # the run itself broke: final, and counted as "not resolved" (as SWE-bench counts an error) unless rerun; what
 # `rerun --failed` reruns. A rerun of a verdict or an agent exit is a new sample of the same key, a *resample*:
 # kept apart, never counted in Pass@1 (docs/numbers.md)
-RUN_FAILURE_STATUSES = frozenset({"timeout", "infra_failure"})
+RUN_FAILURE_STATUSES = _words(EpisodeStatus.timeout, EpisodeStatus.infra_failure)
 # an attempt that ended in one of these produced no sample: the key's next attempt takes its place as the key's
 # result (db.store.result_attempts)
-SERVICE_FAILURE_STATUSES = RUN_FAILURE_STATUSES | {"cancelled"}
+SERVICE_FAILURE_STATUSES = RUN_FAILURE_STATUSES | _words(EpisodeStatus.cancelled)
 # what a finished run may report: an agent exit (a grade follows), a verdict graded in-line, or a failure
 FINISH_STATUSES = AGENT_EXIT_STATUSES | GRADE_STATUSES | RUN_FAILURE_STATUSES
 # what grading may record: a verdict, or infra_failure when grading itself could not run
-VERDICT_STATUSES = GRADE_STATUSES | {"infra_failure"}
+VERDICT_STATUSES = GRADE_STATUSES | _words(EpisodeStatus.infra_failure)
 # counted in compare's n: verdicts and run failures
 COUNTED_STATUSES = GRADE_STATUSES | RUN_FAILURE_STATUSES
 # Terminal = nothing more will happen to the row by itself. Agent exits are terminal for the agent stage
 # (a grade may still be recorded on top of them).
 TERMINAL_STATUSES = GRADE_STATUSES | AGENT_EXIT_STATUSES | SERVICE_FAILURE_STATUSES
-ACTIVE_STATUSES = frozenset({"queued", "running"})
+ACTIVE_STATUSES = _words(EpisodeStatus.queued, EpisodeStatus.running)
 # a job with an episode in one of these still has work to cancel (a run, or a grade to come)
 CANCELLABLE_STATUSES = ACTIVE_STATUSES | AGENT_EXIT_STATUSES
 
@@ -212,7 +228,7 @@ class Episode(Base):
     seed: Mapped[int] = mapped_column(Integer)
     attempt: Mapped[int] = mapped_column(Integer, default=1)
     driver: Mapped[str] = mapped_column(String(16), default=AttemptDriver.agent.value, server_default="agent")
-    episode_key: Mapped[str] = mapped_column(String(400))  # see db.store.episode_key
+    episode_key: Mapped[str] = mapped_column(String(400))  # see db.job_rows.episode_key
     status: Mapped[str] = mapped_column(String(32), default=EpisodeStatus.queued.value)
     exit_status: Mapped[str | None] = mapped_column(String(64))  # the agent loop's exit, as it reported it
     error: Mapped[str | None] = mapped_column(Text)  # why, for every status but resolved/unresolved
@@ -316,7 +332,7 @@ class Turn(Base):
     action: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
     observation: Mapped[str | None] = mapped_column(Text)
     extra: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)  # format_error, intervened, ...
-    # the turn's token stream {"keep", "append", "generated"} (agent_runner.counterfactual.TurnTokens) when the
+    # the turn's token stream {"keep", "append", "generated"} (measure.counterfactual.TurnTokens) when the
     # backend reports one (hf); what counterfactual replay feeds through another method's cache. Stored packed
     # (db.packing.PackedTokens, revision 0009)
     tokens: Mapped[dict[str, Any] | None] = mapped_column(PackedTokens)
@@ -333,7 +349,7 @@ class ReplayStatus(StrEnum):
 
 class Replay(Base):
     """One counterfactual replay: a dense episode's stored token stream teacher-forced through one method's
-    cache (``agent_runner.counterfactual``), scored by how well the model still predicts its own completions.
+    cache (``measure.counterfactual``), scored by how well the model still predicts its own completions.
 
     One row per (source episode, method, scope, protocol, eviction settings): ``config_key`` is the hash of
     ``config`` (the ``nexus.EvictionConfig`` used), so a rerun of the same configuration replaces its row while
@@ -364,7 +380,7 @@ class Replay(Base):
     turns: Mapped[list[dict[str, Any]] | None] = mapped_column(JSONType)  # TurnScore dumps, one per scored turn
     seconds: Mapped[float | None] = mapped_column(Float)
     # a text trajectory's replay: the model it was rendered into and scored on (part of config_key); NULL for a
-    # token-stream replay (the source's own model). ``action``: its ActionSummary (agent_runner.action_scores)
+    # token-stream replay (the source's own model). ``action``: its ActionSummary (measure.action_scores)
     model: Mapped[str | None] = mapped_column(String(200))
     action: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
@@ -378,7 +394,7 @@ class ProbeRunStatus(StrEnum):
 
 
 class ProbeRun(Base):
-    """One quality-probe run (``nexus-eval probe run``, ``agent_runner.probes``): its ``ProbeSettings`` dump,
+    """One quality-probe run (``nexus-eval probe run``, ``measure.probes``): its ``ProbeSettings`` dump,
     what produced the numbers (``provenance``: the filler corpus fingerprint, package versions, git revision,
     device) and how far it got (``n_results`` of ``n_planned``)."""
 
@@ -402,7 +418,7 @@ class ProbeRun(Base):
 
 
 class ProbeResultRow(Base):
-    """One ``agent_runner.probes.ProbeResult``: one sample of one (probe, variant, scope, protocol, density)
+    """One ``measure.probes.ProbeResult``: one sample of one (probe, variant, scope, protocol, density)
     cell, every field a column of the same name (``db.probes.RESULT_FIELDS``)."""
 
     __tablename__ = "probe_results"

@@ -2,7 +2,7 @@
 
 Both were JSON text (a token id took ~6 characters, a retention run ~8); at Table-3 scale (12,800 episodes,
 ~400K turns) they were most of the database. Each is now a binary column whose value reads and writes exactly
-as before (the ORM attribute is the same dict), so no reader changes; ``tests/service/test_packing.py`` and the
+as before (the ORM attribute is the same dict), so no reader changes; ``tests/db/test_packing.py`` and the
 migration's round-trip test (``0009``) hold them to bit-identical values.
 
 - :class:`PackedTokens` (``turns.tokens``): ``{"keep": int, "append": [ids], "generated": [ids]}``

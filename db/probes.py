@@ -27,10 +27,10 @@ from sqlalchemy.orm import Session
 
 from db.claims import local_worker_is_dead
 from db.connection import begin_write
+from db.job_rows import by_id_or_prefix
 from db.models import ProbeResultRow, ProbeRun, ProbeRunStatus, utcnow
-from db.store import by_id_or_prefix
 
-#: the fields of ``agent_runner.probes.ProbeResult``, one column each (a test holds the two equal)
+#: the fields of ``measure.probes.ProbeResult``, one column each (a test holds the two equal)
 RESULT_FIELDS = (
     "probe", "variant", "scope", "protocol", "density", "sample", "source", "length", "depth", "correct", "nll",
     "scored_tokens", "answer", "expected", "kept_fraction",

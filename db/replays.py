@@ -1,12 +1,12 @@
 """Counterfactual replay rows: the stored token streams they read and the scores they write.
 
 A replay teacher-forces a dense episode's stored stream (``turns.tokens``) through another method's cache
-(``workers.replay``). Its row is keyed by what determines the result (source episode, method, scope, protocol
+(``measure.replay``). Its row is keyed by what determines the result (source episode, method, scope, protocol
 and the eviction settings, hashed into ``config_key``), so running the same configuration again *replaces* the
 row (the newest measurement is the one that counts) while other settings keep rows of their own::
 
     with db.session() as s:
-        streams = turn_streams(s, episode_id)          # None: the episode has no (complete) stored stream
+        streams = replayable_token_streams(s, episode_id)  # None: the episode has no (complete) stored stream
     ...
     with db.session() as s:
         record_replay(s, source, method="snapkv", scope=..., protocol=..., config=cfg, status="ok", score=...)
@@ -40,7 +40,7 @@ def config_key(config: dict[str, Any], model: str | None = None) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def turn_streams(session: Session, episode_id: str) -> list[dict[str, Any]] | None:
+def replayable_token_streams(session: Session, episode_id: str) -> list[dict[str, Any]] | None:
     """The episode's per-turn token streams in turn order, or ``None`` when it has no turns or any turn lacks
     one (a backend that does not report tokens, or a run stored before they were kept): a stream with a hole
     cannot be replayed, since every later turn's context is built on the earlier ones."""

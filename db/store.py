@@ -1,12 +1,7 @@
-"""The repository: every read and write the service does, as functions over a Session.
+"""Episodes and their attempts: run one (the claim contract of :mod:`db.claims`, re-exported here), read what a job
+ran or measured, and rerun. Creating, finding, cancelling and summarizing a job is :mod:`db.job_rows`.
 
-Jobs and fan-out::
-
-    with db.session() as s:
-        job = create_job(s, config=spec.model_dump(mode="json"), config_hash=spec.config_hash(), name=spec.name)
-        add_episodes(s, job.id, spec.episodes(available_task_ids))   # objects with task_id/method/...
-
-Running one episode (see :mod:`db.claims` for the idempotency contract, re-exported here)::
+Running one episode (see :mod:`db.claims` for the idempotency contract)::
 
     with db.session() as s: claim = claim_episode(s, episode_id, celery_task_id=task_id)
     if claim is None: return                                       # someone else has it / it is done
@@ -19,7 +14,7 @@ Reading loads each row without its payloads (:data:`PAYLOAD_COLUMNS`: patch, tes
 unloaded payload raises instead of quietly loading it row by row.
 Reading: :func:`episodes_for_job`, :func:`result_attempts` (what a job measured: ``compare``, ``export``),
 :func:`resample_attempts` (the agent attempts after a key's result: kept apart), :func:`latest_attempts` (what is
-running), :func:`interactive_attempts`, :func:`job_summary`.
+running), :func:`interactive_attempts`.
 Reruns: :func:`new_attempt` / :func:`rerun_job` add rows with ``attempt + 1``; old rows are never changed.
 An attempt's ``driver`` (``db.models.AttemptDriver``) says whether the agent alone chose its actions.
 
@@ -32,9 +27,9 @@ its result. Every count (``jobs.counts``, the progress tables and lines, the das
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Sequence
 from datetime import timedelta
-from typing import Any, Protocol
+from typing import Any
 
 from sqlalchemy import and_, select, update
 from sqlalchemy.orm import Session, load_only
@@ -56,11 +51,11 @@ from db.claims import (
     worker_identity,
 )
 from db.connection import begin_write
-from db.job_status import JobSummary, job_grades, newest_attempts, refresh_job_status, summarize
+from db.job_rows import by_id_or_prefix
+from db.job_status import newest_attempts, refresh_job_status
 from db.models import (
     ACTIVE_STATUSES,
     AGENT_DRIVERS,
-    CANCELLABLE_STATUSES,
     SERVICE_FAILURE_STATUSES,
     AttemptDriver,
     Episode,
@@ -69,42 +64,30 @@ from db.models import (
     JobStatus,
     utcnow,
 )
-from db.provenance import git_revision as current_git_revision
-from db.provenance import package_versions as current_package_versions
 
 __all__ = [
     "Claim",
     "ClaimLost",
-    "EpisodeKeyLike",
-    "JobSummary",
-    "add_episodes",
     "assign_celery_task",
-    "cancel_job",
+    "at_numbers",
     "claim_episode",
-    "create_job",
-    "episode_key",
     "episodes_for_job",
-    "note_job_error",
     "fail_running_episode",
     "finish_episode",
     "get_episode",
-    "get_job",
     "heartbeat",
-    "job_grades",
-    "job_summary",
     "interactive_attempts",
     "latest_attempts",
-    "list_jobs",
     "local_worker_is_dead",
     "lock_job",
     "new_attempt",
+    "record_grade",
+    "record_turn",
+    "rerun_job",
     "resample_attempts",
     "result_attempt_numbers",
     "result_attempts",
-    "record_grade",
-    "record_turn",
-    "refresh_job_status",
-    "rerun_job",
+    "result_rows",
     "stale_episodes",
     "worker_identity",
 ]
@@ -126,74 +109,9 @@ def _loading(query: Select, full: bool) -> Select:
     return query.options(load_only(*brief, *extracted, Episode.config_seed, raiseload=True))
 
 
-class EpisodeKeyLike(Protocol):
-    """What :func:`add_episodes` needs from each fanned-out episode (``jobs.spec.EpisodeKey`` fits)."""
-
-    task_id: str
-    method: str
-    scope: str
-    protocol: str
-    seed: int
-
-
-def episode_key(task_id: str, method: str, scope: str, protocol: str, seed: int) -> str:
-    """The stable key of an episode without its attempt: ``task|method|scope|protocol|seed``."""
-    return f"{task_id}|{method}|{scope}|{protocol}|{seed}"
-
-
-def create_job(
-    session: Session,
-    *,
-    config: dict[str, Any],
-    config_hash: str,
-    name: str | None = None,
-    package_versions: dict[str, str] | None = None,
-    git_revision: str | None = None,
-) -> Job:
-    """Insert a ``pending`` job. ``config`` is the frozen JobSpec as JSON; provenance defaults to this
-    process's package versions and the service checkout's git revision."""
-    begin_write(session)
-    job = Job(
-        name=name,
-        config=config,
-        config_hash=config_hash,
-        package_versions=current_package_versions() if package_versions is None else package_versions,
-        git_revision=current_git_revision() if git_revision is None else git_revision,
-        status=JobStatus.pending.value,
-        counts={},
-    )
-    session.add(job)
-    session.flush()
-    return job
-
-
-def add_episodes(
-    session: Session, job_id: str, episodes: Iterable[EpisodeKeyLike], *, config: dict[str, Any] | None = None
-) -> list[Episode]:
-    """Add attempt-1 ``queued`` rows for each key. ``config`` (the merged per-episode config) is stored on
-    every row; an item with its own ``config`` attribute (a dict) is merged over it."""
-    begin_write(session)
-    rows = []
-    for item in episodes:
-        own = getattr(item, "config", None) or {}
-        rows.append(
-            Episode(
-                job_id=job_id,
-                task_id=item.task_id,
-                method=item.method,
-                scope=item.scope,
-                protocol=item.protocol,
-                seed=item.seed,
-                attempt=1,
-                episode_key=episode_key(item.task_id, item.method, item.scope, item.protocol, item.seed),
-                status=EpisodeStatus.queued.value,
-                config={**(config or {}), **own},
-            )
-        )
-    session.add_all(rows)
-    session.flush()
-    refresh_job_status(session, job_id, new_keys=len(rows))
-    return rows
+def get_episode(session: Session, episode_id: str) -> Episode:
+    """The episode with this id or unique id prefix; ``LookupError`` otherwise."""
+    return by_id_or_prefix(session, Episode, episode_id)
 
 
 def assign_celery_task(session: Session, episode_id: str, celery_task_id: str) -> bool:
@@ -207,36 +125,6 @@ def assign_celery_task(session: Session, episode_id: str, celery_task_id: str) -
     )
     expire_loaded(session, {episode_id})
     return done.rowcount == 1
-
-
-def by_id_or_prefix(session: Session, model: type[Any], ident: str) -> Any:
-    """The row of ``model`` (a table with a string ``id``) with this id or unique id prefix; ``LookupError``
-    naming the kind of row ("job", "probe run") otherwise."""
-    row = session.get(model, ident)
-    if row is not None:
-        return row
-    matches = session.execute(select(model).where(model.id.startswith(ident, autoescape=True)).limit(2)).scalars().all()
-    kind = model.__tablename__[:-1].replace("_", " ")
-    if not matches:
-        raise LookupError(f"no {kind} with id {ident!r}")
-    if len(matches) > 1:
-        raise LookupError(f"{kind} id prefix {ident!r} is ambiguous ({matches[0].id}, {matches[1].id}, ...)")
-    return matches[0]
-
-
-def get_job(session: Session, job_id: str) -> Job:
-    """The job with this id or unique id prefix; ``LookupError`` (saying which) otherwise."""
-    return by_id_or_prefix(session, Job, job_id)
-
-
-def list_jobs(session: Session, *, limit: int = 20) -> list[Job]:
-    """The newest ``limit`` jobs, newest first."""
-    return list(session.execute(select(Job).order_by(Job.created_at.desc()).limit(limit)).scalars())
-
-
-def get_episode(session: Session, episode_id: str) -> Episode:
-    """The episode with this id or unique id prefix; ``LookupError`` otherwise."""
-    return by_id_or_prefix(session, Episode, episode_id)
 
 
 def episodes_for_job(
@@ -400,11 +288,6 @@ def rerun_job(session: Session, job_id: str, statuses: Collection[str]) -> list[
     return [new_attempt(session, r.id) for r in targets]
 
 
-def job_summary(session: Session, job_id: str) -> JobSummary:
-    """The job (id or unique prefix) and its counts by the result rule (``db.attempt_roles``)."""
-    return summarize(session, get_job(session, job_id))
-
-
 def stale_episodes(session: Session, stale_after_s: float, *, job_id: str | None = None) -> list[Episode]:
     """Running episodes whose heartbeat is older than ``stale_after_s`` (their worker is probably gone;
     a redelivery or ``claim_episode(..., stale_after_s=...)`` takes them over)."""
@@ -413,43 +296,3 @@ def stale_episodes(session: Session, stale_after_s: float, *, job_id: str | None
         query = query.where(Episode.job_id == job_id)
     cutoff = utcnow() - timedelta(seconds=stale_after_s)
     return [r for r in session.execute(query).scalars() if r.heartbeat_at is None or r.heartbeat_at < cutoff]
-
-
-def cancel_job(session: Session, job_id: str, reason: str = "cancelled by user") -> list[str] | None:
-    """Cancel the job and every queued/running episode of it (a grade still to come is then never taken). Returns
-    the Celery task ids to revoke, or ``None`` when the job has no episode queued, running or waiting for its
-    grade: then nothing changes (a finished job keeps its status).
-
-    A worker still running one of them finds out at its next ``record_turn`` (``ClaimLost``); its
-    ``finish_episode`` returns ``False``."""
-    begin_write(session)
-    job = lock_job(session, get_job(session, job_id).id)
-    in_job = Episode.job_id == job.id
-    cancellable = select(Episode.id).where(in_job, Episode.status.in_(sorted(CANCELLABLE_STATUSES))).limit(1)
-    if session.execute(cancellable).first() is None:
-        return None
-    active = session.execute(
-        select(Episode.id, Episode.celery_task_id).where(in_job, Episode.status.in_(sorted(ACTIVE_STATUSES)))
-    ).all()
-    task_ids = sorted({r.celery_task_id for r in active if r.celery_task_id})
-    session.execute(
-        update(Episode)
-        .where(Episode.job_id == job.id, Episode.status.in_(list(ACTIVE_STATUSES)))
-        .values(status=EpisodeStatus.cancelled.value, error=reason)
-        .execution_options(synchronize_session=False)
-    )
-    expire_loaded(session, {r.id for r in active})
-    job.status = JobStatus.cancelled.value
-    job.error = reason
-    session.flush()
-    refresh_job_status(session, job.id, recount_all=True)  # a bulk change: counted from the rows once
-    return task_ids
-
-
-def note_job_error(session: Session, job_id: str, error: str) -> None:
-    """Set the job's ``error`` note (e.g. its episodes could not all be sent); its status stays derived from
-    its episodes."""
-    begin_write(session)
-    job = lock_job(session, get_job(session, job_id).id)
-    job.error = error
-    session.flush()

@@ -12,7 +12,7 @@ import logging
 
 from celery import Celery
 
-from db import Database
+from db import Database, job_rows
 from db import store as db_store
 from db.liveness import unsent
 from jobs.queue import EPISODE_TASK, GRADE_TASK, get_app
@@ -36,7 +36,7 @@ def enqueue_pending(db: Database, job_id: str, *, app: Celery | None = None) -> 
     agent exits whose grade nobody started (to ``grade``). What ``submit`` sends; a duplicate is harmless."""
     app = app or get_app()
     with db.session() as s:
-        todo = unsent(s, [db_store.get_job(s, job_id).id])
+        todo = unsent(s, [job_rows.get_job(s, job_id).id])
     for episode_id in todo.runs:
         enqueue_episode(db, episode_id, app=app)
     for episode_id in todo.grades:
@@ -63,7 +63,7 @@ def note_unsent(db: Database, job_id: str, episode_ids: list[str], cause: Except
     error = NotEnqueued(job_id, episode_ids, cause)
     try:
         with db.session() as s:
-            db_store.note_job_error(s, job_id, f"{UNSENT_NOTE}: {error}")
+            job_rows.note_job_error(s, job_id, f"{UNSENT_NOTE}: {error}")
     except Exception as exc:  # the message still names the job and the command
         log.error("could not note the unsent episodes on job %s: %s", job_id, exc)
     return error
@@ -74,7 +74,7 @@ def rerun(db: Database, job_id: str, statuses: list[str], *, app: Celery | None 
     queue; returns their ids. ``LookupError``/``ValueError`` for a bad job or status; :class:`NotEnqueued` when
     the rows are stored but the broker could not take them all."""
     with db.session() as s:
-        job_id = db_store.get_job(s, job_id).id
+        job_id = job_rows.get_job(s, job_id).id
         new_ids = [r.id for r in db_store.rerun_job(s, job_id, statuses)]
     try:
         for episode_id in new_ids:
@@ -91,7 +91,7 @@ def cancel(
     checks), and their Celery messages are revoked. A running episode stops at its next turn. ``None`` when the
     job had nothing queued or running (nothing changed)."""
     with db.session() as s:
-        task_ids = db_store.cancel_job(s, job_id, reason)
+        task_ids = job_rows.cancel_job(s, job_id, reason)
     if task_ids:
         try:
             (app or get_app()).control.revoke(task_ids)

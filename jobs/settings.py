@@ -45,7 +45,7 @@ from agent_runner.backend_settings import (
     AllowedEndpoints,
 )
 from db.connection import default_url
-from tasks.ceilings import DEFAULT_CEILINGS, GradingCeilings
+from env.tasks.ceilings import DEFAULT_CEILINGS, GradingCeilings
 
 
 @dataclass(frozen=True)
@@ -95,7 +95,7 @@ _VARIABLES = {
     "db_retry_s": "NEXUS_EVAL_DB_RETRY",
     "docker_wait_s": "NEXUS_EVAL_DOCKER_WAIT",
 }
-#: the operator's grading ceilings (``tasks.ceilings.GradingCeilings`` fields) and their variables
+#: the operator's grading ceilings (``env.tasks.ceilings.GradingCeilings`` fields) and their variables
 _CEILING_VARIABLES = {
     "memory": "NEXUS_EVAL_GRADING_MAX_MEMORY",
     "pids": "NEXUS_EVAL_GRADING_MAX_PIDS",

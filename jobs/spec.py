@@ -1,26 +1,7 @@
 """``JobSpec``: what a user submits, frozen, validated and hashed, and its fan-out into episodes.
 
-A job file (YAML) looks like this; every key has a default (the class's fields), and ``examples/`` holds the
-job files for the common cases, each checked by ``tests/service/test_examples.py``::
-
-    name: mini-dense-vs-nexus
-    model: {name: Qwen/Qwen3-0.6B, revision: main}   # default: tiny (random weights, the real Qwen3 tokenizer)
-    backend: hf                      # hf | openai | oracle | expert (oracle and expert ignore the model)
-    methods: [dense, snapkv, nexus]  # default: [dense, nexus]
-    scopes: [prefill_only, prefill_decode]       # default: [prefill_decode]
-    protocols: [true_eviction, full_context]     # default: [true_eviction]
-    density: 0.2
-    eviction: {block_size: 32, window: 16}   # nexus.EvictionConfig's shared fields, for every method
-    preset: paper                    # paper | reference | kvcache_factory (nexus/presets.py)
-    method_params: {nexus: {walk_steps: 3}, snapkv: {window: 32, kernel_size: 5}}
-    seeds: [0, 1, 2]                 # each seed samples its own episode: the sampler and the eviction policy
-    limits: {max_steps: 100, soft_step_limit: 40, max_context_tokens: 65536}
-    sampling: {temperature: 1.0, top_p: 1.0, top_k: 0, max_new_tokens: null}  # null: no per-turn cap
-    tasks: {suite: mini, ids: ["argkit__*"]}     # default: every task of mini
-
-**Command-line flags override a file** (``nexus-eval submit -f job.yaml --density 0.1`` stores 0.1): the
-CLI turns each flag it was given into one override (:func:`apply_overrides`), set on top of the file, or on
-top of these defaults without a file. A flag never given changes nothing.
+A job file (YAML), the flags set over it and the error a bad one raises are :mod:`jobs.job_file`; which tasks
+it runs is :mod:`jobs.task_selection`. Every key has a default: this class's fields.
 
 **Dense runs once per (task, seed, protocol), not once per cell.** Dense evicts nothing, so its result cannot
 depend on the scope: its episode is stored under the first listed scope, and ``results.compare`` reuses it for
@@ -54,11 +35,9 @@ the same settings hash the same.
 
 from __future__ import annotations
 
-import copy
-import fnmatch
 import hashlib
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -69,7 +48,6 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError,
 from agent_runner.backend_settings import AllowedEndpoints, ExpertConfig, OpenAIConfig
 from agent_runner.config import (
     NO_MODEL_BACKENDS,
-    PROTOCOLS,
     SHARED_DENSE,
     AgentConfig,
     BackendName,
@@ -83,99 +61,15 @@ from agent_runner.config import (
     check_openai_fields,
     legacy_agent_fields,
 )
+from jobs.job_file import JobSpecError, apply_overrides, field_errors, plain_message, read_job_file
+from jobs.task_selection import TaskSelection, no_duplicates
 from nexus.config import EVICTION_DEFAULTS, SHARED_FIELDS, EvictionConfig
 from nexus.methods import DENSE, check_method
 from nexus.presets import DEFAULT_PRESET, PRESETS, check_preset, resolve, split_settings, stored_settings
 
-_GLOB_CHARS = set("*?[")
-#: the job ``nexus-eval run`` submits when it is given no file (shipped in the package)
-QUICK_JOB_FILE = Path(__file__).resolve().parent / "bundled" / "quick.yaml"
-AGENT_CASE_JOB_FILE = Path(__file__).resolve().parent / "bundled" / "agent_case.yaml"
 #: the keys of a job's ``eviction`` mapping (density has its own top-level key)
 EVICTION_KEYS: tuple[str, ...] = tuple(name for name in SHARED_FIELDS if name != "density")
 _EVICTION = TypeAdapter(EvictionConfig)
-
-
-class JobSpecError(ValueError):
-    """A bad job file or spec. ``source`` is the file (or ``<spec>``); ``errors`` are (field, message) pairs."""
-
-    def __init__(self, source: str, errors: list[tuple[str, str]]) -> None:
-        self.source = source
-        self.errors = errors
-        lines = [f"{source}: field '{loc}': {msg}" if loc else f"{source}: {msg}" for loc, msg in errors]
-        super().__init__("\n".join(lines))
-
-
-class _Frozen(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class TaskSelection(_Frozen):
-    """Where the tasks come from (exactly one of ``suite``/``file``) and which of them to run.
-
-    ``ids``: exact task ids and/or glob patterns (``*``, ``?``, ``[...]``); ``None`` runs every task.
-    """
-
-    suite: str | None = Field(None, description="a bundled suite name (tasks/suites/<name>) or a task folder")
-    file: str | None = Field(None, description="a JSON/JSONL/parquet task file or a Hugging Face dataset name")
-    split: str = "test"
-    ids: list[str] | None = None
-
-    @model_validator(mode="after")
-    def _one_source(self) -> TaskSelection:
-        if (self.suite is None) == (self.file is None):
-            raise ValueError("give exactly one of 'suite' or 'file'")
-        if self.ids is not None:
-            if not self.ids:
-                raise ValueError("'ids' is empty; omit it to run every task")
-            _no_duplicates("ids", self.ids)
-        return self
-
-    @property
-    def source(self) -> str:
-        return self.suite if self.suite is not None else str(self.file)
-
-    @property
-    def named(self) -> str:
-        """What the user gave, as an error's source: ``suite 'mini'`` or the task file."""
-        return f"suite {self.suite!r}" if self.suite is not None else f"task file {self.file}"
-
-    def select(self, available: Sequence[str]) -> list[str]:
-        """The selected ids, in ``available``'s order. Raises ``JobSpecError`` for an exact id that does not
-        exist or a pattern that matches nothing (so a typo never silently shrinks a job)."""
-        if self.ids is None:
-            return list(available)
-        present = set(available)
-        missing = [p for p in self.ids if not _is_glob(p) and p not in present]
-        empty = [p for p in self.ids if _is_glob(p) and not fnmatch.filter(available, p)]
-        if missing or empty:
-            errors = [("tasks.ids", f"no task {p!r} in {self.source}") for p in missing]
-            errors += [("tasks.ids", f"pattern {p!r} matches no task in {self.source}") for p in empty]
-            raise JobSpecError(self.named, errors)
-        return [t for t in available if any(t == p or (_is_glob(p) and fnmatch.fnmatchcase(t, p)) for p in self.ids)]
-
-    def load(self, ceilings: Any = None) -> list[Any]:
-        """Load the source's tasks (``tasks.loading.Task`` objects) under the operator's grading ``ceilings``
-        (``tasks.ceilings.GradingCeilings``; None: the defaults) and apply the selection."""
-        from tasks.loading import load_source
-
-        tasks = load_source(suite=self.suite, file=self.file, split=self.split, ceilings=ceilings)
-        chosen = set(self.select([t.instance_id for t in tasks]))
-        return [t for t in tasks if t.instance_id in chosen]
-
-
-def _is_glob(pattern: str) -> bool:
-    return bool(_GLOB_CHARS & set(pattern))
-
-
-def _no_duplicates(name: str, values: Sequence[Any]) -> None:
-    seen, dupes = set(), []
-    for v in values:
-        if v in seen:
-            dupes.append(v)
-        seen.add(v)
-    if dupes:
-        raise ValueError(f"'{name}' lists {dupes} more than once")
 
 
 @dataclass(frozen=True)
@@ -190,8 +84,10 @@ class EpisodeKey:
     config: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
 
-class JobSpec(_Frozen):
+class JobSpec(BaseModel):
     """A whole job. Immutable; ``model_dump(mode="json")`` is what the ``jobs.config`` column stores."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str | None = Field(None, max_length=200)
     model: ModelSpec = ModelSpec()
@@ -232,7 +128,7 @@ class JobSpec(_Frozen):
     @field_validator("methods", "scopes", "protocols", "seeds")
     @classmethod
     def _unique(cls, values: list[Any], info: Any) -> list[Any]:
-        _no_duplicates(info.field_name, values)
+        no_duplicates(info.field_name, values)
         return values
 
     @model_validator(mode="before")
@@ -273,7 +169,7 @@ class JobSpec(_Frozen):
         try:  # the same checks as every method's EvictionConfig, without torch
             _EVICTION.validate_python({**values, "method": DENSE})
         except ValidationError as exc:
-            raise ValueError(_plain(exc)) from None
+            raise ValueError(plain_message(exc)) from None
         # stored whole (the library's defaults filled in), so two jobs compare field by field
         return {**{name: EVICTION_DEFAULTS[name] for name in EVICTION_KEYS}, **values}
 
@@ -287,7 +183,7 @@ class JobSpec(_Frozen):
             try:
                 self.eviction_config(method, self.scopes[0], self.seeds[0])
             except ValueError as exc:  # pydantic's ValidationError included
-                raise ValueError(f"method_params.{method}: {_plain(exc)}") from None
+                raise ValueError(f"method_params.{method}: {plain_message(exc)}") from None
         return self
 
     # --- construction -------------------------------------------------------------------------------
@@ -299,12 +195,12 @@ class JobSpec(_Frozen):
         try:
             spec = cls.model_validate(data)
         except ValidationError as exc:
-            raise JobSpecError(source, [(_loc(e["loc"]), _message(e)) for e in exc.errors()]) from None
+            raise JobSpecError(source, field_errors(exc)) from None
         if spec.backend == "openai":  # a new job's endpoint (a stored one is checked again by its worker)
             try:
                 spec.openai_config()
             except ValidationError as exc:
-                raise JobSpecError(source, [(_loc(("openai", *e["loc"])), _message(e)) for e in exc.errors()]) from None
+                raise JobSpecError(source, field_errors(exc, "openai")) from None
         return spec
 
     @classmethod
@@ -372,7 +268,7 @@ class JobSpec(_Frozen):
         try:
             allowed.check(self.openai_config())
         except ValidationError as exc:
-            raise JobSpecError(source, [(_loc(("openai", *e["loc"])), _message(e)) for e in exc.errors()]) from None
+            raise JobSpecError(source, field_errors(exc, "openai")) from None
         except ValueError as exc:
             raise JobSpecError(source, [(f"openai.{getattr(exc, 'field', '')}".rstrip("."), str(exc))]) from None
 
@@ -463,47 +359,6 @@ class JobSpec(_Frozen):
         )
 
 
-def read_job_file(path: str | Path) -> dict[str, Any]:
-    """A YAML job file's mapping, not yet validated; ``JobSpecError`` names the file (and the YAML line)."""
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise JobSpecError(str(path), [("", f"cannot read: {exc.strerror or exc}")]) from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise JobSpecError(str(path), [("", f"invalid YAML: {where}{problem}")]) from None
-    if data is None:
-        raise JobSpecError(str(path), [("", "the file is empty")])
-    if not isinstance(data, dict):
-        raise JobSpecError(str(path), [("", f"a job spec must be a mapping, got {type(data).__name__}")])
-    return data
-
-
-def apply_overrides(
-    data: Mapping[str, Any], overrides: Mapping[str, Any], *, defaults: Mapping[str, Any] | None = None
-) -> dict[str, Any]:
-    """``data`` (a job mapping) with each override set, in order: a dotted key sets one nested field
-    (``limits.max_steps``: the rest of ``limits`` stays), a plain key replaces the whole value (``methods``,
-    ``model``, ``tasks``). A nested field whose parent ``data`` lacks starts from that parent in ``defaults``
-    (``tasks.ids`` alone keeps the default task source). ``data`` is not changed."""
-    merged = copy.deepcopy(dict(data))
-    for key, value in overrides.items():
-        *parents, leaf = key.split(".")
-        node, fallback = merged, defaults or {}
-        for part in parents:
-            child, fallback = node.get(part), fallback.get(part) if isinstance(fallback, Mapping) else None
-            base = child if isinstance(child, dict) else fallback if isinstance(fallback, Mapping) else {}
-            node[part] = child = copy.deepcopy(dict(base))
-            node = child
-        node[leaf] = value
-    return merged
-
-
 def _is_method(name: object) -> bool:
     """A known (or run-time registered) method name; anything else is reported on ``methods`` alone."""
     try:
@@ -511,29 +366,3 @@ def _is_method(name: object) -> bool:
     except (ValueError, TypeError):
         return False
     return True
-
-
-def _plain(exc: Exception) -> str:
-    """A ValueError's text, or a pydantic ValidationError's messages without pydantic's framing."""
-    if isinstance(exc, ValidationError):
-        return "; ".join(e["msg"].removeprefix("Value error, ") for e in exc.errors())
-    return str(exc)
-
-
-def _loc(loc: tuple[Any, ...]) -> str:
-    return ".".join(str(part) for part in loc if part != "[key]")
-
-
-def _message(error: dict[str, Any]) -> str:
-    """pydantic's message, made specific for the vocabulary fields (unknown method and so on)."""
-    loc, kind, value = error["loc"], error["type"], error.get("input")
-    if kind == "literal_error" and loc and loc[0] == "protocols":
-        return f"unknown protocol {value!r}; known: {', '.join(PROTOCOLS)}"
-    if loc == ("density",) and kind in ("greater_than", "less_than_equal"):
-        return f"density must be in (0, 1], got {value!r}"
-    if kind == "extra_forbidden":
-        moved = {"seed": "a job's seeds are its top-level 'seeds'", "max_new_tokens": "use sampling.max_new_tokens"}
-        hint = f": {moved[loc[-1]]}" if loc[0] == "limits" and loc[-1] in moved else ""
-        return f"unknown field {loc[-1]!r}{hint}"
-    message = error["msg"].removeprefix("Value error, ")
-    return f"{message} (got {value!r})" if kind not in ("missing", "value_error") and value is not None else message

@@ -12,20 +12,21 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from agent_runner.dense_reuse import dense_rendering
-from db import Database
-from db import store as db_store
-from jobs.spec import EpisodeKey, JobSpec, JobSpecError
+from db import Database, job_rows
+from jobs.job_file import JobSpecError
+from jobs.spec import EpisodeKey, JobSpec
 from nexus.methods import DENSE
 
 if TYPE_CHECKING:
     from celery import Celery
 
-    from tasks.ceilings import GradingCeilings
-    from tasks.loading import Task
+    from env.tasks.ceilings import GradingCeilings
+    from env.tasks.loading import Task
 
 
-def load_tasks(spec: JobSpec, ceilings: GradingCeilings | None = None) -> list[Task]:
-    """The job's tasks; ``JobSpecError`` for a bad selection (an unknown id, a missing suite) or a row over the
+def load_job_tasks(spec: JobSpec, ceilings: GradingCeilings | None = None) -> list[Task]:
+    """The job's tasks (its selection read through ``env.tasks.load_tasks``, which loads a source and knows no
+    job); ``JobSpecError`` for a bad selection (an unknown id, a missing suite) or a row over the
     operator's grading ``ceilings`` (``ServiceSettings.grading_ceilings``; None: the defaults)."""
     try:
         return spec.tasks.load(ceilings)
@@ -46,14 +47,14 @@ def plan_spec(spec: JobSpec) -> JobSpec:
 
 def plan_episodes(spec: JobSpec, tasks: list[Task]) -> list[EpisodeKey]:
     """The fanned-out episodes (``jobs.spec.EpisodeKey``) over the job's loaded ``tasks``
-    (:func:`load_tasks`) and its planned spec (:func:`plan_spec`: dense under each protocol unless one episode
+    (:func:`load_job_tasks`) and its planned spec (:func:`plan_spec`: dense under each protocol unless one episode
     stands for all); raises ``JobSpecError`` for a bad selection. The one place the fan-out is computed."""
     return plan_spec(spec).episodes([t.instance_id for t in tasks])
 
 
 @dataclass(frozen=True)
 class PlannedJob:
-    """A job ready to be stored: its spec, its tasks as :func:`load_tasks` loaded them, and the episodes they fan
+    """A job ready to be stored: its spec, its tasks as :func:`load_job_tasks` loaded them, and the episodes they fan
     out to (:func:`plan_episodes`), in fan-out order. Made once per submission by :func:`plan_job`."""
 
     spec: JobSpec
@@ -73,10 +74,10 @@ def create_job_rows(db: Database, plan: PlannedJob) -> tuple[str, list[str]]:
     (job id, episode ids)."""
     spec = plan.spec
     with db.session() as s:
-        job = db_store.create_job(
+        job = job_rows.create_job(
             s, config=spec.model_dump(mode="json"), config_hash=spec.config_hash(), name=spec.name
         )
-        rows = db_store.add_episodes(s, job.id, plan.keys)
+        rows = job_rows.add_episodes(s, job.id, plan.keys)
         return job.id, [r.id for r in rows]
 
 

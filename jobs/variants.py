@@ -17,7 +17,7 @@ compared like the rest: a row with another absolute budget than its job's is not
 The job's settings come from ``Job.config`` (``Replay.job_id``): :func:`row_labels` reads each job once through
 the rows' session (or takes ``job_configs``). A job whose stored spec no longer validates leaves its rows
 labelled by their plain method: there is nothing to compare them with (a replay of such a job is refused by
-``workers.replay.plan_replays`` anyway).
+``measure.replay.plan_replays`` anyway).
 """
 
 from __future__ import annotations

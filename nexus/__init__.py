@@ -14,10 +14,10 @@ plain Python, and the tensor parts below are imported on first attribute access.
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any
 
 from nexus.config import EvictionConfig
+from nexus.lazy import lazy_attribute
 from nexus.memory import KVMemory
 from nexus.methods import METHODS, SCOPES
 
@@ -44,11 +44,7 @@ _LAZY = {
 
 
 def __getattr__(name: str) -> Any:
-    if name not in _LAZY:
-        raise AttributeError(f"module 'nexus' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_LAZY[name]), name)
-    globals()[name] = value
-    return value
+    return lazy_attribute(__name__, _LAZY, name, globals())
 
 
 __all__ = [

@@ -43,7 +43,8 @@ import contextlib
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from nexus.cache import ACTIVE_CACHE, EvictableCache, EvictableLayer, grown_capacity
+from nexus.cache import ACTIVE_CACHE, EvictableCache
+from nexus.layer_buffers import EvictableLayer, grown_capacity
 
 
 class StackedLayer(CacheLayerMixin):

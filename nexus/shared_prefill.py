@@ -28,8 +28,8 @@ one already summed, so this is the same sum in another order (equal up to float 
 prefills). Any other observing policy observes every row again. An inherited state is dropped once used and
 the new recording's own states are what the next turn inherits, so memory holds at most two turns' states.
 
-Quality probes (``agent_runner.probes``) use it to pay one model forward per sample instead of one per
-method x scope x density cell; the full-context replay (``agent_runner.counterfactual``) records each turn's
+Quality probes (``measure.probes``) use it to pay one model forward per sample instead of one per
+method x scope x density cell; the full-context replay (``measure.counterfactual``) records each turn's
 prefill once for every method, extending the previous turn's recording (``reuse``) instead of recomputing the
 history it starts with.
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from tasks.loading import Task
+    from env.tasks.loading import Task
 
 SETUP = "nexus-eval setup"
 # (distribution, module): the dependencies a job imports on its way through the worker
@@ -74,7 +74,7 @@ def package_checks() -> list[Check]:
 
 
 def daemon_check() -> Check:
-    from sandbox.docker_daemon import daemon_state
+    from env.sandbox.docker_daemon import daemon_state
 
     state = daemon_state()
     if state.answering:
@@ -84,7 +84,7 @@ def daemon_check() -> Check:
 
 def lookup_client() -> Any:
     """The daemon's docker-py client for image lookups (None when no daemon answers: the daemon check says why)."""
-    from tasks.images import ImageError, docker_client
+    from env.tasks.images import ImageError, docker_client
 
     try:
         return docker_client()
@@ -94,7 +94,7 @@ def lookup_client() -> Any:
 
 def base_image_check(client: Any, tag: str | None = None) -> Check:
     """Present, or buildable here (debootstrap on PATH), or neither."""
-    from tasks.images import BASE_IMAGE_TAG, image_exists
+    from env.tasks.images import BASE_IMAGE_TAG, image_exists
 
     tag = tag or BASE_IMAGE_TAG
     name = "base image"
@@ -110,7 +110,7 @@ def base_image_check(client: Any, tag: str | None = None) -> Check:
 def task_images_check(tasks: list[Task], client: Any, base: Check) -> tuple[Check, list[Task]]:
     """One row for the tasks' images, and the local tasks whose image must be built first. A local task's
     image is built from the base image; a SWE-bench / R2E image must already be here (never pulled)."""
-    from tasks.images import task_images
+    from env.tasks.images import task_images
 
     name = f"task images ({len(tasks)})"
     if client is None:
@@ -400,7 +400,7 @@ def preflight(
 def doctor_checks(db_url: str, suite: str) -> list[Check]:
     """Everything `nexus-eval doctor` shows: packages, the containers of ``suite``, broker, database, the workers
     that reported to it, the real CPU model, GPU."""
-    from tasks.loading import load_suite
+    from env.tasks.loading import load_suite
 
     checks = package_checks()
     checks += container_checks(load_suite(suite)).checks

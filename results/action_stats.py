@@ -1,7 +1,7 @@
 """The action table ``compare`` adds when replays scored the spans of an agent's calls (``Replay.action``).
 
 A replay of a *text* trajectory (``nexus-eval replay JOB --model NAME``: an expert demonstration or any job whose
-backend sees only text) scores each call span by span (``agent_runner.action_scores``). The decisive spans are
+backend sees only text) scores each call span by span (``measure.action_scores``). The decisive spans are
 **copies**: a value the agent repeats verbatim from an earlier observation (a ``str_replace`` ``old_str``, a path,
 a test id); an evicting cache that dropped the source can break them outright. Per copy span the replay stores
 the NLL and top-1 over its tokens **after its first** (the first token says *what* to copy, a choice the context
@@ -35,6 +35,7 @@ from typing import Any
 from agent_runner.config import PROTOCOLS
 from jobs.variants import order_labels, row_labels
 from nexus.methods import DENSE, SCOPES
+from results.replay_stats import ReplayRowKey
 from results.stats import bootstrap_mean_ci, sign_flip_test
 
 #: the second baseline every cell is tested against (same scope, protocol, density and model)
@@ -106,14 +107,9 @@ class _Pool:
 
 
 @dataclass(frozen=True)
-class ActionOutcome:
+class ActionOutcome(ReplayRowKey):
     """One stored replay row with an action summary, as far as the action statistics are concerned."""
 
-    episode_id: str
-    task_id: str
-    method: str  # the method, or a variant's label (jobs.variants): nexus[head_scores=per_head]
-    scope: str
-    protocol: str
     density: float | None  # None for dense
     model: str | None  # the model the text trajectory was rendered into and scored on
     pool: _Pool

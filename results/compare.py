@@ -40,7 +40,7 @@ alike under both (see ``jobs.spec``, ``agent_runner.dense_reuse``): a row withou
 its protocol's dense from another scope, and only where its protocol has none another protocol's; the cell says
 ``reused_dense``, a note says when dense crossed protocols, and a note per job why (``dense_protocol_notes``).
 
-When dense trajectories of the jobs were replayed (``nexus-eval replay``, ``workers.replay``), the table also
+When dense trajectories of the jobs were replayed (``nexus-eval replay``, ``measure.replay``), the table also
 carries one :class:`results.replay_stats.ReplayCell` per replayed (scope, protocol, method): mean delta-NLL vs
 dense with a bootstrap interval over tasks, and top-1 agreement. Without replays nothing changes. Replays that
 scored the spans of the agent's calls (``Replay.action``: text trajectories replayed with ``--model``) add the
@@ -433,8 +433,9 @@ def compare_jobs(
     """The database entry point: the table over the result attempts of ``job_ids`` (ids or unique prefixes): each
     key's first agent attempt that did not break (``db.store.result_attempts``); with ``include_interactive`` a
     key's newest interactive attempt stands in, counted and marked. Later agent attempts are resamples."""
+    from db.job_rows import get_job
     from db.job_status import job_grades
-    from db.store import get_job, interactive_attempts, resample_attempts, result_rows
+    from db.store import interactive_attempts, resample_attempts, result_rows
 
     jobs = [get_job(session, j) for j in job_ids]
     ids = [job.id for job in jobs]

@@ -16,7 +16,7 @@ every value is an ``episodes`` column written at finish (``db.claims.finish_epis
 - ``kept_fraction``: the mean over its turns of ``physical_after["mean"] / logical_length``: the cache slots a
   layer holds after the turn's eviction, on average over layers, as a share of the tokens the model has seen.
   Dense keeps 1.0; a method at density 0.2 keeps about 0.2 once the stream is longer than its window.
-  (``db.claims.turn_means``; ``tests/service/test_episode_summaries.py`` holds the stored values to a recount.)
+  (``db.claims.turn_means``; ``tests/db/test_episode_summaries.py`` holds the stored values to a recount.)
 
 A value a backend does not report (the oracle and openai backends have no visible cache), or a row stored
 before the column existed, stays ``None`` and is left out of the means, never read as 0.
@@ -88,16 +88,9 @@ def summarize_cost(costs: Sequence[EpisodeCost | None]) -> CellCost:
 
 
 def episode_cost(e: Any) -> EpisodeCost:
-    """The cost of one ``db.models.Episode`` row (or any object with its summary columns)."""
-    return EpisodeCost(
-        n_turns=e.n_turns,
-        generated_tokens=e.generated_tokens,
-        wall_s=e.wall_s,
-        kv_peak_held_bytes=e.kv_peak_held_bytes,
-        kv_peak_allocated_bytes=e.kv_peak_allocated_bytes,
-        mean_kv_held_bytes=e.mean_kv_held_bytes,
-        kept_fraction=e.kept_fraction,
-    )
+    """The cost of one ``db.models.Episode`` row (or any object with its summary columns): each field of
+    :class:`EpisodeCost` is the episode column of the same name."""
+    return EpisodeCost(**{f.name: getattr(e, f.name) for f in fields(EpisodeCost)})
 
 
 def human_bytes(n: float | None) -> str:

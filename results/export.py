@@ -13,7 +13,7 @@ What goes in a file:
 - not an episode without a patch, nor one whose patch is empty (the harness would grade it as a failed
   apply; SWE-bench counts a missing prediction as unresolved all the same), each counted in ``left_out``;
 - with ``r2e_filter``, R2E-Gym's ``true_output_patch`` instead of the whole diff: only ``.py`` files the agent
-  edited with ``file_editor str_replace`` (``grading.export_patch_filtered``), the patch DeepSWE's
+  edited with ``file_editor str_replace`` (``env.grading.export_patch_filtered``), the patch DeepSWE's
   reported numbers were graded on. A patch the filter empties is left out like an empty one.
 
 Memory stays bounded at any job size (a Table-3 job: 12,800 patches): :func:`collect` streams the result attempts
@@ -35,6 +35,7 @@ from typing import Any
 
 from sqlalchemy import select
 
+from db import job_rows
 from db import store as db_store
 from db.models import Episode, Turn, is_interactive
 from db.progress import by_code_point
@@ -103,7 +104,7 @@ def _chunks(session: Any, query: dict[str, Any]) -> Iterator[list[Any]]:
 
 def _str_replace_paths(session: Any, episode_ids: list[str]) -> dict[str, list[str]]:
     """The files each episode edited with ``file_editor str_replace``, in order (R2E-Gym's filter keeps these)."""
-    from sandbox.tools import ToolCall, str_replace_path
+    from env.sandbox.tools import ToolCall, str_replace_path
 
     paths: dict[str, list[str]] = {i: [] for i in episode_ids}
     actions = select(Turn.episode_id, Turn.action).where(Turn.episode_id.in_(episode_ids))
@@ -116,7 +117,7 @@ def _str_replace_paths(session: Any, episode_ids: list[str]) -> dict[str, list[s
 
 def _predictions(session: Any, query: dict[str, Any]) -> Iterator[list[tuple[Configuration, Prediction | str]]]:
     """Chunk by chunk, each exported row's configuration and its prediction, or why it is left out."""
-    from grading import export_patch_filtered
+    from env.grading import export_patch_filtered
 
     r2e_filter = query["r2e_filter"]
     for rows in _chunks(session, query):
@@ -148,7 +149,7 @@ def collect(
     """What job ``job_id`` (id or unique prefix) exports, by configuration, without holding a patch past its chunk.
     ``only`` keeps the episodes whose ``method`` / ``scope`` / ``protocol`` / ``seed`` equal the given values
     (``None`` values ignored)."""
-    job = db_store.get_job(session, job_id)
+    job = job_rows.get_job(session, job_id)
     config = job.config or {}
     model = (config.get("model") or {}).get("name") or config.get("backend") or "model"
     wanted = {k: v for k, v in (only or {}).items() if v is not None}

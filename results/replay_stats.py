@@ -35,14 +35,21 @@ from results.stats import MIN_BOOTSTRAP_UNITS, bootstrap_mean_ci
 
 
 @dataclass(frozen=True)
-class ReplayOutcome:
-    """One stored replay row, as far as the statistics are concerned."""
+class ReplayRowKey:
+    """Which stored replay row: its episode and task, and the configuration it replayed. The first fields of
+    :class:`ReplayOutcome` and of ``results.action_stats.ActionOutcome``."""
 
     episode_id: str
     task_id: str
     method: str  # the method, or a variant's label (jobs.variants): nexus[head_scores=per_head]
     scope: str
     protocol: str
+
+
+@dataclass(frozen=True)
+class ReplayOutcome(ReplayRowKey):
+    """One stored replay row, as far as the statistics are concerned."""
+
     status: str  # ok | failed | skipped
     nll_mean: float | None = None
     top1: float | None = None

@@ -2,7 +2,7 @@
 clusters, and a sign-flip test over clusters for paired outcomes with several seeds per task.
 
 Pure functions on counts and floats (numpy only for the resampling); no scipy. Reference values from
-textbook cases are in ``tests/service/test_stats.py``. What each number means, and which interval and test a
+textbook cases are in ``tests/results/test_stats.py``. What each number means, and which interval and test a
 table uses when: ``docs/numbers.md``.
 """
 

@@ -1,7 +1,7 @@
 """A stored turn's typed data: the fields of a ``TurnRecord`` and of its ``Completion`` that have no column of
 their own in ``turns`` (``db.models.Turn``), stored in its ``extra`` JSON and read back by attribute.
 
-One model, :class:`TurnExtra`, is both ways: ``workers.execution.turn_row`` stores
+One model, :class:`TurnExtra`, is both ways: ``workers.stored_records.turn_row`` stores
 ``TurnExtra.of(turn).stored(turn.observation)`` and every reader (the dashboard, ``rerun --interactive``, the text
 replay, ``inspect``) parses a row with :meth:`TurnExtra.of_row` (its ``extra`` and its ``observation``). Nothing reads
 ``turns.extra`` by key.

@@ -58,7 +58,7 @@ def need_r2egym_peer() -> Path:
 def docker_status() -> tuple[bool, str]:
     """(ready, reason): a Docker engine answers and the offline base image exists (sandboxes need both)."""
     try:
-        from tasks.images import BASE_IMAGE_TAG, docker_client, image_exists
+        from env.tasks.images import BASE_IMAGE_TAG, docker_client, image_exists
 
         client = docker_client()
         client.ping()
@@ -261,22 +261,22 @@ def docker_client():
     client = _engine()
     require(client is not None, "no Docker engine reachable (run `bash .ci/parts/20-docker.sh`)")
     yield client
-    from sandbox.container import reap
+    from env.sandbox.container import reap
 
     reap(older_than_s=0, label_filter={"nexus-eval.job": TEST_JOB}, client=client)
 
 
 @pytest.fixture(scope="session")
 def base_image(docker_client) -> str:
-    from tasks.images import BASE_IMAGE_TAG, build_base_image
+    from env.tasks.images import BASE_IMAGE_TAG, build_base_image
 
     return build_base_image(BASE_IMAGE_TAG, client=docker_client)
 
 
 @pytest.fixture()
 def sandbox(docker_client, base_image):
-    from sandbox.config import SandboxConfig
-    from sandbox.container import Sandbox
+    from env.sandbox.config import SandboxConfig
+    from env.sandbox.container import Sandbox
 
     box = Sandbox.start(
         base_image, config=SandboxConfig(max_output_bytes=64 * 1024), job=TEST_JOB, client=docker_client
@@ -290,14 +290,14 @@ def sandbox(docker_client, base_image):
 
 @pytest.fixture(scope="session")
 def local_task(tmp_path_factory, docker_client, base_image):
-    from tasks.loading import load_local_task
+    from env.tasks.loading import load_local_task
 
     return load_local_task(write_local_task(tmp_path_factory.mktemp("tasks")))
 
 
 @pytest.fixture(scope="session")
 def local_task_image(local_task, docker_client) -> str:
-    from tasks.images import ensure_task_image
+    from env.tasks.images import ensure_task_image
 
     return ensure_task_image(local_task, docker_client)
 

@@ -1,5 +1,8 @@
 """The import graph: no cycles between our modules, and the layers of ARCHITECTURE.md.
 
+A room is a top-level package or a package inside one (``env.sandbox``); a module belongs to the room that is its
+longest listed prefix. A package that only groups rooms (``env``) is no room and imports nothing.
+
 Read from the source with ``ast`` (every import statement, also those inside functions; not those under
 ``if TYPE_CHECKING:``), so a lazy import that only dodges a cycle at run time is still a cycle here.
 """
@@ -14,21 +17,15 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = (
-    "nexus",
-    "sandbox",
-    "tasks",
-    "grading",
-    "db",
-    "agent_runner",
-    "jobs",
-    "results",
-    "workers",
-    "dashboard",
-    "nexus_eval",
+# the top-level folders of our code, and the packages in them that group rooms without being one
+PACKAGES = ("nexus", "env", "db", "agent_runner", "jobs", "results", "measure", "workers", "dashboard", "nexus_eval")
+GROUPS = ("env",)
+ROOMS = (
+    *("nexus", "env.sandbox", "env.tasks", "env.grading", "db", "agent_runner", "jobs", "results", "measure"),
+    *("workers", "dashboard", "nexus_eval"),
 )
 # code that is not imported by the service: the bundled tasks' data and the scripts run inside containers
-SKIP = ("tasks/suites/", "sandbox/tool_scripts/", "db/migrations/")
+SKIP = ("env/tasks/suites/", "env/sandbox/tool_scripts/", "db/migrations/")
 
 
 def _arrows() -> dict[str, set[str]]:
@@ -44,6 +41,14 @@ def _arrows() -> dict[str, set[str]]:
 
 # what each room may import (besides itself), as ARCHITECTURE.md draws it
 ALLOWED = _arrows()
+
+
+def room_of(module: str) -> str | None:
+    """The room ``module`` belongs to: its longest prefix that is a room (None: a grouping package)."""
+    rooms = [r for r in ALLOWED if module == r or module.startswith(r + ".")]
+    return max(rooms, key=len) if rooms else None
+
+
 # what importing a room must not load, even through the rooms it imports
 FORBIDDEN_AT_IMPORT = {
     "results": {"celery", "torch", "transformers", "workers"},
@@ -141,11 +146,19 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_the_graph_is_read(graph):
     assert "db.store" in graph and "db.claims" in graph["db.store"]
     assert "nexus.methods" in graph["nexus.policies"]
+    assert room_of("env.sandbox.container") == "env.sandbox" and room_of("measure.probes.runner") == "measure"
+    assert room_of("env") is None
 
 
 def test_the_map_names_every_room_and_only_looks_down():
-    assert set(ALLOWED) == set(PACKAGES)
+    assert set(ALLOWED) == set(ROOMS)
     assert _cycles({room: targets - {room} for room, targets in ALLOWED.items()}) == []
+
+
+def test_every_module_is_in_a_room_and_a_group_imports_nothing(graph):
+    homeless = sorted(m for m in graph if room_of(m) is None and m not in GROUPS)
+    assert homeless == []
+    assert {group: graph[group] for group in GROUPS} == {group: set() for group in GROUPS}
 
 
 def test_no_import_cycles(graph):
@@ -156,14 +169,34 @@ def test_a_cycle_would_be_found():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
-def test_packages_import_only_the_layers_below(graph):
-    wrong = sorted(
+def _against_arrows(graph: dict[str, set[str]]) -> list[str]:
+    return sorted(
         f"{module} imports {target}"
         for module, targets in graph.items()
+        if module not in GROUPS
         for target in targets
-        if target.split(".")[0] != module.split(".")[0] and target.split(".")[0] not in ALLOWED[module.split(".")[0]]
+        if room_of(target) != room_of(module) and room_of(target) not in ALLOWED[room_of(module)]
     )
-    assert wrong == []
+
+
+def test_packages_import_only_the_layers_below(graph):
+    assert _against_arrows(graph) == []
+
+
+def test_an_import_against_a_dotted_arrow_would_be_found():
+    """``env.tasks`` may import ``env.sandbox``; the sandbox importing a task module is against the arrows."""
+    graph = {"env.tasks.images": {"env.sandbox.container"}, "env.sandbox.container": {"env.tasks.loading"}}
+    assert _against_arrows(graph) == ["env.sandbox.container imports env.tasks.loading"]
+
+
+def test_the_celery_side_imports_no_measuring_module(graph):
+    """Measurement runs in the CLI's own processes: ``workers`` (the Celery side) never imports ``measure``."""
+    assert (
+        sorted(
+            f"{m} imports {t}" for m in graph if room_of(m) == "workers" for t in graph[m] if room_of(t) == "measure"
+        )
+        == []
+    )
 
 
 def _loaded_after_import(modules: list[str]) -> set[str]:
@@ -177,7 +210,7 @@ def _loaded_after_import(modules: list[str]) -> set[str]:
 def test_rooms_do_not_load_what_they_must_not(graph, room):
     """``results`` is analysis and text (no Celery, no torch); ``jobs`` is what a submit needs (no torch); the
     dashboard never loads ``workers`` (its Celery signal handlers) nor torch."""
-    modules = sorted(m for m in graph if m.split(".")[0] == room)
+    modules = sorted(m for m in graph if room_of(m) == room)
     assert _loaded_after_import(modules) & FORBIDDEN_AT_IMPORT[room] == set()
 
 
@@ -194,22 +227,22 @@ def _modules_after_import(module: str) -> list[str]:
 def test_a_job_spec_loads_no_sandbox_grader_or_backend():
     """Configs are data: reading a job file (``jobs.spec``) loads the settings of the backends
     (``agent_runner.backend_settings``), never a backend, a sandbox or a grader (it loaded 29 of our modules,
-    ``sandbox.container`` and ``grading.official`` among them)."""
+    ``env.sandbox.container`` and ``env.grading.official`` among them)."""
     loaded = _modules_after_import("jobs.spec")
-    ours = [m for m in loaded if m.split(".")[0] in ("sandbox", "tasks", "grading") or ".backends" in m]
+    ours = [m for m in loaded if m.startswith("env.") or ".backends" in m]
     assert ours == [], ours
     assert "agent_runner.backend_settings" in loaded
 
 
 # A module name means one thing (CLI verb modules, nexus_eval.commands.*, are named after their verbs):
 # "tasks" are coding tasks (Celery's are workers.celery_tasks), "engine" is the batched decode engine (Docker's
-# is sandbox.docker_daemon), "episode" is the one episode runner, "replay" is counterfactual replay
+# is env.sandbox.docker_daemon), "episode" is the one episode runner, "replay" is counterfactual replay
 # (``rerun --from-turn`` forces a prefix: agent_runner.backends.forced_prefix).
 ONE_MEANING = {
-    "tasks": ["tasks"],
+    "tasks": ["env.tasks"],
     "engine": ["agent_runner.engine"],
     "episode": ["agent_runner.episode"],
-    "replay": ["workers.replay"],
+    "replay": ["measure.replay"],
 }
 
 
@@ -217,6 +250,43 @@ def test_a_module_name_means_one_thing(graph):
     for leaf, owners in ONE_MEANING.items():
         holders = sorted(m for m in graph if m.split(".")[-1] == leaf and not m.startswith("nexus_eval.commands."))
         assert holders == owners, leaf
+
+
+# A function or class name means one thing too: each of these is defined (``def`` or ``class``, at any depth) in
+# exactly the module named. The names in RETIRED meant two things at once (a stored token stream and a dashboard
+# row; the replay's and the probes' settings check; a Celery worker and a measuring process) and are defined
+# nowhere now; ``load_tasks`` is the task loader alone (a job's tasks are ``jobs.submit.load_job_tasks``).
+ONE_DEFINITION = {
+    "replayable_token_streams": "db.replays",
+    "generated_turn_streams": "dashboard.streams",
+    "check_replay_settings": "measure.replay",
+    "check_probe_settings": "measure.probes.runner",
+    "load_tasks": "env.tasks.loading",
+    "load_job_tasks": "jobs.submit",
+    "MeasuringProcessError": "measure.processes",
+    "resolve_processes": "measure.processes",
+    "WorkerContext": "workers.execution",
+}
+RETIRED = ("turn_streams", "check_settings", "WorkerError", "resolve_workers", "default_workers")
+
+
+def _definitions() -> dict[str, list[str]]:
+    """Every function and class name defined in our modules -> the modules that define it."""
+    found: dict[str, list[str]] = {}
+    for module, path in _modules().items():
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                found.setdefault(node.name, []).append(module)
+    return found
+
+
+def test_a_function_or_class_name_means_one_thing():
+    defined = _definitions()
+    assert {name: sorted(defined.get(name, [])) for name in ONE_DEFINITION} == {
+        name: [module] for name, module in ONE_DEFINITION.items()
+    }
+    assert {name: defined[name] for name in RETIRED if name in defined} == {}
 
 
 def test_the_episode_runner_is_the_only_path(graph):

@@ -34,7 +34,7 @@ JOB_FIELDS_FROM_THE_LIBRARY = ("methods", "scopes", "density", "seeds", "evictio
 #: what a job sets for each episode: ``EpisodeSpec`` has no default for it
 EPISODE_FIELDS_FROM_THE_JOB = ("suite", "backend", "protocol", "seed", "grade")
 #: what an episode sets for its backend: ``HFBackend`` has no default for it
-BACKEND_ARGS_FROM_THE_EPISODE = ("eviction", "protocol", "max_context_tokens", "seed")
+BACKEND_ARGS_FROM_THE_EPISODE = ("eviction", "protocol", "max_context_tokens")
 
 
 def _tree(rel: str) -> ast.Module:
@@ -197,9 +197,9 @@ def test_each_method_setting_is_written_once_in_the_library():
 
 
 # --- NEXUS_EVAL_* variables ---------------------------------------------------------------------------------------
-SOURCE_DIRS = ("nexus", "sandbox", "tasks", "grading", "db", "agent_runner", "jobs", "results", "workers", "dashboard")
+SOURCE_DIRS = ("nexus", "env", "db", "agent_runner", "jobs", "results", "measure", "workers", "dashboard")
 SOURCE_DIRS += ("nexus_eval",)
-SKIP = ("tasks/suites/", "sandbox/tool_scripts/")
+SKIP = ("env/tasks/suites/", "env/sandbox/tool_scripts/")
 
 
 def _sources() -> dict[str, str]:

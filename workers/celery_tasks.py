@@ -1,4 +1,5 @@
-"""The Celery tasks: thin wrappers over :mod:`workers.execution`, plus enqueueing and cancelling a job.
+"""The Celery tasks: thin wrappers over :mod:`workers.execution` and :mod:`workers.grade_stored`, plus enqueueing and
+cancelling a job.
 
 - ``nexus.episode(episode_id)`` (queue ``gpu``): claim, run, store every turn, finish; then hand the
   patch to ``nexus.grade`` (queue ``grade``). A duplicate or redelivered message finds the episode
@@ -13,7 +14,7 @@ its database calls, and requeues its message when either stays down (never ackno
 
 The task arguments are ids only: the episode's config lives in its database row, so a message can never
 carry a stale copy. Each worker process opens the database once (lazily, after the fork) and loads each task
-source once (``workers.task_cache``). Worker-host settings (episodes per GPU, the device, the allow-lists...) come
+source once (``env.tasks.task_cache``). Worker-host settings (episodes per GPU, the device, the allow-lists...) come
 from the app's ``ServiceSettings`` and are passed down as one ``workers.execution.WorkerContext``.
 
 The tasks are ``shared_task``s: they bind to whichever app the process built (``jobs.queue.get_app``), so
@@ -34,14 +35,15 @@ from agent_runner.status import status_of
 from db import Database, connect
 from db import store as db_store
 from db.models import EpisodeStatus
+from env.tasks.task_cache import TaskCache
 from jobs.control import enqueue_episode
 from jobs.queue import EPISODE_TASK, GRADE_TASK, PING_TASK, RESUME_TASK, get_app
-from workers.execution import EpisodeHooks, WorkerContext, execute_episode, grade_stored_episode
+from workers.execution import EpisodeHooks, WorkerContext, execute_episode
 from workers.faults.db_retry import DatabaseStillDown, retrying
 from workers.faults.docker_gate import DockerDown, docker_down, wait_for_docker
 from workers.faults.recovery import resume_job, retry_infra_failure
 from workers.faults.sweeper import Sweeper
-from workers.task_cache import TaskCache
+from workers.grade_stored import grade_stored_episode
 
 log = logging.getLogger(__name__)
 _DB: dict[str, Database] = {}

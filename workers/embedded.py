@@ -22,8 +22,7 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
-from db import Database
-from db import store as db_store
+from db import Database, job_rows
 from db.models import ACTIVE_STATUSES, GRADE_STATUSES, SERVICE_FAILURE_STATUSES
 
 WORKER_QUEUES = "gpu,grade,default"
@@ -105,7 +104,7 @@ def progress_table(db: Database, job_id: str):
     from db.progress import group_counts
 
     with db.session() as s:
-        job = db_store.get_job(s, job_id)
+        job = job_rows.get_job(s, job_id)
         groups = group_counts(s, job.id)
         job_status = job.status
     results = {group: by.get(Role.result.value, Counter()) for group, by in groups.items()}
@@ -131,7 +130,7 @@ def job_finished(db: Database, job_id: str) -> bool:
     from db.progress import status_counts
 
     with db.session() as s:
-        job = db_store.get_job(s, job_id)
+        job = job_rows.get_job(s, job_id)
         if job.status in ("cancelled", "failed"):
             return True
         return all(status in ENDED_STATUSES for status in status_counts(s, job.id))

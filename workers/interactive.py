@@ -43,7 +43,7 @@ from typing import Any
 
 from agent_runner.parsing import ParsedAction, parse_response
 from agent_runner.records import Intervention, OperatorAct, ShellSession
-from sandbox.tools import ToolCall
+from env.sandbox.tools import ToolCall
 
 CHOICES = "[c]ontinue  [e]dit  [s]kip  [h] shell  [q] stop"
 #: the most characters of one shell session's transcript stored (its head and tail kept, the middle cut)

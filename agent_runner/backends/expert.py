@@ -9,7 +9,7 @@ character for character, lines of a file viewed turns earlier.
 The steps of an episode (each is one turn; each decision is made from the task and the observations so far):
 
 1. **search** ``/testbed`` for a symbol of the gold patch (a function named in a hunk header, else a class,
-   else an identifier of the removed lines; ``agent_runner.expert_edits.search_symbol``);
+   else an identifier of the removed lines; ``expert_exploration.search_symbol``);
 2. **list** the Python files of the directories the patches touch, with their sizes (``execute_bash``:
    ``find ... | xargs wc -l -c``), so every view below is sized before it is made;
 3. **view** each file the gold patch edits: whole (``view_range [1, -1]``) when its output fits file_editor's
@@ -24,7 +24,7 @@ The steps of an episode (each is one turn; each decision is made from the task a
 6. **edit**: one ``str_replace`` per gold hunk, its ``old_str`` copied from the viewed lines: the smallest
    context around the hunk's changed lines (one line more above, then below, alternately) that is unique in the
    file as known (viewed, with this episode's edits applied) AFTER the parser strips it, and whose replacement
-   by the stripped ``new_str`` gives exactly the patched lines (``expert_edits.edit_candidates``). A pure
+   by the stripped ``new_str`` gives exactly the patched lines (``expert_plan.edit_candidates``). A pure
    insertion without such a context uses ``insert``; a new file ``create``, a deleted one ``rm``. When the
    editor answers that the context is not unique (a file seen only in windows), the next wider context is sent;
 7. **verify and clean up**: the tests again, then the reproduction files are removed (``rm -f``) or restored
@@ -46,25 +46,14 @@ from typing import Any
 
 from agent_runner.backend_settings import ExpertConfig
 from agent_runner.backends import ModelError, stand_in_completion
-from agent_runner.expert_edits import (
-    EditError,
-    FilePatch,
-    FileText,
-    Hunk,
-    edit_candidates,
-    emittable,
-    locate,
-    package_imports,
-    parse_patch,
-    parse_view,
-    parse_wc,
-    search_symbol,
-)
+from agent_runner.backends.expert_diffs import EditError, FilePatch, Hunk, parse_patch
+from agent_runner.backends.expert_exploration import package_imports, parse_view, parse_wc, search_symbol
+from agent_runner.backends.expert_plan import FileText, edit_candidates, emittable, locate
 from agent_runner.parsing import parse_response
 from agent_runner.records import Completion, Message
 
 TESTBED = "/testbed"
-#: file_editor's clip (MAX_RESPONSE_LEN) and the header of a file view (sandbox/tool_scripts/file_editor.py)
+#: file_editor's clip (MAX_RESPONSE_LEN) and the header of a file view (env/sandbox/tool_scripts/file_editor.py)
 VIEW_LIMIT = 10000
 VIEW_HEADER = "Here's the result of running `cat -n` on the file: {path}:\n"
 #: what an observation adds around the tool's output: "Execution output of [...]:" and the step-budget line

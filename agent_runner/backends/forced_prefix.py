@@ -21,7 +21,7 @@ environment answers the same. Anything that keeps the rebuild from being exact (
 ids, a stream that differs from the stored one) is a line in ``ForcedPrefix.notes``, logged as a warning.
 
 Each forced completion is marked ``Completion.forced``. (Counterfactual *replay*, ``nexus-eval replay``, is a
-different thing: a dense episode's token stream scored under another method's cache; agent_runner/counterfactual.py.)
+different thing: a dense episode's token stream scored under another method's cache; measure/counterfactual.py.)
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ next turn). The loop is a few lines; with `engine=` the same turn runs batched w
 
 Each completion carries its token stream in `Completion.tokens` (`TurnTokens`: keep, append, generated): this
 turn's context is the previous stream's first `keep` tokens + `append`, and `generated` are the tokens sampled
-(the stop token included). Counterfactual replay (agent_runner/counterfactual.py) feeds exactly that stream, and
+(the stop token included). Counterfactual replay (measure/counterfactual.py) feeds exactly that stream, and
 so does `complete(..., forced_ids=...)` (`rerun --from-turn K`, agent_runner/backends/forced_prefix.py): a
 stored turn's `generated` ids fed token by token, with the generator drawing as it did when they were sampled.
 """
@@ -41,10 +41,11 @@ from agent_runner.records import Completion, CompletionInfo, LayerStats, Message
 class HFBackend:
     """The `Model` protocol over a hosted transformers model (see agent_runner.backends).
 
-    ``eviction``, ``protocol``, ``max_context_tokens`` and ``seed`` have no default here: an episode's come from its
+    ``eviction``, ``protocol`` and ``max_context_tokens`` have no default here: an episode's come from its
     ``EpisodeSpec`` (``agent_runner.model_cache.backend_for``), whose come from the job (``jobs.spec.JobSpec``), the
-    one place the defaults are written. ``seed`` seeds the sampler until the next ``reset``. ``model`` (when no
-    ``host`` is given): a ``ModelSpec`` or a model name (None: ``ModelSpec()``'s).
+    one place the defaults are written. The sampler has no seed until ``reset(seed=)``: the episode's one seed is
+    applied once, by ``Agent.run``, and a completion asked for before it is an error. ``model`` (when no ``host``
+    is given): a ``ModelSpec`` or a model name (None: ``ModelSpec()``'s).
     """
 
     def __init__(
@@ -56,7 +57,6 @@ class HFBackend:
         protocol: ProtocolName,
         sampling: SamplingConfig | None = None,
         max_context_tokens: int,
-        seed: int,
         engine: DecodeEngine | None = None,
     ):
         check_protocol(protocol)
@@ -78,7 +78,9 @@ class HFBackend:
         self._stop = set(host.stop_token_ids)
         self.chat = ChatStream(host.tokenizer)
         self._im_end = self.chat.im_end
-        self.reset(seed=seed)
+        self.seed: int | None = None  # set by reset: the episode's seed, applied once per episode
+        self.generator: torch.Generator | None = None
+        self.cache: nexus.EvictableCache | None = None
 
     # -- the Model protocol --------------------------------------------------------------------------------
     def reset(self, *, seed: int) -> None:
@@ -103,6 +105,8 @@ class HFBackend:
         (a sampled sequence is often not the tokenizer's own encoding of its text), so the cache may differ."""
         if forced_text is not None and forced_ids is not None:
             raise ValueError("give forced_text or forced_ids, not both")
+        if self.generator is None:  # a caller's slip, never a run's outcome: no unseeded sample is ever drawn
+            raise RuntimeError("HFBackend.reset(seed=...) comes first: the episode's seed is applied by Agent.run")
         fresh = self.protocol == "full_context" or self.cache is None
         try:
             feed, mismatch, keep = self._feed(messages, fresh=fresh)

@@ -15,12 +15,15 @@ if TYPE_CHECKING:
     from db import Database
 
 DB_OPTION = typer.Option(None, "--db", help="results database URL or SQLite path (default $NEXUS_EVAL_DB)")
-WORKERS = typer.Option(
+#: how many measuring processes (``measure.processes``) a replay or probe run uses; ``--workers`` is its older
+#: spelling, still accepted so existing scripts keep working (a "worker" is otherwise a Celery worker)
+PROCESSES = typer.Option(
     0,
+    "--processes",
     "--workers",
     min=0,
     help="measuring processes, each loading the model with --threads torch threads (0: one per CPU core, at most "
-    "4; 1 on a GPU)",
+    "4; 1 on a GPU; --workers is an older spelling)",
 )
 
 
@@ -99,10 +102,10 @@ def celery_app(db: str | None = None, *, embedded: bool = False, **worker: Any) 
 
 def job_id_of(database: Database, job: str) -> str:
     """The full id of the job ``job`` (an id or a unique prefix); exit 2 naming the problem otherwise."""
-    from db import store as db_store
+    from db import job_rows
 
     try:
         with database.session() as s:
-            return db_store.get_job(s, job).id
+            return job_rows.get_job(s, job).id
     except LookupError as exc:
         fail(str(exc))

@@ -1,7 +1,7 @@
 """The job flags ``submit``, ``run`` and ``episode`` share: declared once, every one optional (``submit`` and
 ``run`` take them all as one :class:`JobFlags`, ``episode`` the options it needs).
 
-A flag that is given becomes one override (``jobs.spec.apply_overrides``) set on top of the job file
+A flag that is given becomes one override (``jobs.job_file.apply_overrides``) set on top of the job file
 (``--file``), or of the bundled quick job (``run``), or of the job defaults (``submit``); a flag that is not
 given changes nothing. So the defaults live in one place, ``jobs.spec.JobSpec``, and a file is never
 silently ignored: ``submit -f job.yaml --density 0.1`` stores 0.1.
@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from jobs.spec import QUICK_JOB_FILE, JobSpec  # pydantic only, no torch
+from jobs.job_file import QUICK_JOB_FILE
+from jobs.spec import JobSpec  # pydantic only, no torch
 from nexus_eval.commands._common import csv_list, fail, service_settings
 from nexus_eval.commands._flag_group import flag
 
@@ -209,7 +210,7 @@ def job_from_flags(file: Path | None, overrides: dict[str, Any], *, what: str, m
     here (:func:`check_model`). Exit 2 naming the file, the overrides and the field (``what`` ends the message:
     "nothing was submitted"). ``submit``, ``run`` and ``episode`` (and their ``--show``) all come through here,
     before anything is stored or enqueued."""
-    from jobs.spec import JobSpecError
+    from jobs.job_file import JobSpecError
 
     source = str(file or "<defaults>")
     try:
@@ -242,12 +243,12 @@ def load_job(file: Path | None, overrides: dict[str, Any], *, what: str, model_c
     """:func:`job_from_flags` planned over its tasks, each loaded and fanned out once (``jobs.submit.plan_job``:
     the preflight reads ``.tasks``, storing takes the plan whole); exit 2 on any error, before anything is
     stored (a bad task selection included)."""
-    from jobs.spec import JobSpecError
-    from jobs.submit import load_tasks, plan_job
+    from jobs.job_file import JobSpecError
+    from jobs.submit import load_job_tasks, plan_job
 
     spec = job_from_flags(file, overrides, what=what, model_check=model_check)
     try:
-        return plan_job(spec, load_tasks(spec, service_settings().grading_ceilings))
+        return plan_job(spec, load_job_tasks(spec, service_settings().grading_ceilings))
     except JobSpecError as exc:
         fail(f"{exc}\n{what}")
 

@@ -16,8 +16,8 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from db import Database
+    from env.tasks.loading import Task
     from nexus_eval.readiness import Preflight
-    from tasks.loading import Task
 
 
 def refuse_unless_ready(pre: Preflight, what: str) -> None:
@@ -36,11 +36,11 @@ def refuse_unless_ready(pre: Preflight, what: str) -> None:
 
 def build_images(tasks: list[Task], *, base: bool, console: Console) -> list[str]:
     """Build the base image (when ``base``) and then ``tasks``' images, one progress step per image;
-    returns the tags built. Raises tasks.images.ImageError (the caller decides the exit code)."""
+    returns the tags built. Raises env.tasks.images.ImageError (the caller decides the exit code)."""
     from rich.markup import escape
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from tasks.images import BASE_IMAGE_TAG, build_base_image, docker_client, ensure_task_image
+    from env.tasks.images import BASE_IMAGE_TAG, build_base_image, docker_client, ensure_task_image
 
     client = docker_client()
     built = []
@@ -68,7 +68,7 @@ def build_or_fail(pre: Preflight, console: Console, what: str = "nothing was sto
     """Build what the preflight found missing but buildable; exit 1 naming the image when a build fails."""
     from rich.markup import escape
 
-    from tasks.images import ImageError
+    from env.tasks.images import ImageError
 
     if not (pre.build_base or pre.build_tasks):
         return

@@ -3,7 +3,7 @@
 1. runs an expert job (``jobs/bundled/agent_case.yaml`` by default: demonstrations of 2 ``mini`` tasks, each
    solved through the agent's real tools in a real container, graded) with an embedded worker, as ``run`` does;
 2. replays its trajectories on a real model (``--model``, default smollm2-135m) under each method, scope,
-   protocol and density (``workers.replay`` with a model: the text rendered into that model's stream);
+   protocol and density (``measure.replay`` with a model: the text rendered into that model's stream);
 3. prints the compare table: the demonstrations' line and the action table (copy top-1 with its interval, ΔNLL
    against dense) and its split by how far back each copy's source was.
 
@@ -21,7 +21,7 @@ import typer
 
 from nexus.config import EVICTION_DEFAULTS
 from nexus_eval.commands import _job_flags as jf
-from nexus_eval.commands._common import DB_OPTION, WORKERS, csv_list, fail
+from nexus_eval.commands._common import DB_OPTION, PROCESSES, csv_list, fail
 from nexus_eval.commands.replay import REDO_OPTION
 from results.table_formats import FORMAT_HELP
 
@@ -40,7 +40,7 @@ def agent_case(
         str(EVICTION_DEFAULTS["density"]), "--densities", help="comma-separated densities, e.g. 0.1,0.2,0.3"
     ),
     threads: int = typer.Option(1, min=1, help="torch CPU threads a process (on a small shared CPU 1 is the fastest)"),
-    workers: int = WORKERS,
+    processes: int = PROCESSES,
     redo: bool = REDO_OPTION,
     db: str = DB_OPTION,
     fmt: str = typer.Option("table", "--format", help=FORMAT_HELP),
@@ -49,12 +49,12 @@ def agent_case(
     and protocol; print the action table (what an agent must copy, and how much of it each method keeps)."""
     from rich.console import Console
 
-    from jobs.spec import AGENT_CASE_JOB_FILE
+    from jobs.job_file import AGENT_CASE_JOB_FILE
+    from measure.replay import check_replay_settings, plan_replays
     from nexus_eval.commands.replay import parse_densities, run_with_progress, say_resuming
     from nexus_eval.commands.service import run_here
     from results.compare import compare_jobs
     from results.compare_render import render
-    from workers.replay import check_settings, plan_replays
 
     overrides = jf.job_overrides(tasks=tasks)
     plan = jf.load_job(file or AGENT_CASE_JOB_FILE, overrides, what="nothing was run")
@@ -69,7 +69,7 @@ def agent_case(
     try:  # every name, and a model this machine can find (agent_runner.model_lookup), before anything runs
         from agent_runner.model_lookup import resolve_model
 
-        check_settings(**wanted)
+        check_replay_settings(**wanted)
         resolve_model(model)
     except ValueError as exc:
         fail(f"{exc}\nnothing was run")
@@ -90,7 +90,7 @@ def agent_case(
         f"--protocols {protocols} --densities {densities}{f' --db {db}' if db else ''}`"
     )
     try:
-        summary = run_with_progress(console, database, plan, chunked=True, workers=workers, threads=threads)
+        summary = run_with_progress(console, database, plan, chunked=True, processes=processes, threads=threads)
     except ValueError as exc:  # the model could not load
         fail(str(exc), code=1)
     except KeyboardInterrupt:

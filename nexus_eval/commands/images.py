@@ -18,8 +18,8 @@ def build_base(
     """Build the base image offline (debootstrap + docker import); does nothing if the tag exists."""
     from rich.console import Console
 
+    from env.tasks.images import BASE_IMAGE_TAG, ImageError, build_base_image
     from nexus_eval.commands._common import fail
-    from tasks.images import BASE_IMAGE_TAG, ImageError, build_base_image
 
     console = Console(stderr=True)
     try:
@@ -41,7 +41,7 @@ def reap_cmd(
     job: str = typer.Option(None, "--job", help="only containers of this job label"),
 ) -> None:
     """Remove nexus-eval sandbox containers past their TTL (or older than --older-than), or exited."""
-    from sandbox.container import reap
+    from env.sandbox.container import reap
 
     removed = reap(older_than_s=older_than, label_filter={"nexus-eval.job": job} if job else None)
     typer.echo(f"removed {removed} container(s)")

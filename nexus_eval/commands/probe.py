@@ -5,13 +5,11 @@ its cache config, the filler corpus, the output format and file): bad input is e
 Then the run is stored, the model loads, and each result is stored as it arrives, so a crash keeps what
 finished; the run ends ``failed`` with the first cause (exit 1) or ``done``, and the table printed is read back
 from the database: what is shown is what is stored. Every settings flag is an override on ``ProbeSettings``
-(``agent_runner.probes``), where the defaults live; ``--help`` shows them. docs/probes.md reads the table.
+(``measure.probes``), where the defaults live; ``--help`` shows them. docs/probes.md reads the table.
 """
 
 from __future__ import annotations
 
-import platform
-import traceback
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -19,7 +17,7 @@ from typing import Any
 import typer
 from typer.core import TyperCommand
 
-from nexus_eval.commands._common import DB_OPTION, WORKERS, csv_list, fail, open_db, read_db
+from nexus_eval.commands._common import DB_OPTION, PROCESSES, csv_list, fail, open_db, read_db
 from nexus_eval.commands._flag_group import flag, takes_flags
 from results.table_formats import FORMAT_HELP
 
@@ -55,10 +53,10 @@ class SettingsFlags:
 
 class _SettingsHelp(TyperCommand):
     """``probe run --help`` names each settings flag's ``ProbeSettings`` default. They are read when the help
-    is shown, not when the CLI starts: importing ``agent_runner.probes`` loads torch, seconds on every verb."""
+    is shown, not when the CLI starts: importing ``measure.probes`` loads torch, seconds on every verb."""
 
     def format_help(self, ctx: Any, formatter: Any) -> None:
-        from agent_runner.probes import ProbeSettings
+        from measure.probes import ProbeSettings
 
         for param in self.params:
             info = ProbeSettings.model_fields.get(param.name or "")
@@ -95,7 +93,7 @@ def settings_from_flags(flags: SettingsFlags) -> Any:
     """``ProbeSettings`` with each flag given set on its defaults; exit 2 naming every bad field."""
     from pydantic import ValidationError
 
-    from agent_runner.probes import ProbeSettings, check_settings
+    from measure.probes import ProbeSettings, check_probe_settings
 
     lists = {"probes": csv_list, "scopes": csv_list, "protocols": csv_list, "variants": split_variants}
     numbers = {"densities": float, "depths": float, "lengths": int}
@@ -110,7 +108,7 @@ def settings_from_flags(flags: SettingsFlags) -> Any:
         given[name] = value
     try:
         settings = ProbeSettings(**given)
-        check_settings(settings)  # every variant's cache config, built once: a bad setting fails here
+        check_probe_settings(settings)  # every variant's cache config, built once: a bad setting fails here
     except ValidationError as exc:
         problems = "; ".join(
             f"--{'.'.join(map(str, e['loc']))}: {e['msg'].removeprefix('Value error, ')}" for e in exc.errors()
@@ -127,7 +125,7 @@ def run(
     threads: int = typer.Option(
         1, min=1, help="torch CPU threads per process (on a small shared CPU 1 is the fastest)"
     ),
-    workers: int = WORKERS,
+    processes: int = PROCESSES,
     db: str = DB_OPTION,
     fmt: str = FORMAT,
     output: Path = typer.Option(None, "--output", "-o", help="write the table here instead of stdout"),
@@ -141,10 +139,10 @@ def run(
         fail(f"cannot write {output}: the folder {output.parent} does not exist; nothing was run")
     settings = settings_from_flags(flags)
     _check_model(settings.model)
-    from agent_runner.processes import resolve_workers
+    from measure.processes import resolve_processes
 
-    workers = resolve_workers(workers)
-    provenance = _provenance(threads, workers)  # reads the filler corpus: exit 2 if a source is missing here
+    processes = resolve_processes(processes)
+    provenance = _provenance(threads, processes)  # reads the filler corpus: exit 2 if a source is missing here
     import torch
 
     torch.set_num_threads(threads)  # more threads than free cores makes this small-matrix work slower, not faster
@@ -157,7 +155,7 @@ def run(
         run_id = create_probe_run(
             s, settings=settings.model_dump(mode="json"), provenance=provenance, n_planned=n_planned
         ).id
-    _measure(database, run_id, settings, n_planned, workers=workers, threads=threads)
+    _measure(database, run_id, settings, n_planned, processes=processes, threads=threads)
     show_table(database, run_id, fmt, output)
 
 
@@ -174,65 +172,32 @@ def _check_model(name: str) -> None:
         fail(f"model path {name!r} does not exist; nothing was run")
 
 
-def _provenance(threads: int, workers: int) -> dict[str, Any]:
-    from agent_runner.probes import fingerprint
-    from db.claims import worker_identity
-    from db.provenance import git_revision, package_versions
+def _provenance(threads: int, processes: int) -> dict[str, Any]:
+    from measure.probes.stored_run import provenance
 
     try:
-        corpus = fingerprint()
+        return provenance(threads, processes)
     except ValueError as exc:
         fail(f"{exc}; nothing was run")
-    return {
-        "process": worker_identity(),  # "hostname/pid": a later start marks the run failed if this process is gone
-        "corpus": corpus,
-        "packages": package_versions(("nexus-eval", "torch", "transformers")),
-        "git_revision": git_revision(),
-        "python": platform.python_version(),
-        "threads": threads,
-        "workers": workers,
-    }
 
 
-def _measure(database: Any, run_id: str, settings: Any, n_planned: int, *, workers: int, threads: int) -> None:
-    """Load the model (in each of `workers` processes), run the probes, store each result as it arrives; the run
-    ends done, or failed with its first cause."""
+def _measure(database: Any, run_id: str, settings: Any, n_planned: int, *, processes: int, threads: int) -> None:
+    """Run the probes (``measure.probes.stored_run``) with progress on stderr; a failed run is exit 1."""
     from rich.console import Console
 
-    from agent_runner.config import ModelSpec
-    from agent_runner.probes.parallel import measure
-    from db.probes import add_result, finish_probe_run, start_probe_run
+    from measure.probes.stored_run import ProbeRunFailed, measure_and_store
     from nexus_eval.commands._probe_progress import progress
 
     console = Console(stderr=True, highlight=False)
-    where = f"{workers} processes" if workers > 1 else "this process"
+    where = f"{processes} processes" if processes > 1 else "this process"
     console.print(f"probe run {run_id}: {n_planned} results planned; loading {settings.model} in {where}")
-    stored = 0
     try:
         with progress(console, n_planned) as advance:
-            for result in measure(settings, ModelSpec(name=settings.model), workers=workers, threads=threads):
-                if isinstance(result, tuple):  # ("loaded", device, dtype): the model is up
-                    with database.session() as s:
-                        start_probe_run(s, run_id, device=result[1], dtype=result[2])
-                    continue
-                with database.session() as s:
-                    add_result(s, run_id, result.to_dict())
-                stored += 1
-                advance(result)
-    except BaseException as exc:  # record why, whatever stopped it (Ctrl-C too), then stop as it would have
-        cause = "".join(traceback.format_exception_only(type(exc), exc)).strip() or type(exc).__name__
-        cause = getattr(exc, "cause", None) or cause  # a measuring process's error: its own first line
-        with database.session() as s:
-            finish_probe_run(s, run_id, "failed", error=f"{cause}\n\n{traceback.format_exc()}")
-        if not isinstance(exc, Exception):
-            raise
-        fail(
-            f"probe run {run_id} failed after {stored} of {n_planned} results: {cause.splitlines()[0]}\n"
-            f"`nexus-eval probe show {run_id}` shows what finished",
-            1,
-        )
-    with database.session() as s:
-        finish_probe_run(s, run_id, "done")
+            measure_and_store(
+                database, run_id, settings, n_planned, processes=processes, threads=threads, advance=advance
+            )
+    except ProbeRunFailed as exc:
+        fail(f"{exc}\n`nexus-eval probe show {run_id}` shows what finished", 1)
 
 
 def sweep_orphans(database: Any) -> None:

@@ -1,7 +1,7 @@
 """``nexus-eval replay JOB``: score the job's dense trajectories under other methods' caches, in this process.
 
 No worker and no container: the stored token streams are teacher-forced through each method's cache on this
-machine's model (``workers.replay``), the rows go to the results database and ``compare`` shows them. With
+machine's model (``measure.replay``), the rows go to the results database and ``compare`` shows them. With
 ``--model NAME`` the trajectories' text is rendered into NAME's stream under each protocol instead, and each call
 is scored span by span (the agent's case: ``expert`` demonstrations, or any oracle / openai job). Names and the
 job are checked before the model loads, so a typo costs nothing. ``--method-params`` runs a method under other
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import typer
 
-from nexus_eval.commands._common import DB_OPTION, WORKERS, csv_list, fail, read_db
+from nexus_eval.commands._common import DB_OPTION, PROCESSES, csv_list, fail, read_db
 
 REDO_OPTION = typer.Option(
     False, "--redo", help="measure again replays already stored ok (default: run only those not stored ok yet)"
@@ -50,7 +50,7 @@ def replay(
         '"per_head"}}\') or a YAML/JSON file; its rows are tabled apart as nexus\\[head_scores=per_head]',
     ),
     threads: int = typer.Option(1, min=1, help="torch CPU threads a process (on a small shared CPU 1 is the fastest)"),
-    workers: int = WORKERS,
+    processes: int = PROCESSES,
     tasks: str = typer.Option(None, "--tasks", help="comma-separated task ids or globs (default: every task)"),
     redo: bool = REDO_OPTION,
     db: str = DB_OPTION,
@@ -58,7 +58,7 @@ def replay(
     """Teacher-force the job's dense episodes through each method's cache; store NLL and top-1 per replay."""
     from rich.console import Console
 
-    from workers.replay import plan_replays
+    from measure.replay import plan_replays
 
     database = read_db(db)
     try:
@@ -91,7 +91,7 @@ def replay(
         torch.set_num_threads(threads)  # more threads than free cores makes this small-matrix work slower
     try:
         summary = run_with_progress(
-            console, database, plan, chunked=not token_by_token, workers=workers, threads=threads
+            console, database, plan, chunked=not token_by_token, processes=processes, threads=threads
         )
     except ValueError as exc:  # the model host could not load
         fail(str(exc), code=1)
@@ -146,13 +146,13 @@ def _method_params(text: str) -> dict:
     return data
 
 
-def run_with_progress(console, database, plan, *, chunked: bool, workers: int = 1, threads: int = 1):  # type: ignore[no-untyped-def]
+def run_with_progress(console, database, plan, *, chunked: bool, processes: int = 1, threads: int = 1):  # type: ignore[no-untyped-def]
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from agent_runner.processes import resolve_workers
-    from workers.replay import run_plan
+    from measure.processes import resolve_processes
+    from measure.replay import run_plan
 
-    workers = resolve_workers(workers, plan.model.device if plan.model else None)
+    processes = resolve_processes(processes, plan.model.device if plan.model else None)
 
     if not plan.items:  # every replay is stored already: the summary of the stored rows, no model loaded
         return run_plan(database, plan, chunked=chunked)
@@ -163,13 +163,13 @@ def run_with_progress(console, database, plan, *, chunked: bool, workers: int = 
         return f"{i.method}{at}/{i.scope}/{i.protocol} {i.task_id}"
 
     if not console.is_terminal:  # a pipe or a log file: one plain line per replay as it is stored
-        where = f" in {workers} processes" if workers > 1 else ""
+        where = f" in {processes} processes" if processes > 1 else ""
         console.print(f"replay {plan.job_id}: {len(plan.items)} replays planned; loading the model{where}")
 
         def line(result, done, total):  # type: ignore[no-untyped-def]
             console.print(f"[{done}/{total}] {result.status} {describe(result)}", soft_wrap=True)
 
-        return run_plan(database, plan, chunked=chunked, progress=line, workers=workers, threads=threads)
+        return run_plan(database, plan, chunked=chunked, progress=line, processes=processes, threads=threads)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=False) as bar:
         task = bar.add_task(f"replay {plan.job_id}: loading the model", total=len(plan.items))
@@ -177,7 +177,7 @@ def run_with_progress(console, database, plan, *, chunked: bool, workers: int = 
         def progress(result, done, total):  # type: ignore[no-untyped-def]
             bar.update(task, completed=done, description=f"replay {describe(result)}")
 
-        return run_plan(database, plan, chunked=chunked, progress=progress, workers=workers, threads=threads)
+        return run_plan(database, plan, chunked=chunked, progress=progress, processes=processes, threads=threads)
 
 
 def _problems(console, results, limit: int = 10) -> None:  # type: ignore[no-untyped-def]

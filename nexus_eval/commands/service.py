@@ -101,7 +101,7 @@ def run(
 
     `run` is `submit` plus a worker on this machine. With no --file it runs the bundled quick job (shown
     below; also examples/quick.yaml); every flag given is set on top of the job."""
-    from jobs.spec import QUICK_JOB_FILE
+    from jobs.job_file import QUICK_JOB_FILE
 
     plan = jf.load_job(job.file or QUICK_JOB_FILE, job.overrides(), what="nothing was run", model_check=job.model_check)
     spec = plan.spec
@@ -232,7 +232,7 @@ def status(
     from rich.console import Console
     from rich.table import Table
 
-    from db import store as db_store
+    from db import job_rows
     from db.job_status import summarize_jobs
     from nexus_eval.commands._job_progress import watch_job
     from workers.embedded import progress_table
@@ -244,7 +244,7 @@ def status(
         for col in ("job", "name", "status", "created", "episodes", "finished"):
             table.add_column(col)
         with database.session() as s:
-            rows = db_store.list_jobs(s, limit=20)
+            rows = job_rows.list_jobs(s, limit=20)
             summaries = summarize_jobs(s, rows)  # the stored counts: no job's episodes are read
             for row in rows:
                 summary = summaries[row.id]
@@ -277,7 +277,7 @@ def resume(job: str = typer.Argument(..., help="job id (prefix)"), db: str = DB_
     """Send again every episode of a job that nothing would finish otherwise: queued ones (a send was lost),
     running ones whose worker stopped beating, agent exits whose grade nobody started. Safe to repeat: an
     episode that is already queued or held is never run twice."""
-    from db import store as db_store
+    from db import job_rows
     from workers.celery_tasks import resume as resume_job
 
     database = read_db(db)
@@ -287,14 +287,14 @@ def resume(job: str = typer.Argument(..., help="job id (prefix)"), db: str = DB_
     except Exception as exc:  # the broker: whatever was sent stays sent, the rest stays queued
         fail(f"job {job_id}: could not send: {type(exc).__name__}: {exc}; run `nexus-eval resume {job_id}` again", 1)
     with database.session() as s:
-        status = db_store.get_job(s, job_id).status
+        status = job_rows.get_job(s, job_id).status
     said = ", ".join(f"{n} {what.replace('_', ' ')}" for what, n in counts.items())
     typer.echo(f"job {job_id}: {said}; job {status}")
 
 
 def register(app: typer.Typer) -> None:
     """Attach this area's verbs to the root app."""
-    from jobs.spec import QUICK_JOB_FILE
+    from jobs.job_file import QUICK_JOB_FILE
 
     for verb in (submit, worker, status, cancel, resume):
         app.command(verb.__name__)(verb)

@@ -34,8 +34,7 @@ def episodes(
     (an operator changed an action); `result` marks the attempt compare counts for its key."""
     import sys
 
-    from db import episode_lists
-    from db import store as db_store
+    from db import episode_lists, job_rows
 
     fmt = fmt or ("table" if sys.stdout.isatty() else "tsv")
     if message := unknown_format(fmt):
@@ -44,7 +43,7 @@ def episodes(
     database = read_db(db)
     try:
         with database.session() as s:
-            the_job = db_store.get_job(s, job)
+            the_job = job_rows.get_job(s, job)
             # one query, read in chunks and printed as it comes: a 12,800-episode job starts printing at once and
             # never holds its rows (the rich table needs them all for its widths: a terminal only)
             listed = episode_lists.attempts(s, the_job.id, statuses=wanted, method=method, results_only=results_only)
@@ -142,7 +141,7 @@ def inspect(
     except LookupError as exc:
         fail(str(exc))
     if as_json:
-        from grading.hostlog import unpack
+        from env.grading.hostlog import unpack
         from results.turn_data import USER_MESSAGE_TAIL, TurnExtra
 
         info["test_log"] = unpack(info.get("test_log")) or None

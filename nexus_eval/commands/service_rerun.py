@@ -56,7 +56,8 @@ def _interactive(database, episode: str, from_turn: int, allowed) -> None:
     from agent_runner.backends.forced_prefix import ForcedPrefix
     from agent_runner.environment import DockerEnvironment
     from db import store as db_store
-    from workers.execution import EpisodeHooks, WorkerContext, execute_episode, grade_stored_episode
+    from workers.execution import EpisodeHooks, WorkerContext, execute_episode
+    from workers.grade_stored import grade_stored_episode
     from workers.interactive import Operator, start_rerun
 
     console = Console(highlight=False)

@@ -145,7 +145,7 @@ def regrade(
     from rich.console import Console
     from rich.table import Table
 
-    from workers.execution import regrade_job
+    from workers.grade_stored import regrade_job
 
     database = read_db(db)
     try:

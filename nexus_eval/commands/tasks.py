@@ -30,10 +30,10 @@ def validate(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
-    from grading import GradeConfig
-    from grading.validate import validate_tasks
+    from env.grading import GradeConfig
+    from env.grading.validate import validate_tasks
+    from env.tasks.loading import TaskError, load_local_task, load_suite, load_tasks
     from nexus_eval.commands._common import fail, service_settings
-    from tasks.loading import TaskError, load_local_task, load_suite, load_tasks
 
     console = Console(stderr=True)
     if sum(x is not None for x in (suite, path, file)) != 1:

@@ -1,7 +1,7 @@
 """`nexus-eval tasks convert IN OUT`: classic SWE-bench rows -> rows swebench 5.x can grade.
 
 The verb is attached to the existing `tasks` sub-app by `register(app)` (or `tasks_app.command("convert")(convert)`).
-The work is `tasks.swebench_legacy.convert_classic_rows` (swebench 4.1.0 in its own venv, built on first use).
+The work is `env.tasks.swebench_legacy.convert_classic_rows` (swebench 4.1.0 in its own venv, built on first use).
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ def convert(
     from rich.markup import escape
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from tasks.loading import TaskError, _read_rows
-    from tasks.swebench_legacy import LegacySwebenchError, convert_classic_rows
+    from env.tasks.loading import TaskError, _read_rows
+    from env.tasks.swebench_legacy import LegacySwebenchError, convert_classic_rows
 
     console = Console(stderr=True)
     if not in_path.is_file():

@@ -14,17 +14,17 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from dashboard import charts, queries
+from dashboard import charts, episode_queries, queries
 from dashboard.app import create_app
 from dashboard.auth import COOKIE, is_loopback
 from dashboard.readonly import DatabaseUnavailable, readonly_engine
 from dashboard.report import write_report
-from db import connect, sqlite_url
+from db import connect, job_rows, sqlite_url
 from db import store as db_store
 from db.models import Episode
 from jobs.spec import EpisodeKey
 from results.compare import compare_jobs
-from tests.service.db_fixtures import pg_db_fixture  # noqa: F401  (fixture)
+from tests.support.db_fixtures import pg_db_fixture  # noqa: F401  (fixture)
 
 TOKEN = "unit-test-token-5d1b"  # 16+ characters, as create_app requires
 PATCH = "diff --git a/x.py b/x.py\n--- a/x.py\n+++ b/x.py\n@@ -1 +1 @@\n-a = 1\n+a = 2\n"
@@ -90,17 +90,17 @@ def filled(tmp_path_factory) -> Fixture:
         EpisodeKey(t, "nexus", "prefill_only", p, 0) for t in ("t1", "t2") for p in ("true_eviction", "full_context")
     ]
     with db.session() as s:
-        job = db_store.create_job(s, config={"methods": ["dense", "nexus"]}, config_hash="h", name="unit <job>",
+        job = job_rows.create_job(s, config={"methods": ["dense", "nexus"]}, config_hash="h", name="unit <job>",
                                   package_versions={}, git_revision="abc")  # fmt: skip
-        rows = db_store.add_episodes(s, job.id, keys)
+        rows = job_rows.add_episodes(s, job.id, keys)
         job_id, ids = job.id, {(k.task_id, k.method, k.protocol): r.id for k, r in zip(keys, rows, strict=True)}
     verdicts = {("t1", "dense"): "resolved", ("t2", "dense"): "unresolved", ("t1", "nexus"): "resolved"}
     for (task, method, protocol), episode_id in ids.items():
         retention = RETENTION if (task, method, protocol) == ("t1", "nexus", "true_eviction") else None
         _run(db, episode_id, method, verdicts.get((task, method), "unresolved"), retention=retention)
     with db.session() as s:
-        live = db_store.create_job(s, config={}, config_hash="h2", name="live", package_versions={}, git_revision="")
-        db_store.add_episodes(s, live.id, [EpisodeKey("t1", "nexus", "prefill_only", "true_eviction", 0)])
+        live = job_rows.create_job(s, config={}, config_hash="h2", name="live", package_versions={}, git_revision="")
+        job_rows.add_episodes(s, live.id, [EpisodeKey("t1", "nexus", "prefill_only", "true_eviction", 0)])
         live_id = live.id
     db.dispose()
     return Fixture(sqlite_url(path), job_id, live_id, ids)
@@ -251,7 +251,7 @@ def test_postgresql_pages_read_in_read_only_transactions(pg_db):
     from sqlalchemy import text
 
     with pg_db.session() as s:
-        job = db_store.create_job(s, config={}, config_hash="h", name="pg", package_versions={}, git_revision="")
+        job = job_rows.create_job(s, config={}, config_hash="h", name="pg", package_versions={}, git_revision="")
         job_id = job.id
     app = create_app(pg_db.url, token=None, public=False, allowed_hosts=["testserver"])
     assert f'data-job="{job_id}"' in TestClient(app).get("/jobs").text
@@ -337,14 +337,14 @@ def test_side_by_side_finds_the_divergence(filled):
 
 def test_divergence_counts_format_errors_and_ended_runs():
     def turn(i, action, fmt=False):
-        return queries.TurnView(i, action, "x", json.dumps(action), fmt, "", "", "", False, 0, 0, 0, None, None,
+        return episode_queries.TurnView(i, action, "x", json.dumps(action), fmt, "", "", "", False, 0, 0, 0, None, None,
                                 0, None, None, None, None, 0.0, 0.0, None)  # fmt: skip
 
     call = {"name": "a", "arguments": {"x": 1}}
-    assert queries.divergence([turn(0, call)], [turn(0, dict(call))]) is None
-    assert queries.divergence([turn(0, call)], [turn(0, {"name": "a", "arguments": {"x": 2}})]) == 0
-    assert queries.divergence([turn(0, None, True)], [turn(0, None, False)]) == 0
-    assert queries.divergence([turn(0, call)], [turn(0, call), turn(1, call)]) == 1
+    assert episode_queries.divergence([turn(0, call)], [turn(0, dict(call))]) is None
+    assert episode_queries.divergence([turn(0, call)], [turn(0, {"name": "a", "arguments": {"x": 2}})]) == 0
+    assert episode_queries.divergence([turn(0, None, True)], [turn(0, None, False)]) == 0
+    assert episode_queries.divergence([turn(0, call)], [turn(0, call), turn(1, call)]) == 1
 
 
 def test_charts_are_inline_svg_without_urls():
@@ -354,7 +354,7 @@ def test_charts_are_inline_svg_without_urls():
     assert matrix.shape == (1, 1024) and matrix.max() == 1.0 and matrix.min() == 0.25
     with pytest.raises(ValueError, match="cover"):
         charts.retention_matrix({"logical_length": 10, "kv_heads": 1, "layers": [[[1, 9]]]})
-    no_cache = queries.TurnView(
+    no_cache = episode_queries.TurnView(
         0, None, "x", "", True, "", "", "", False, 5, 5, 0, None, None, 0, None, None, None, None, 0.1, 0.2, None
     )
     assert [title for title, _ in charts.cache_charts([no_cache])] == ["prefill / decode seconds and tokens/s"]
@@ -402,9 +402,9 @@ def test_a_cell_whose_every_episode_broke_shows_not_run_on_the_compare_page_and_
     db = connect(url)
     keys = [EpisodeKey(t, m, "prefill_only", "true_eviction", 0) for m in ("dense", "nexus") for t in ("t1", "t2")]
     with db.session() as s:
-        job = db_store.create_job(s, config={"methods": ["dense", "nexus"]}, config_hash="h", name="broken",
+        job = job_rows.create_job(s, config={"methods": ["dense", "nexus"]}, config_hash="h", name="broken",
                                   package_versions={}, git_revision="abc")  # fmt: skip
-        rows = db_store.add_episodes(s, job.id, keys)
+        rows = job_rows.add_episodes(s, job.id, keys)
         job_id, ids = job.id, {(k.task_id, k.method): r.id for k, r in zip(keys, rows, strict=True)}
     for task in ("t1", "t2"):
         _run(db, ids[(task, "dense")], "dense", "resolved")

@@ -17,7 +17,7 @@ from fastapi.testclient import TestClient
 
 from dashboard.app import create_app
 from dashboard.copy_marks import action_line, copy_rows, mark_text, placed_spans, span_title, turn_spans
-from db import connect, sqlite_url
+from db import connect, job_rows, sqlite_url
 from db import store as db_store
 from db.models import Episode
 from db.replays import record_replay
@@ -276,8 +276,8 @@ def _store(path) -> Stored:
     db = connect(sqlite_url(path))
     keys = [EpisodeKey(t, "expert", "prefill_only", "true_eviction", 0) for t in ("t1", "t2", "t3")]
     with db.session() as s:
-        job = db_store.create_job(s, config={}, config_hash="h", name="spans", package_versions={}, git_revision="")
-        ids = [r.id for r in db_store.add_episodes(s, job.id, keys)]
+        job = job_rows.create_job(s, config={}, config_hash="h", name="spans", package_versions={}, git_revision="")
+        ids = [r.id for r in job_rows.add_episodes(s, job.id, keys)]
     for episode_id in ids:
         with db.session() as s:
             claim = db_store.claim_episode(s, episode_id)

@@ -22,7 +22,7 @@ from dashboard.app import create_app
 from dashboard.auth import COOKIE
 from db import connect, sqlite_url
 from tests.dashboard.conftest import ROOT
-from tests.service.own_services import free_port
+from tests.support.own_services import free_port
 
 TOKEN = "hardening-test-token-3c9e"  # 25 characters
 LOCAL = "http://127.0.0.1"  # a TestClient base that the Host check lets through (TestClient's own is "testserver")

@@ -20,9 +20,10 @@ from sqlalchemy import event, select
 from dashboard import pages, queries
 from dashboard.app import create_app
 from dashboard.list_queries import EPISODES
+from db import job_rows
 from db import store as db_store
 from db.models import Episode, Turn
-from tests.service.db_fixtures import any_db_fixture  # noqa: F401  (fixture)
+from tests.support.db_fixtures import any_db_fixture  # noqa: F401  (fixture)
 
 N_KEYS = pages.EPISODES_PAGE + 23  # one full page and a bit
 METHODS = ("dense", "nexus", "snapkv")
@@ -32,7 +33,7 @@ def _episode(job_id: str, i: int, *, attempt: int = 1, status: str = "resolved",
     task, method, seed = f"task-{i // 9:03d}", METHODS[i % 3], (i // 3) % 3
     return Episode(
         job_id=job_id, task_id=task, method=method, scope="prefill_only", protocol="true_eviction", seed=seed,
-        attempt=attempt, driver=driver, status=status, episode_key=db_store.episode_key(task, method, "prefill_only",
+        attempt=attempt, driver=driver, status=status, episode_key=job_rows.episode_key(task, method, "prefill_only",
         "true_eviction", seed), n_turns=i % 7 or None, wall_s=float(i % 11), config={},
     )  # fmt: skip
 
@@ -41,7 +42,7 @@ def _episode(job_id: str, i: int, *, attempt: int = 1, status: str = "resolved",
 def big_job(any_db):
     """(db, job id): N_KEYS result attempts, every 10th a timeout (what `rerun failed` would rerun)."""
     with any_db.session() as s:
-        job = db_store.create_job(s, config={}, config_hash="h", name="big", package_versions={}, git_revision="")
+        job = job_rows.create_job(s, config={}, config_hash="h", name="big", package_versions={}, git_revision="")
         s.add_all(_episode(job.id, i, status="timeout" if i % 10 == 0 else "resolved") for i in range(N_KEYS))
         job_id = job.id
     return any_db, job_id
@@ -155,7 +156,7 @@ def turned_job(any_db):
     """(db, job id): 12 keys over two protocols and three methods with 0-5 turns each of mixed telemetry; some keys
     rerun after a timeout, resampled, or run interactively."""
     with any_db.session() as s:
-        job = db_store.create_job(s, config={}, config_hash="h", package_versions={}, git_revision="")
+        job = job_rows.create_job(s, config={}, config_hash="h", package_versions={}, git_revision="")
         rows = []
         for i in range(12):
             shape = [("resolved", "agent")]
@@ -166,7 +167,7 @@ def turned_job(any_db):
             for attempt, (status, driver) in enumerate(shape, start=1):
                 e = _episode(job.id, i, attempt=attempt, status=status, driver=driver)
                 e.protocol = ("true_eviction", "full_context")[i % 2]
-                e.episode_key = db_store.episode_key(e.task_id, e.method, e.scope, e.protocol, e.seed)
+                e.episode_key = job_rows.episode_key(e.task_id, e.method, e.scope, e.protocol, e.seed)
                 rows.append(e)
         s.add_all(rows)
         s.flush()

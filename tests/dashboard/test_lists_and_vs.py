@@ -23,12 +23,12 @@ from fastapi.testclient import TestClient
 
 from dashboard import list_queries, streams
 from dashboard.app import create_app
-from db import connect, sqlite_url
+from db import connect, job_rows, sqlite_url
 from db import store as db_store
 from db.models import Episode
 from jobs.spec import EpisodeKey
 from tests.dashboard.test_app_unit import FakeCelery
-from tests.service.db_fixtures import pg_db_fixture  # noqa: F401  (fixture)
+from tests.support.db_fixtures import pg_db_fixture  # noqa: F401  (fixture)
 
 TOKEN = "lists-test-token"
 
@@ -119,9 +119,9 @@ def _run(db, episode_id: str, key: tuple[str, str, str], verdict: str) -> None:
 
 def _job(db, name: str | None, keys: list[EpisodeKey]) -> tuple[str, list[str]]:
     with db.session() as s:
-        job = db_store.create_job(s, config={}, config_hash=name or "none", name=name, package_versions={},
+        job = job_rows.create_job(s, config={}, config_hash=name or "none", name=name, package_versions={},
                                   git_revision="")  # fmt: skip
-        rows = db_store.add_episodes(s, job.id, keys)
+        rows = job_rows.add_episodes(s, job.id, keys)
         return job.id, [r.id for r in rows]
 
 
@@ -316,7 +316,7 @@ def test_cancel_on_a_finished_job_changes_nothing(filled, tmp_path):
     assert progress["status"] == "done" and progress["counts"] == {"resolved": 1}
     db = connect(url)
     with db.session() as s:
-        assert db_store.get_job(s, filled.clean).error is None  # no "cancelled by user" note either
+        assert job_rows.get_job(s, filled.clean).error is None  # no "cancelled by user" note either
     db.dispose()
     live = c.post(f"/jobs/{filled.waiting}/cancel", headers=auth, follow_redirects=False)  # still cancels
     assert live.headers["location"] == f"/jobs/{filled.waiting}?notice=cancelled&n=0"

@@ -3,7 +3,7 @@ Debian's chromium. The quality-against-density figure has one series per method 
 compare cell shows its density and cost; the report describes its jobs' settings. Screenshots go to
 ``bench/out/dashboard/`` (``sweep-compare.png``, ``sweep-report.png``).
 
-No Docker: the sweep is stored through the real claim API (``tests.service.sweep_fixtures``)."""
+No Docker: the sweep is stored through the real claim API (``tests.support.sweep_fixtures``)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from db import connect, sqlite_url
 from results.compare import compare_jobs
 from tests.dashboard.conftest import start_server
-from tests.service.sweep_fixtures import DENSITIES, METHODS, store_sweep
+from tests.support.sweep_fixtures import DENSITIES, METHODS, store_sweep
 
 pytestmark = pytest.mark.slow
 

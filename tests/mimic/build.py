@@ -19,7 +19,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tasks.images import BASE_IMAGE_TAG, _docker_build, image_exists, swebench_image_name
+from env.tasks.images import BASE_IMAGE_TAG, _docker_build, image_exists, swebench_image_name
 from tests.mimic import projects as p
 
 HERE = Path(__file__).resolve().parent
@@ -149,7 +149,7 @@ def _official(client, digest: str, m: Mimics) -> str:
 
 
 def _r2e_swebench(client, digest: str, official: str, m: Mimics) -> None:
-    from tasks.swebench_legacy import convert_classic_rows
+    from env.tasks.swebench_legacy import convert_classic_rows
 
     classic = m.rows["swebench_classic"]
     converted = convert_classic_rows([classic])

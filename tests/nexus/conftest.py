@@ -1,29 +1,11 @@
-"""Tiny random Qwen3 models: the real architecture, random weights, CPU."""
+"""The nexus tests' models: the tiny random Qwen3 of tests/tiny_models.py, one float32 and one float64 per module."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from transformers import Qwen3Config, Qwen3ForCausalLM
 
-import nexus
-
-
-def tiny_qwen3(dtype=torch.float32, layers=3, seed=0, attn="sdpa", vocab=1000) -> Qwen3ForCausalLM:
-    torch.manual_seed(seed)
-    cfg = Qwen3Config(
-        vocab_size=vocab,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        initializer_range=0.2,
-        attn_implementation=attn,
-    )
-    model = Qwen3ForCausalLM(cfg).eval().to(dtype)
-    return nexus.prepare(model)
+from tests.tiny_models import tiny_qwen3
 
 
 @pytest.fixture(scope="module")

@@ -6,15 +6,22 @@ import pytest
 import torch
 
 import nexus
-from tests.nexus.conftest import tiny_qwen3
+from tests.tiny_models import tiny_qwen3
 
 SMALL = dict(density=0.25, window=8, block_size=8)
 FAST = {("nexus", "prefill_decode"), ("ada_nexus", "prefill_decode"), ("h2o", "prefill_decode")}
 
 
+#: how many of the matrix's other 17 cells a run measures: every cell over runs, a printed seed a run
+CELLS_PER_RUN = 3
+
+
 def _matrix():
+    """Every method x scope: the FAST cells always, of the rest a seeded sample of :data:`CELLS_PER_RUN` per run
+    under the `slow` marker (``--matrix-seed``, ``--matrix-full``)."""
     cells = [(m, s) for m in nexus.METHODS for s in nexus.SCOPES]
-    return [pytest.param(*cell, marks=() if cell in FAST else pytest.mark.slow) for cell in cells]
+    sampled = (pytest.mark.slow, pytest.mark.matrix(keep=CELLS_PER_RUN))
+    return [pytest.param(*cell, marks=pytest.mark.matrix(always=True) if cell in FAST else sampled) for cell in cells]
 
 
 def _step(model, cache, ids, **kw):

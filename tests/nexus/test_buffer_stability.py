@@ -17,7 +17,7 @@ import torch
 import nexus
 from nexus.attention import cache_kwarg
 from nexus.methods import DENSE, METHODS
-from tests.nexus.conftest import tiny_qwen3
+from tests.tiny_models import tiny_qwen3
 
 EVICTING = [m for m in METHODS if m != DENSE]
 

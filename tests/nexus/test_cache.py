@@ -18,7 +18,7 @@ from nexus.attention import cache_kwarg
 from nexus.methods import REGISTRY
 from nexus.policies.base import ScorePolicy
 from nexus.testing import StreamRecorder, masked_reference_logits
-from tests.nexus.conftest import tiny_qwen3
+from tests.tiny_models import tiny_qwen3
 
 
 @dataclass(frozen=True)

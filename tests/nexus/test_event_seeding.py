@@ -20,7 +20,7 @@ import nexus.policies.nexus as nexus_policy
 from nexus.attention import cache_kwarg
 from nexus.policies.nexus import Nexus
 from nexus.policies.reservoir import draw_uniforms, event_generator, event_seed
-from tests.nexus.conftest import tiny_qwen3
+from tests.tiny_models import tiny_qwen3
 
 
 @pytest.fixture(scope="module")

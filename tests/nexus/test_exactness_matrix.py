@@ -44,9 +44,19 @@ FAST = {
 }
 
 
+#: how many of a matrix's other cells a run measures: every cell over runs, a printed seed a run
+CELLS_PER_RUN = 3
+
+
 def _matrix(methods):
-    """Every method x scope; a few cells run by default, the rest under the `slow` marker (CI runs all)."""
-    return [pytest.param(m, s, marks=() if (m, s) in FAST else pytest.mark.slow) for m in methods for s in nexus.SCOPES]
+    """Every method x scope: the FAST cells always (the default run's), of the rest a seeded sample of
+    :data:`CELLS_PER_RUN` per run under the `slow` marker (``--matrix-seed``, ``--matrix-full``)."""
+    sampled = (pytest.mark.slow, pytest.mark.matrix(keep=CELLS_PER_RUN))
+    return [
+        pytest.param(m, s, marks=pytest.mark.matrix(always=True) if (m, s) in FAST else sampled)
+        for m in methods
+        for s in nexus.SCOPES
+    ]
 
 
 @pytest.mark.parametrize(("method", "scope"), _matrix(nexus.METHODS))
@@ -82,7 +92,11 @@ def test_budget_after_every_forward(model32, method, scope):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", ["nexus", "snapkv", "h2o", "morphkv", "ada_nexus"])
+@pytest.mark.parametrize(
+    "method",
+    [pytest.param("nexus", marks=pytest.mark.matrix(always=True))]
+    + [pytest.param(m, marks=pytest.mark.matrix(keep=1)) for m in ("snapkv", "h2o", "morphkv", "ada_nexus")],
+)
 def test_same_seed_same_evictions(model32, method):
     a, _, _ = _run(model32, method, "prefill_decode", seed=5)
     b, _, _ = _run(model32, method, "prefill_decode", seed=5)

@@ -8,9 +8,9 @@ import torch
 
 import nexus
 from nexus.attention import cache_kwarg
-from nexus.cache import grown_capacity
+from nexus.layer_buffers import grown_capacity
 from nexus.memory import KVMemory
-from tests.nexus.conftest import tiny_qwen3
+from tests.tiny_models import tiny_qwen3
 
 SMALL = dict(density=0.25, window=8, block_size=8)
 PROMPT = 200

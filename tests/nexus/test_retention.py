@@ -10,7 +10,7 @@ import torch
 
 import nexus
 from nexus.retention import check, expand, retention_runs
-from tests.nexus.conftest import tiny_qwen3
+from tests.tiny_models import tiny_qwen3
 
 SMALL = dict(density=0.25, window=8, block_size=8)
 HKV = 2  # tiny_qwen3's KV heads

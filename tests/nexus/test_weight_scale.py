@@ -17,7 +17,7 @@ from nexus.attention import cache_kwarg
 from nexus.policies.base import ParamError
 from nexus.policies.nexus import Nexus, rescale_weights
 from nexus.policies.reservoir import draw_uniforms, reservoir_log_priorities, select_top
-from tests.nexus.conftest import tiny_qwen3
+from tests.tiny_models import tiny_qwen3
 
 PAIR_RAW = torch.tensor([2 / 3, 1 / 3], dtype=torch.float64) * 1.5 / 256  # a 2:1 pair at Nexus's scale, N = 256
 TRIALS = 20000

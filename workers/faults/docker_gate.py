@@ -23,7 +23,7 @@ class DockerDown(RuntimeError):
 
 def docker_down(timeout_s: float = 5.0) -> str | None:
     """``None`` when Docker answers a ping, else the reason in one line."""
-    from sandbox.docker_daemon import daemon_state
+    from env.sandbox.docker_daemon import daemon_state
 
     state = daemon_state(timeout=timeout_s)
     return None if state.answering else f"Docker at {state.host} does not answer: {state.reason}"

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from sqlalchemy import select
 
-from db import Database
+from db import Database, job_rows
 from db import store as db_store
 from db.claims import lock_job
 from db.connection import begin_write
@@ -143,7 +143,7 @@ def resume_job(db: Database, job_id: str, liveness: Liveness, *, send_run: Send,
     whose holder is gone, ``queued`` rows, agent exits whose grade nobody started. Idempotent. Clears the
     job's "not all episodes were sent" note and recomputes its status. ``LookupError`` for an unknown job."""
     with db.session() as s:
-        job_id = db_store.get_job(s, job_id).id
+        job_id = job_rows.get_job(s, job_id).id
     out = Recovered()
     _hand_back(db, liveness, job_id, out, send_run, send_grade)
     _send_unsent(db, [job_id], out, send_run, send_grade)
@@ -196,7 +196,7 @@ def retry_infra_failure(db: Database, episode_id: str, *, retries: int, send_run
 def reap_episode_containers(db: Database, episode_id: str) -> int:
     """Remove the containers a gone run of ``episode_id`` left behind (labelled with its job and id)."""
     try:
-        from sandbox.container import reap
+        from env.sandbox.container import reap
 
         with db.session() as s:
             job_id = db_store.get_episode(s, episode_id).job_id
@@ -212,6 +212,7 @@ def reap_finished_containers(db: Database) -> int:
     database does not know (another deployment, an ad-hoc grade) are left alone."""
     try:
         import docker
+        from env.sandbox.container import remove_containers
 
         client = docker.from_env(timeout=30)
         boxes = client.containers.list(all=True, ignore_removed=True, filters={"label": "nexus-eval.episode"})
@@ -220,16 +221,7 @@ def reap_finished_containers(db: Database) -> int:
             rows = s.execute(select(Episode.id, Episode.status, Episode.claim_token).where(Episode.id.in_(ids)))
             # held: running, or an agent exit being graded (its grading box, and the agent's until then)
             known = {i: status == "running" or (status in AGENT_EXIT_STATUSES and token) for i, status, token in rows}
-        removed = 0
-        for box in boxes:
-            held = known.get(box.labels.get("nexus-eval.episode"))
-            if held is False:
-                try:
-                    box.remove(force=True)
-                    removed += 1
-                except docker.errors.NotFound:
-                    pass
-        return removed
+        return remove_containers([box for box in boxes if known.get(box.labels.get("nexus-eval.episode")) is False])
     except Exception as exc:  # Docker went away mid-sweep: the next sweep tries again
         log.warning("could not remove finished episodes' containers: %s", exc)
         return 0

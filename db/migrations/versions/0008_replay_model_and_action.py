@@ -10,7 +10,7 @@ replay time (``nexus-eval replay JOB --model NAME``), so a replay row says which
 - ``replays.model``: the model a text trajectory was rendered into and scored on; NULL for a replay of a stored
   token stream (scored on the source episode's own model). It is part of the row's ``config_key``, so replays of
   one trajectory on two models keep a row each.
-- ``replays.action``: the action scores pooled by span kind (``agent_runner.action_scores.ActionSummary``);
+- ``replays.action``: the action scores pooled by span kind (``measure.action_scores.ActionSummary``);
   NULL for a token-stream replay, whose completions carry no spans.
 
 Plain ADD COLUMNs (no batch rebuild, see 0005). Existing rows get NULL in both.

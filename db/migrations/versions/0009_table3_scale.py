@@ -8,7 +8,7 @@ At 12,800 episodes (~400K turns) the JSON-text token streams and retention maps 
 job-level read loaded them, and every finish recounted the whole job. This revision:
 
 - ``turns.tokens``: JSON text -> packed bytes (``db.packing.pack_tokens``: uint32 ids, zlib); every stream reads
-  back bit-identical (``tests/service/test_migration_0009.py``);
+  back bit-identical (``tests/db/test_migration_0009.py``);
 - ``turns.extra``: a ``user_message`` that starts with the row's observation keeps only the rest, under
   ``user_message_after_observation`` (``results.turn_data``), instead of repeating the observation;
 - ``episodes.retention``: JSON -> packed bytes (``db.packing.pack_json``);

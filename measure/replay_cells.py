@@ -1,0 +1,123 @@
+"""Every cell of one trajectory replayed together: the eviction settings of a replay sweep as rows of one stack.
+
+``replay_episode`` (``measure.counterfactual``) teacher-forces one stored trajectory through one cache. A sweep
+replays the same trajectory under many settings (method x scope x density), and every one of them is fed the same
+tokens at the same logical positions: only what each cache keeps differs. ``replay_cells`` runs them together:
+
+1. the first prefill is recorded once, densely, and each setting's cache is built from it
+   (``nexus.shared_prefill``: a prefill from an empty cache computes the same outputs under every method). Under
+   full_context every turn is such a prefill, so each turn is recorded once for every setting, extending the
+   previous turn's recording, and observing policies (H2O) share what they observed;
+2. under true_eviction each later turn's appended tokens are one prefill of every row at once (each row attends to
+   what it holds and evicts on its own);
+3. the turn's completion is fed back as decoded tokens to every row at once (``measure.stacked_cells``), split where
+   any row's next decode-time event falls and where a copy's source is read (``Scorer.snapshot``), scored chunk by
+   chunk so no [n, vocab] logits of a whole turn are kept.
+
+Each row's score equals ``replay_episode``'s for that setting alone (``tests/measure/test_stacked_cells.py``,
+every method x scope x protocol, fp64): per-token NLL and top-1, events, what each layer holds, memory figures
+and span scores. What differs is bookkeeping: ``chunks`` counts the batch's forwards, and ``seconds`` is the
+batch's time split over its rows.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import torch
+
+import nexus
+from agent_runner.config import check_protocol
+from agent_runner.records import TurnTokens
+from measure.action_scores import PlannedSpan
+from measure.counterfactual import MAX_CHUNK, ReplayError, ReplayScore, Scorer, contexts, read_index, token_scores
+from measure.stacked_cells import TOKENS_PER_FORWARD, Rows
+from nexus.shared_prefill import record_prefill
+
+
+@torch.no_grad()
+def replay_cells(
+    model: torch.nn.Module,
+    turns: list[TurnTokens],
+    evictions: Sequence[nexus.EvictionConfig],
+    protocol: str,
+    *,
+    chunked: bool = True,
+    actions: Sequence[Sequence[PlannedSpan]] | None = None,
+) -> list[ReplayScore]:
+    """One ``ReplayScore`` per eviction setting, in order, each equal to ``replay_episode(...)`` of that setting alone
+    (see the module docstring). ``ReplayError`` when the stream cannot be replayed under ``protocol``."""
+    try:
+        check_protocol(protocol)
+    except ValueError as exc:
+        raise ReplayError(str(exc)) from None
+    ctxs = contexts(turns)
+    scorers = [Scorer(e, protocol, turns, chunked, actions) for e in evictions]
+    device = next(model.parameters()).device
+    recorded, caches, fed = None, None, 0
+    for t, turn in enumerate(turns):
+        if not turn.generated:  # a turn that stopped before generating (context full): nothing to score
+            continue
+        started = time.perf_counter()
+        if caches is None or protocol == "full_context":
+            # a prefill from an empty cache: recorded once, every setting's cache built from it
+            ids = torch.as_tensor(ctxs[t], dtype=torch.long, device=device).view(1, -1)
+            recorded = record_prefill(model, ids, logits_to_keep=1, reuse=recorded)
+            caches = [recorded.cache_for(s.eviction) for s in scorers]
+            rows = Rows(model, caches)
+            first = recorded.logits[0, -1:].expand(len(caches), -1)
+        else:
+            if turn.keep != fed:
+                raise ReplayError(
+                    f"turn {t} re-renders the history (keeps {turn.keep} of {fed} tokens): its stream is not a "
+                    "continuation, so it cannot be replayed under true_eviction; replay it under full_context"
+                )
+            for cache in caches:
+                cache.reset_peaks()  # the turn's peaks, from before its prefill
+            rows = Rows(model, caches)
+            first = rows.forward(list(turn.append), all_logits=False)
+        nll, top1, forwards = _decode_rest(rows, scorers, first, turn.generated, t, chunked)
+        rows.release()
+        seconds = (time.perf_counter() - started) / len(scorers)
+        for r, scorer in enumerate(scorers):
+            scorer.scored(t, caches[r], nll[r], top1[r], forwards, seconds)
+        fed = len(ctxs[t]) + len(turn.generated) - 1
+        if protocol == "true_eviction":
+            recorded = None  # only the first prefill is shared; later turns extend each row's own cache
+    results = [s.result() for s in scorers]
+    for score in results:  # each row's share of the batch's time, like its turns' (not the batch's whole time)
+        score.seconds = sum(t.seconds for t in score.turns)
+    return results
+
+
+def _decode_rest(
+    rows: Rows, scorers: list[Scorer], first: torch.Tensor, generated: list[int], t: int, chunked: bool
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Feed a turn's stored tokens back to every row after its prompt (whose last logits are ``first`` [N, V]):
+    per row the NLL and top-1 of the n generated tokens ([N, n] each), and the forwards spent (the prompt's
+    included). Chunks end at every row's next decode event and where a snapshot is read (``teacher_force``)."""
+    targets = torch.as_tensor(generated, device=first.device)
+    dtype = torch.float64 if first.dtype == torch.float64 else torch.float32
+    nll = torch.empty(len(scorers), len(generated), dtype=dtype)
+    top1 = torch.empty(len(scorers), len(generated), dtype=torch.float64)
+    nll[:, :1], top1[:, :1] = token_scores(first.unsqueeze(1), targets[:1])
+    rest = list(generated[:-1])  # fed back as decoded tokens; the last one opens the next feed
+    marks = scorers[0].marks.get(t, ()) if scorers[0].marks is not None else ()
+    reads = sorted({read_index(j) for j in marks})  # the same for every row: the spans are the trajectory's
+    at, forwards = 0, 1
+    per_forward = max(1, TOKENS_PER_FORWARD // len(scorers))  # [N, n, vocab] logits stay small
+    with rows.decoding():
+        while at < len(rest):
+            if reads and reads[0] == at:
+                for scorer, cache in zip(scorers, rows.caches, strict=True):
+                    scorer.snapshot(t, at, cache)
+                reads.pop(0)
+            n = min(rows.decode_chunk(len(rest) - at), MAX_CHUNK, per_forward) if chunked else 1
+            if reads:
+                n = min(n, reads[0] - at)
+            logits = rows.forward(rest[at : at + n], all_logits=True)  # [N, n, V]
+            scored = slice(at + 1, at + 1 + n)  # the generated tokens these positions predict
+            nll[:, scored], top1[:, scored] = token_scores(logits, targets[scored])
+            at, forwards = at + n, forwards + 1
+    return nll, top1, forwards
