@@ -10,7 +10,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    ValidationInfo,
+    field_serializer,
+    field_validator,
+    model_validator,
+)
 
 from agent_runner.backend_settings import ExpertConfig
 from nexus.config import EvictionConfig
@@ -170,9 +180,10 @@ def legacy_agent_fields(agent: dict[str, Any], sampling: Any) -> tuple[dict[str,
 class EpisodeSpec(_Config):
     """Everything that determines one episode (stored whole with its result).
 
-    ``seed`` is the episode's one seed: the runner (``agent_runner.episode.run_episode``) resets the backend's
-    sampler with it, and the eviction policy draws from it (``eviction.seed`` always equals it: the library's
-    ``EvictionConfig`` carries a seed of its own, and a replay's ``config_key`` hashes it with the settings).
+    ``seed`` is the episode's one seed, stored once: the runner (``agent_runner.episode.run_episode``) resets the
+    backend's sampler with it, and the eviction policy draws from it. The library's ``EvictionConfig`` carries a
+    seed of its own, so ``eviction.seed`` is filled from ``seed`` when a spec is built or read back, never stored
+    (a stored ``eviction`` leaves it out; one stored before this held the same number and still reads).
 
     An episode is built from a job (``jobs.spec.JobSpec.episode_config``), which holds the defaults: the fields a
     job sets (``suite``, ``backend``, ``protocol``, ``seed``, ``grade``) have none here, so none can drift from
@@ -218,6 +229,12 @@ class EpisodeSpec(_Config):
             if sampling is not None:
                 data["sampling"] = sampling
         return data
+
+    @field_serializer("eviction", mode="wrap")
+    def _eviction_without_the_seed(self, eviction: EvictionConfig, handler: SerializerFunctionWrapHandler) -> Any:
+        dumped = handler(eviction)
+        dumped.pop("seed", None)  # the episode's ``seed`` is it: stored once, filled back by _seeded_eviction
+        return dumped
 
     @model_validator(mode="after")
     def _consistent(self) -> EpisodeSpec:

@@ -4,7 +4,7 @@
 
 1. **The task**: the one given (a worker's per-process ``TaskCache`` loaded it) or ``spec.load_task()``.
 2. **The backend**: the one given (a test double; the CLI's preloaded one; a multi-episode worker's, built with
-   ``model_cache.backend_for(spec, task, episodes_per_gpu=...)``) or ``model_cache.backend_for(spec, task)``, the
+   ``loaded_models.backend_for(spec, task, episodes_per_gpu=...)``) or ``loaded_models.backend_for(spec, task)``, the
    process's loaded model; ``hooks.wrap_model`` may wrap it (``rerun --from-turn K`` forces the stored prefix).
 3. **The prompts**: ``spec.agent.scaffold()``. Steps 1-3 raise ValueError for bad input, before any container.
 4. **The sandbox** (``DockerEnvironment.open``). A failure here -> ``infra_failure``, no turns.
@@ -126,7 +126,7 @@ def run_episode(
     ``hooks``: what the caller adds around the run (:class:`EpisodeHooks`). ``EpisodeResult.config`` records
     what ran: the spec, the sandbox config, the backend's class and the device the model is on.
     """
-    from agent_runner.model_cache import backend_for
+    from agent_runner.loaded_models import backend_for
 
     # 1-3: inputs, each a ValueError before any container starts
     task = task if task is not None else spec.load_task()

@@ -78,6 +78,10 @@ def _attn(spec: ModelSpec, device: torch.device) -> str:
     return "sdpa"
 
 
+#: the tiny Qwen3's widths (the preset's and the tests' bare models): 4 query heads over 2 KV heads of 16 dims
+TINY_SHAPE = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+
+
 def tiny_model(weights_seed: int = 0, layers: int = 2, vocab_size: int = 151936):
     """A randomly initialised Qwen3ForCausalLM: the real architecture, 19.5 M parameters at 2 layers.
 
@@ -86,13 +90,9 @@ def tiny_model(weights_seed: int = 0, layers: int = 2, vocab_size: int = 151936)
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     cfg = Qwen3Config(
+        **TINY_SHAPE,
         vocab_size=vocab_size,
-        hidden_size=64,
-        intermediate_size=128,
         num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
         max_position_embeddings=65536,
         tie_word_embeddings=True,
         attn_implementation="sdpa",

@@ -13,23 +13,47 @@ interruption to a status word:
 - Celery's failure handler (``workers.celery_tasks.EpisodeTask.on_failure``): the exception that killed the
   task, with ``TimeLimitExceeded`` as its time limit.
 
-The words are ``db.models.EpisodeStatus`` values (``tests/agent_runner/test_status.py`` holds them equal); they are
-defined here because the agent is the lowest layer that needs them, and ``agent_runner`` imports no ``db``.
+Every status word an episode can have is defined here, once (:class:`EpisodeStatus`): the agent is the lowest
+layer that needs them, and ``db.models`` stores them (its CHECK constraints and named sets are built from this
+enum; ``db`` imports nothing else of ``agent_runner``).
 """
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import ClassVar
 
-# the agent's exit statuses: the agent is done, the grade is not (yet) recorded
-SUBMITTED = "submitted"
-STEP_LIMIT = "step_limit"
-CONTEXT_LIMIT = "context_limit"
-TIME_LIMIT = "time_limit"  # the agent's own wall-time limit (AgentConfig.wall_time_s)
-FORMAT_ERROR_LIMIT = "format_error_limit"
-# the run broke: the model host, the sandbox, a bug; or the service's time limit interrupted it
-INFRA_FAILURE = "infra_failure"
-TIMEOUT = "timeout"  # the worker's soft deadline or Celery's time limits, not the agent's wall-time limit
+
+class EpisodeStatus(StrEnum):
+    """The stored status of one attempt (``episodes.status``)."""
+
+    queued = "queued"
+    running = "running"
+    # grading verdicts (final)
+    resolved = "resolved"
+    unresolved = "unresolved"
+    empty_patch = "empty_patch"
+    patch_failed = "patch_failed"
+    # the agent's exit statuses: the agent is done, the grade is not (yet) recorded
+    submitted = "submitted"
+    step_limit = "step_limit"
+    context_limit = "context_limit"
+    time_limit = "time_limit"  # the agent's own wall-time limit (AgentConfig.wall_time_s)
+    format_error_limit = "format_error_limit"
+    # the run broke (the model host, the sandbox, a bug), or the service's time limit interrupted it
+    timeout = "timeout"  # the worker's soft deadline or Celery's time limits, not the agent's wall-time limit
+    infra_failure = "infra_failure"
+    cancelled = "cancelled"
+
+
+# the words status_of decides between, as plain strings
+SUBMITTED = EpisodeStatus.submitted.value
+STEP_LIMIT = EpisodeStatus.step_limit.value
+CONTEXT_LIMIT = EpisodeStatus.context_limit.value
+TIME_LIMIT = EpisodeStatus.time_limit.value
+FORMAT_ERROR_LIMIT = EpisodeStatus.format_error_limit.value
+INFRA_FAILURE = EpisodeStatus.infra_failure.value
+TIMEOUT = EpisodeStatus.timeout.value
 
 AGENT_EXITS = frozenset({SUBMITTED, STEP_LIMIT, CONTEXT_LIMIT, TIME_LIMIT, FORMAT_ERROR_LIMIT})
 #: every word :func:`status_of` can return

@@ -102,7 +102,7 @@ def measure(part: str, variant: str, samples: int, tasks: list[str], db_file: st
     with (
         db.session() as s
     ):  # the rows' own seconds (a group's time over its rows): the CPU time, whatever ran in parallel
-        from db.models import Replay
+        from db.measure_models import Replay
 
         ids = [r.item.episode_id for r in summary.results]
         stored = s.query(Replay).filter(Replay.job_id == job, Replay.episode_id.in_(ids), Replay.model == model).all()

@@ -42,7 +42,7 @@ class Context:
             self._database.dispose()
 
     def database(self) -> Any:
-        from db.connection import open_existing
+        from db.availability import open_existing
 
         with self._lock:
             if self._database is None:  # never creates or migrates: `serve` found it at head at startup

@@ -27,7 +27,8 @@ from db import store as db_store
 from db.attempt_roles import apart_text
 from db.job_status import JobSummary, summarize, summarize_jobs
 from db.models import Episode, Turn, is_interactive, utcnow
-from results.compare import cell_outcomes, compare_jobs
+from results.compare import compare_jobs
+from results.compare_cell import cell_outcomes
 from results.compare_table import CompareTable
 
 

@@ -4,8 +4,8 @@ Pages only read, so they get an engine the database itself holds to that: SQLite
 ``mode=ro`` (a write raises "attempt to write a readonly database"), PostgreSQL with every transaction
 read-only (``default_transaction_read_only``). A bug in a page handler can then never change results, and a
 viewer can point the dashboard at a database it may only read. Nothing here migrates: a missing database or
-an older schema is a clear error at startup (:class:`DatabaseUnavailable`, ``db.connection``'s words); the write
-actions (cancel, rerun) open a read-write ``db.connection.open_existing`` instead, which never migrates either.
+an older schema is a clear error at startup (:class:`DatabaseUnavailable`, ``db.availability``'s words); the write
+actions (cancel, rerun) open a read-write ``db.availability.open_existing`` instead, which never migrates either.
 """
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.orm import Session, sessionmaker
 
-from db.connection import SQLITE_BUSY_TIMEOUT_MS, DatabaseUnavailable, missing_message
-from db.connection import check_schema as check_schema_at
+from db.availability import DatabaseUnavailable, missing_message
+from db.availability import check_schema as check_schema_at
+from db.connection import SQLITE_BUSY_TIMEOUT_MS
 from db.urls import masked
 
 __all__ = ["DatabaseUnavailable", "check_schema", "open_readonly", "readonly_engine"]
@@ -57,7 +58,7 @@ def readonly_engine(url: str) -> Engine:
 
 def check_schema(engine: Engine, url: str | None = None) -> None:
     """Raise :class:`DatabaseUnavailable` unless the database holds the results schema at the newest revision
-    (``db.connection.check_schema``; its messages name ``url``, default the engine's, with the password masked).
+    (``db.availability.check_schema``; its messages name ``url``, default the engine's, with the password masked).
 
     Reading an older schema would fail page by page on the first missing column; saying so once at startup,
     with the fix, is kinder."""

@@ -1,5 +1,5 @@
-"""An episode's replays for its page, read-only: every replay row of the episode (``db.models.Replay``, without its
-per-turn scores) in a stable order, and the one shown with its spans, as plain objects (see
+"""An episode's replays for its page, read-only: every replay row of the episode (``db.measure_models.Replay``,
+without its per-turn scores) in a stable order, and the one shown with its spans, as plain objects (see
 :mod:`dashboard.queries` for the session rules). Which replay is shown unless the page asks for another:
 :func:`default_replay`.
 """
@@ -14,13 +14,13 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from db.models import Replay
+from db.measure_models import Replay
 from nexus.methods import DENSE, METHODS
 
 
 @dataclass
 class ReplayOption:
-    """One replay row of an episode (``db.models.Replay``), without its per-turn scores."""
+    """One replay row of an episode (``db.measure_models.Replay``), without its per-turn scores."""
 
     id: int
     method: str

@@ -16,16 +16,14 @@ import sys
 import tempfile
 from pathlib import Path
 
+from db.availability import DatabaseUnavailable, check_reachable, require_existing
 from db.connection import (
     MIGRATIONS_DIR,
-    DatabaseUnavailable,
     _alembic_config,
-    check_reachable,
     current_revision,
     default_url,
     head_revision,
     migrate,
-    require_existing,
     sqlite_url,
 )
 

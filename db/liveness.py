@@ -30,8 +30,9 @@ from datetime import datetime, timedelta
 from sqlalchemy import delete, or_, select, update
 from sqlalchemy.orm import Session
 
-from db.claims import Claim, expire_loaded, local_worker_is_dead, lock_job, turn_totals, worker_identity
+from db.claims import Claim, expire_loaded, local_worker_is_dead, lock_job, worker_identity
 from db.connection import begin_write
+from db.finishing import turn_totals
 from db.job_status import job_grades, refresh_job_status
 from db.models import (
     AGENT_EXIT_STATUSES,

@@ -1,10 +1,13 @@
-"""The SQL schema: jobs, their episodes (one row per attempt), the episodes' turns, replays, and probe runs.
+"""The SQL schema of the service: jobs, their episodes (one row per attempt), the episodes' turns, and workers.
+
+The measurement tables (replays, probe runs and their results) are ``db.measure_models``, on the same ``Base``.
 
 Typed SQLAlchemy 2 declarative models. The schema itself is owned by the Alembic revisions in
 ``db/migrations/versions``; ``tests/db/test_db_models.py`` checks the two never drift apart.
 
-Status words are stored as short strings (``StrEnum`` values) guarded by CHECK constraints, so a typo is
-an error at write time; adding a status means adding it here *and* a migration that widens the check.
+Status words (``agent_runner.status.EpisodeStatus``, defined there once) are stored as short strings guarded by
+CHECK constraints, so a typo is an error at write time; adding a status means adding it there *and* a migration
+that widens the check.
 All timestamps are timezone-aware UTC (SQLite keeps them naive; :class:`UTCDateTime` puts the zone back).
 """
 
@@ -18,7 +21,6 @@ from typing import Any
 from sqlalchemy import (
     JSON,
     BigInteger,
-    Boolean,
     CheckConstraint,
     DateTime,
     Float,
@@ -33,6 +35,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, column_property, mapped_column, relationship
 
+from agent_runner.status import EpisodeStatus  # the words are the runner's; stored and checked here
 from db.packing import PackedJSON, PackedTokens
 
 
@@ -46,31 +49,10 @@ class JobStatus(StrEnum):
     failed = "failed"
 
 
-class EpisodeStatus(StrEnum):
-    queued = "queued"
-    running = "running"
-    # grading verdicts (final)
-    resolved = "resolved"
-    unresolved = "unresolved"
-    empty_patch = "empty_patch"
-    patch_failed = "patch_failed"
-    # the agent's exit statuses: the agent is done, the grade is not (yet) recorded
-    submitted = "submitted"
-    step_limit = "step_limit"
-    context_limit = "context_limit"
-    time_limit = "time_limit"
-    format_error_limit = "format_error_limit"
-    # the service's own failures (final)
-    timeout = "timeout"  # the Celery soft/hard time limit, not the agent's wall-time limit
-    infra_failure = "infra_failure"
-    cancelled = "cancelled"
-
-
 def _words(*members: EpisodeStatus) -> frozenset[str]:
-    """The plain strings of ``members``: each word is spelled once, in :class:`EpisodeStatus`, and the sets below
-    only name members (a misspelt member is an AttributeError at import, where a misspelt string was a silent
-    miss). ``agent_runner.status`` spells the agent's words again, as it may not import ``db``;
-    ``tests/agent_runner/test_status.py`` holds the two spellings equal."""
+    """The plain strings of ``members``: each word is spelled once, in ``agent_runner.status.EpisodeStatus``, and
+    the sets below only name members (a misspelt member is an AttributeError at import, where a misspelt string
+    was a silent miss)."""
     return frozenset(member.value for member in members)
 
 
@@ -165,7 +147,9 @@ class UTCDateTime(TypeDecorator[datetime]):
 JSONType = JSON().with_variant(JSONB(), "postgresql")
 
 
-def _in_check(column: str, values: type[StrEnum]) -> str:
+def in_check(column: str, values: type[StrEnum]) -> str:
+    """The CHECK that keeps ``column`` to the words of ``values`` (every status column, here and in
+    ``db.measure_models``)."""
     return f"{column} IN ({', '.join(repr(v.value) for v in values)})"
 
 
@@ -177,7 +161,7 @@ class Job(Base):
     """One submitted job: a frozen JobSpec (``config``), its hash, and provenance."""
 
     __tablename__ = "jobs"
-    __table_args__ = (CheckConstraint(_in_check("status", JobStatus), name="ck_jobs_status"),)
+    __table_args__ = (CheckConstraint(in_check("status", JobStatus), name="ck_jobs_status"),)
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True, default=lambda: new_id(8))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
@@ -209,9 +193,9 @@ class Episode(Base):
         UniqueConstraint(
             "job_id", "task_id", "method", "scope", "protocol", "seed", "attempt", name="uq_episode_attempt"
         ),
-        CheckConstraint(_in_check("status", EpisodeStatus), name="ck_episodes_status"),
+        CheckConstraint(in_check("status", EpisodeStatus), name="ck_episodes_status"),
         CheckConstraint("attempt >= 1", name="ck_episodes_attempt"),
-        CheckConstraint(_in_check("driver", AttemptDriver), name="ck_episodes_driver"),
+        CheckConstraint(in_check("driver", AttemptDriver), name="ck_episodes_driver"),
         # covers the newest / result attempt subqueries (db.store, db.job_status): no table row is read for them
         Index("ix_episodes_job_key_attempt", "job_id", "episode_key", "attempt", "driver", "status"),
         Index("ix_episodes_job_status", "job_id", "status"),
@@ -341,121 +325,6 @@ class Turn(Base):
     episode: Mapped[Episode] = relationship(back_populates="turns")
 
 
-class ReplayStatus(StrEnum):
-    ok = "ok"
-    failed = "failed"  # the replay broke (the error says how); rerun it
-    skipped = "skipped"  # the stream cannot be replayed this way (e.g. a full_context stream under true_eviction)
-
-
-class Replay(Base):
-    """One counterfactual replay: a dense episode's stored token stream teacher-forced through one method's
-    cache (``measure.counterfactual``), scored by how well the model still predicts its own completions.
-
-    One row per (source episode, method, scope, protocol, eviction settings): ``config_key`` is the hash of
-    ``config`` (the ``nexus.EvictionConfig`` used), so a rerun of the same configuration replaces its row while
-    a replay under other settings gets a row of its own. ``turns`` holds the ``TurnScore`` dumps.
-    """
-
-    __tablename__ = "replays"
-    __table_args__ = (
-        UniqueConstraint("episode_id", "method", "scope", "protocol", "config_key", name="uq_replay_config"),
-        CheckConstraint(_in_check("status", ReplayStatus), name="ck_replays_status"),
-    )
-
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
-    episode_id: Mapped[str] = mapped_column(ForeignKey("episodes.id", ondelete="CASCADE"), index=True)
-    task_id: Mapped[str] = mapped_column(String(200))
-    method: Mapped[str] = mapped_column(String(64))
-    scope: Mapped[str] = mapped_column(String(32))
-    protocol: Mapped[str] = mapped_column(String(32))
-    config_key: Mapped[str] = mapped_column(String(64))  # sha256 hex of the canonical JSON of ``config``
-    config: Mapped[dict[str, Any]] = mapped_column(JSONType)  # the EvictionConfig as stored in an episode config
-    chunked: Mapped[bool] = mapped_column(Boolean, default=True)  # False: fed token by token (--token-by-token)
-    status: Mapped[str] = mapped_column(String(16))
-    error: Mapped[str | None] = mapped_column(Text)
-    tokens: Mapped[int | None] = mapped_column(Integer)  # completion tokens scored
-    nll_mean: Mapped[float | None] = mapped_column(Float)  # over every scored token of the episode
-    top1: Mapped[float | None] = mapped_column(Float)  # share of stored tokens that were the model's argmax
-    turns: Mapped[list[dict[str, Any]] | None] = mapped_column(JSONType)  # TurnScore dumps, one per scored turn
-    seconds: Mapped[float | None] = mapped_column(Float)
-    # a text trajectory's replay: the model it was rendered into and scored on (part of config_key); NULL for a
-    # token-stream replay (the source's own model). ``action``: its ActionSummary (measure.action_scores)
-    model: Mapped[str | None] = mapped_column(String(200))
-    action: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
-
-
-class ProbeRunStatus(StrEnum):
-    pending = "pending"  # stored, the model not loaded yet
-    running = "running"  # results arriving
-    done = "done"  # every planned result stored
-    failed = "failed"  # stopped early (probe_runs.error says why); the results stored before it stay
-
-
-class ProbeRun(Base):
-    """One quality-probe run (``nexus-eval probe run``, ``measure.probes``): its ``ProbeSettings`` dump,
-    what produced the numbers (``provenance``: the filler corpus fingerprint, package versions, git revision,
-    device) and how far it got (``n_results`` of ``n_planned``)."""
-
-    __tablename__ = "probe_runs"
-    __table_args__ = (CheckConstraint(_in_check("status", ProbeRunStatus), name="ck_probe_runs_status"),)
-
-    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=lambda: new_id(8))
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
-    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
-    status: Mapped[str] = mapped_column(String(16), default=ProbeRunStatus.pending.value)
-    error: Mapped[str | None] = mapped_column(Text)  # the first cause of a failed run (first line: the message)
-    model: Mapped[str] = mapped_column(String(200))
-    settings: Mapped[dict[str, Any]] = mapped_column(JSONType)  # ProbeSettings.model_dump(mode="json")
-    provenance: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
-    n_planned: Mapped[int] = mapped_column(Integer, default=0)  # results the settings ask for
-    n_results: Mapped[int] = mapped_column(Integer, default=0)  # results stored so far
-
-    results: Mapped[list[ProbeResultRow]] = relationship(
-        back_populates="run", cascade="all, delete-orphan", order_by="ProbeResultRow.id"
-    )
-
-
-class ProbeResultRow(Base):
-    """One ``measure.probes.ProbeResult``: one sample of one (probe, variant, scope, protocol, density)
-    cell, every field a column of the same name (``db.probes.RESULT_FIELDS``)."""
-
-    __tablename__ = "probe_results"
-    __table_args__ = (
-        UniqueConstraint(
-            "run_id", "probe", "variant", "scope", "protocol", "density", "sample", name="uq_probe_result"
-        ),
-        Index("ix_probe_results_run_probe", "run_id", "probe"),
-    )
-
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    run_id: Mapped[str] = mapped_column(ForeignKey("probe_runs.id", ondelete="CASCADE"))
-    probe: Mapped[str] = mapped_column(String(32))
-    variant: Mapped[str] = mapped_column(String(200))  # a method, optionally with settings: nexus(lam=0)
-    scope: Mapped[str] = mapped_column(String(32))
-    protocol: Mapped[str] = mapped_column(String(32))  # single_prefill for needle and nll
-    density: Mapped[float] = mapped_column(Float)
-    sample: Mapped[int] = mapped_column(Integer)  # the same text in every cell of the run: the pairing key
-    source: Mapped[str] = mapped_column(String(32))
-    length: Mapped[int] = mapped_column(Integer)
-    depth: Mapped[float | None] = mapped_column(Float)
-    correct: Mapped[bool | None] = mapped_column(Boolean)  # None for nll
-    nll: Mapped[float | None] = mapped_column(Float)  # None for needle
-    scored_tokens: Mapped[int] = mapped_column(Integer)
-    answer: Mapped[str] = mapped_column(Text)
-    expected: Mapped[str] = mapped_column(Text)
-    kept_fraction: Mapped[float] = mapped_column(Float)
-    # KV memory (nexus.memory) at answer start, and the peaks over the sample (None before revision 0007)
-    kv_held_bytes: Mapped[int | None] = mapped_column(BigInteger)
-    kv_allocated_bytes: Mapped[int] = mapped_column(BigInteger)
-    kv_peak_held_bytes: Mapped[int | None] = mapped_column(BigInteger)
-    kv_peak_allocated_bytes: Mapped[int | None] = mapped_column(BigInteger)
-    seconds: Mapped[float] = mapped_column(Float)
-
-    run: Mapped[ProbeRun] = relationship(back_populates="results")
-
-
 class WorkerState(StrEnum):
     ok = "ok"  # taking episodes
     paused = "paused"  # not taking episodes: the Docker engine does not answer (``detail`` says why)
@@ -466,7 +335,7 @@ class WorkerRow(Base):
     show. A row whose ``seen_at`` is older than a few sweeps belongs to a worker that is gone."""
 
     __tablename__ = "workers"
-    __table_args__ = (CheckConstraint(_in_check("state", WorkerState), name="ck_workers_state"),)
+    __table_args__ = (CheckConstraint(in_check("state", WorkerState), name="ck_workers_state"),)
 
     name: Mapped[str] = mapped_column(String(200), primary_key=True)  # "hostname/pid" of the main process
     queues: Mapped[str] = mapped_column(String(200))

@@ -28,7 +28,8 @@ from sqlalchemy.orm import Session
 from db.claims import local_worker_is_dead
 from db.connection import begin_write
 from db.job_rows import by_id_or_prefix
-from db.models import ProbeResultRow, ProbeRun, ProbeRunStatus, utcnow
+from db.measure_models import ProbeResultRow, ProbeRun, ProbeRunStatus
+from db.models import utcnow
 
 #: the fields of ``measure.probes.ProbeResult``, one column each (a test holds the two equal)
 RESULT_FIELDS = (

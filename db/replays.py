@@ -25,7 +25,8 @@ from sqlalchemy import Row, delete, select
 from sqlalchemy.orm import Session
 
 from db.connection import begin_write
-from db.models import AGENT_EXIT_STATUSES, GRADE_STATUSES, Episode, Replay, ReplayStatus, Turn, utcnow
+from db.measure_models import Replay, ReplayStatus
+from db.models import AGENT_EXIT_STATUSES, GRADE_STATUSES, Episode, Turn, utcnow
 from db.store import result_attempts
 
 #: the ReplayScore fields copied into a row's columns (``turns`` holds the per-turn dumps)

@@ -1,5 +1,6 @@
-"""Episodes and their attempts: run one (the claim contract of :mod:`db.claims`, re-exported here), read what a job
-ran or measured, and rerun. Creating, finding, cancelling and summarizing a job is :mod:`db.job_rows`.
+"""Episodes and their attempts: run one (the claim contract of :mod:`db.claims` and :mod:`db.finishing`,
+re-exported here), read what a job ran or measured, and rerun. Creating, finding, cancelling and summarizing a job
+is :mod:`db.job_rows`.
 
 Running one episode (see :mod:`db.claims` for the idempotency contract)::
 
@@ -41,16 +42,14 @@ from db.claims import (
     ClaimLost,
     claim_episode,
     expire_loaded,
-    fail_running_episode,
-    finish_episode,
     heartbeat,
     local_worker_is_dead,
     lock_job,
-    record_grade,
     record_turn,
     worker_identity,
 )
 from db.connection import begin_write
+from db.finishing import fail_running_episode, finish_episode, record_grade
 from db.job_rows import by_id_or_prefix
 from db.job_status import newest_attempts, refresh_job_status
 from db.models import (

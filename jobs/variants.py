@@ -126,8 +126,9 @@ def order_labels(labels: Iterable[str], canonical: Sequence[str] = METHODS) -> l
 
 
 def load_job_configs(rows: Sequence[Any]) -> dict[str, Any]:
-    """``{job id: Job.config}`` of the jobs of ``rows`` (``db.models.Replay`` rows), read once per job through the
-    rows' own session (a job already loaded in it costs no query). ``ValueError`` for rows outside a session."""
+    """``{job id: Job.config}`` of the jobs of ``rows`` (``db.measure_models.Replay`` rows), read once per job
+    through the rows' own session (a job already loaded in it costs no query). ``ValueError`` for rows outside a
+    session."""
     if not rows:
         return {}
     from sqlalchemy.exc import NoInspectionAvailable

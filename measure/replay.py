@@ -193,29 +193,13 @@ def replay_job(
     db: Database,
     job_id: str,
     *,
-    methods: Sequence[str] | None = None,
-    scopes: Sequence[str] | None = None,
-    protocols: Sequence[str] | None = None,
-    densities: Sequence[float] | None = None,
     chunked: bool = True,
     host: Any = None,
     progress: Progress | None = None,
-    model: str | None = None,
-    method_params: Mapping[str, Mapping[str, Any]] | None = None,
-    redo: bool = False,
+    **selection: Any,
 ) -> ReplaySummary:
-    """Plan (:func:`plan_replays`) and run (:func:`run_plan`) the replays of ``job_id``'s dense episodes: those not
-    yet stored ``ok`` measured the same way (``chunked``), or every one with ``redo``."""
-    plan = plan_replays(
-        db,
-        job_id,
-        methods=methods,
-        scopes=scopes,
-        protocols=protocols,
-        densities=densities,
-        model=model,
-        method_params=method_params,
-        chunked=chunked,
-        redo=redo,
-    )
+    """Plan (:func:`plan_replays`, which takes ``selection``: methods, scopes, protocols, densities, model,
+    method_params, redo) and run (:func:`run_plan`) the replays of ``job_id``'s dense episodes: those not yet
+    stored ``ok`` measured the same way (``chunked``), or every one with ``redo``."""
+    plan = plan_replays(db, job_id, chunked=chunked, **selection)
     return run_plan(db, plan, chunked=chunked, host=host, progress=progress)

@@ -30,7 +30,7 @@ from agent_runner.config import ModelSpec
 from db import Database
 from db import store as db_store
 from db.connection import begin_write
-from db.models import Replay
+from db.measure_models import Replay
 from db.replays import record_replay, replay_sources, replayable_token_streams, replays_for_jobs
 from nexus.config import EvictionConfig
 from nexus.methods import DENSE
@@ -98,7 +98,7 @@ def run_plan(
     threads: int = 1,
 ) -> ReplaySummary:
     """Run every item of ``plan`` and store its row. ``host``: a loaded ``ModelHost`` (default: the job's
-    model through ``agent_runner.model_cache.host_for``); a model that cannot load raises before any row is written.
+    model through ``agent_runner.loaded_models.host_for``); a model that cannot load raises before any row is written.
     ``processes`` > 1: the groups (a source episode under one protocol) spread over that many processes
     (``measure.processes.run_pool``), each loading the model with ``threads`` torch threads, taking the next
     group when done with one and storing its own rows."""
@@ -119,7 +119,7 @@ def run_plan(
                 progress(result, len(results), len(plan.items))
     elif plan.items:
         if host is None:
-            from agent_runner.model_cache import host_for
+            from agent_runner.loaded_models import host_for
 
             host = host_for(plan.model or ModelSpec())
 
@@ -169,7 +169,7 @@ def _run_group(chunked: bool, state: tuple, group: list[ReplayItem], emit) -> No
 
 def _open_share(url: str, model: ModelSpec) -> tuple:
     """A measuring process's state (``measure.processes.run_pool``): its own connection and model."""
-    from agent_runner.model_cache import host_for
+    from agent_runner.loaded_models import host_for
     from db.connection import connect
 
     return connect(url, upgrade=False), host_for(model), {}

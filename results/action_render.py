@@ -16,7 +16,8 @@ from typing import Any
 
 from jobs.variants import order_labels
 from nexus.methods import DENSE, SCOPES
-from results.action_stats import DISTANCE_BUCKETS, SNAPKV, ActionCell, DistanceCell
+from results.action_outcomes import DISTANCE_BUCKETS
+from results.action_stats import SNAPKV, ActionCell, DistanceCell
 from results.stats import MIN_BOOTSTRAP_UNITS
 
 #: under the action table

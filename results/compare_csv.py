@@ -12,7 +12,8 @@ import csv
 import io
 from typing import Any
 
-from results.action_stats import DISTANCE_BUCKETS, ActionCell, DistanceCell
+from results.action_outcomes import DISTANCE_BUCKETS
+from results.action_stats import ActionCell, DistanceCell
 from results.compare_table import Cell, CompareTable, GridKey, grid_key
 from results.cost import COST_FIELDS
 from results.replay_stats import ReplayCell

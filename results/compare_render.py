@@ -1,4 +1,4 @@
-"""Text forms of a :class:`results.compare.CompareTable`: rich ``table``, ``json``, ``csv``, ``markdown``.
+"""Text forms of a :class:`results.compare_table.CompareTable`: rich ``table``, ``json``, ``csv``, ``markdown``.
 
 - ``json``: ``CompareTable.to_dict()``: ``rows[].cells[method]`` with every Cell field (fractions in [0, 1]),
   ``grid[]`` per task with the statuses of each scope/protocol/method cell, ordered by seed.
@@ -31,8 +31,8 @@ from collections.abc import Callable
 from typing import Any
 
 from db.models import EpisodeStatus, is_interactive
+from results.action_outcomes import DISTANCE_BUCKETS
 from results.action_render import ACTION_CAPTION, DISTANCE_CAPTION, ActionLayout, cell_lines, model_text
-from results.action_stats import DISTANCE_BUCKETS
 from results.compare_csv import to_csv
 from results.compare_table import NO_SAMPLES, TASK_BOOTSTRAP, WILSON, Cell, CompareTable, GridKey, grid_key
 from results.cost import human_bytes

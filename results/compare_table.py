@@ -1,7 +1,7 @@
 """The compare table's values: an :class:`Outcome` per counted attempt, a :class:`Cell` per (row, method), the
 :class:`CompareTable` with its rows, captions and notes, and a :class:`Demonstration` line per stand-in job.
 
-What every field means and how a cell is computed: :mod:`results.compare` and ``docs/numbers.md``.
+What every field means and how a cell is computed: :mod:`results.compare_cell` and ``docs/numbers.md``.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ DEMONSTRATION_BACKENDS = {"expert": "expert stand-in"}
 #: the summary's text when no compared job holds a model's samples (only demonstrations, or no episode at all)
 NO_SAMPLES = "No Pass@1 cell: none of the compared jobs has an agent episode (demonstrations are shown apart)."
 
-#: the interval a table's cells get (:func:`interval_rule`), and what its caption says of it
+#: the interval a table's cells get (:func:`results.compare_cell.interval_rule`), and what its caption says of it
 WILSON = "wilson"
 TASK_BOOTSTRAP = "bootstrap_tasks"
 

@@ -7,8 +7,8 @@ pre-eviction state included.
 
 Per episode (:class:`EpisodeCost`), from what the episode stored:
 
-every value is an ``episodes`` column written at finish (``db.claims.finish_episode``, from the stored turns by
-``db.claims.turn_totals``), so no read of a job loads its turns:
+every value is an ``episodes`` column written at finish (``db.finishing.finish_episode``, from the stored turns by
+``db.finishing.turn_totals``), so no read of a job loads its turns:
 
 - ``n_turns``, ``generated_tokens``, ``wall_s``, ``kv_peak_held_bytes``, ``kv_peak_allocated_bytes``: sums /
   maxima over the stored turns, the peaks the largest of the turns' peaks, ``wall_s`` as the worker measured;
@@ -16,7 +16,7 @@ every value is an ``episodes`` column written at finish (``db.claims.finish_epis
 - ``kept_fraction``: the mean over its turns of ``physical_after["mean"] / logical_length``: the cache slots a
   layer holds after the turn's eviction, on average over layers, as a share of the tokens the model has seen.
   Dense keeps 1.0; a method at density 0.2 keeps about 0.2 once the stream is longer than its window.
-  (``db.claims.turn_means``; ``tests/db/test_episode_summaries.py`` holds the stored values to a recount.)
+  (``db.finishing.turn_means``; ``tests/db/test_episode_summaries.py`` holds the stored values to a recount.)
 
 A value a backend does not report (the oracle and openai backends have no visible cache), or a row stored
 before the column existed, stays ``None`` and is left out of the means, never read as 0.

@@ -19,7 +19,7 @@ A cell reports
   left out of its mean, and a cell none of whose samples has it gets ``None``, never 0.
 
 A baseline that is not in the run (or has no sample in common with a cell) gives ``None``, never an error.
-Pure functions over rows (``db.models.ProbeResultRow``, ``ProbeResult`` or mappings with their fields); the
+Pure functions over rows (``db.measure_models.ProbeResultRow``, ``ProbeResult`` or mappings with their fields); the
 database entry point is :func:`load_probe_table`. ``results.probe_render`` turns a table into text.
 """
 
@@ -272,7 +272,7 @@ def unequal_memory_notes(cells: Sequence[ProbeCell]) -> list[str]:
 
 
 def probe_table(run: Any, rows: Iterable[Any], *, confidence: float = 0.95, seed: int = 0) -> ProbeTable:
-    """The table of a stored run (a ``db.models.ProbeRun``) and its result rows."""
+    """The table of a stored run (a ``db.measure_models.ProbeRun``) and its result rows."""
     summary = {
         "id": run.id,
         "status": run.status,

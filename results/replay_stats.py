@@ -37,7 +37,7 @@ from results.stats import MIN_BOOTSTRAP_UNITS, bootstrap_mean_ci
 @dataclass(frozen=True)
 class ReplayRowKey:
     """Which stored replay row: its episode and task, and the configuration it replayed. The first fields of
-    :class:`ReplayOutcome` and of ``results.action_stats.ActionOutcome``."""
+    :class:`ReplayOutcome` and of ``results.action_outcomes.ActionOutcome``."""
 
     episode_id: str
     task_id: str
@@ -82,8 +82,8 @@ class ReplayCell:
 
 
 def outcomes_from_rows(rows: Iterable[Any], *, job_configs: Mapping[str, Any] | None = None) -> list[ReplayOutcome]:
-    """``db.models.Replay`` rows (oldest first) -> one outcome per (episode, label, scope, protocol, density, model);
-    the label is the method, or for a row run under settings other than its job's own a variant's label
+    """``db.measure_models.Replay`` rows (oldest first) -> one outcome per (episode, label, scope, protocol, density,
+    model); the label is the method, or for a row run under settings other than its job's own a variant's label
     (``jobs.variants.row_labels``; ``job_configs``: ``{job id: Job.config}``, default read through the rows'
     session), so a variant is never counted in the default's cell.
 

@@ -95,16 +95,17 @@ def pytest_report_header(config):
 
 
 def sample_matrices(config, items) -> list:
-    """Exhaustive matrices keep their coverage across runs, not their wall time in each: of each test function's
-    items marked ``matrix(keep=K)``, K are kept (drawn with this run's seed, by the items' ids, so a seed names
-    the same sample on any machine), plus every item marked ``matrix(always=True)``. Returns the dropped items."""
+    """Exhaustive matrices keep their coverage across runs, not their wall time in each: of each test's items
+    (one function of one file) marked ``matrix(keep=K)``, K are kept (drawn with this run's seed, by the items'
+    ids, so a seed names the same sample on any machine), plus every item marked ``matrix(always=True)``.
+    Returns the dropped items."""
     if config.getoption("--matrix-full"):
         return []
     groups: dict[str, list] = {}
     for item in items:
         mark = item.get_closest_marker("matrix")
         if mark is not None and not mark.kwargs.get("always"):
-            groups.setdefault(item.originalname, []).append(item)
+            groups.setdefault(item.nodeid.split("[")[0], []).append(item)  # file::function: names repeat
     rng = random.Random(matrix_seed(config))
     dropped = []
     for name in sorted(groups):
@@ -261,7 +262,7 @@ def docker_client():
     client = _engine()
     require(client is not None, "no Docker engine reachable (run `bash .ci/parts/20-docker.sh`)")
     yield client
-    from env.sandbox.container import reap
+    from env.sandbox.reaping import reap
 
     reap(older_than_s=0, label_filter={"nexus-eval.job": TEST_JOB}, client=client)
 

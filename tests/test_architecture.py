@@ -189,6 +189,14 @@ def test_an_import_against_a_dotted_arrow_would_be_found():
     assert _against_arrows(graph) == ["env.sandbox.container imports env.tasks.loading"]
 
 
+def test_the_database_knows_of_the_runner_only_its_status_words(graph):
+    """``db -> agent_runner`` is drawn for one module: the status words are defined once, in
+    ``agent_runner.status``, and stored by ``db.models``; nothing else of the runner reaches the database layer."""
+    reached = {t for m in graph if room_of(m) == "db" for t in graph[m] if room_of(t) == "agent_runner"}
+    assert reached == {"agent_runner.status"}
+    assert graph["agent_runner.status"] == set()  # and the words import nothing of ours
+
+
 def test_the_celery_side_imports_no_measuring_module(graph):
     """Measurement runs in the CLI's own processes: ``workers`` (the Celery side) never imports ``measure``."""
     assert (

@@ -4,7 +4,7 @@
   each method's hyperparameters its policy dataclass's; the ``paper`` preset is read from those
   (tests/nexus/test_presets.py holds them against the paper). The job spec (``jobs/spec.py``) reads the library's;
   a config built only from a higher one has none for what the higher one sets: ``EpisodeSpec`` (built by
-  ``JobSpec.episode_config``) and ``HFBackend`` (built by ``agent_runner.model_cache.backend_for``).
+  ``JobSpec.episode_config``) and ``HFBackend`` (built by ``agent_runner.loaded_models.backend_for``).
 - ``jobs.settings.ServiceSettings.from_env`` is the one reader of the variables it defines (``NEXUS_EVAL_DB`` through
   ``db.connection.default_url``, which it calls); every other ``NEXUS_EVAL_*`` variable has one reader too.
 

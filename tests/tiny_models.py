@@ -16,7 +16,7 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 
 import nexus
 from agent_runner.config import ModelSpec
-from agent_runner.model_host import ModelHost, load_host
+from agent_runner.model_host import TINY_SHAPE, ModelHost, load_host
 
 
 def tiny_qwen3(dtype=torch.float32, layers=3, seed=0, attn="sdpa", vocab=1000) -> Qwen3ForCausalLM:
@@ -24,15 +24,7 @@ def tiny_qwen3(dtype=torch.float32, layers=3, seed=0, attn="sdpa", vocab=1000) -
     nexus tests' numbers were drawn after it, so it stays a plain ``manual_seed``, not a forked one)."""
     torch.manual_seed(seed)
     cfg = Qwen3Config(
-        vocab_size=vocab,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        initializer_range=0.2,
-        attn_implementation=attn,
+        **TINY_SHAPE, vocab_size=vocab, num_hidden_layers=layers, initializer_range=0.2, attn_implementation=attn
     )
     model = Qwen3ForCausalLM(cfg).eval().to(dtype)
     return nexus.prepare(model)

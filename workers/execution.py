@@ -50,7 +50,7 @@ class WorkerContext:
     liveness:         the heartbeat the run beats while it holds the episode, the bound after which a silent holder's
                       row is taken over, and how long each database call is retried.
     episodes_per_gpu: > 1 decodes this episode together with the process's other episodes (a multi-episode worker;
-                      the worker builds the backend with ``agent_runner.model_cache.backend_for``).
+                      the worker builds the backend with ``agent_runner.loaded_models.backend_for``).
     device:           the host's device for the model (``ServiceSettings.device``: the host's, not the job's).
     allowed:          where the worker lets an openai episode send requests (``ServiceSettings.openai_allowed``).
     soft_deadline_s:  seconds from the start after which the run stops at its next turn, stored as ``timeout``.
@@ -93,7 +93,7 @@ def check_episode_endpoint(spec: EpisodeSpec, allowed: AllowedEndpoints) -> None
 def _reap_episode_containers(job_id: str, episode_id: str) -> int:
     """Remove the containers a dead run of this episode left behind (its labels name the episode)."""
     try:
-        from env.sandbox.container import reap
+        from env.sandbox.reaping import reap
 
         return reap(older_than_s=0, label_filter={"nexus-eval.job": job_id, "nexus-eval.episode": episode_id})
     except Exception:  # no Docker here: the new run will fail to open its sandbox and say so
@@ -179,7 +179,7 @@ def execute_episode(
 
     result, error, interrupted = None, None, None
     try:
-        from agent_runner.model_cache import backend_for  # torch: loaded by the first run, not by importing this
+        from agent_runner.loaded_models import backend_for  # torch: loaded by the first run, not by importing this
 
         spec = stored_episode_spec(config, device=worker.device)
         check_episode_endpoint(spec, worker.allowed)

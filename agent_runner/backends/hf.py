@@ -42,7 +42,7 @@ class HFBackend:
     """The `Model` protocol over a hosted transformers model (see agent_runner.backends).
 
     ``eviction``, ``protocol`` and ``max_context_tokens`` have no default here: an episode's come from its
-    ``EpisodeSpec`` (``agent_runner.model_cache.backend_for``), whose come from the job (``jobs.spec.JobSpec``), the
+    ``EpisodeSpec`` (``agent_runner.loaded_models.backend_for``), whose come from the job (``jobs.spec.JobSpec``), the
     one place the defaults are written. The sampler has no seed until ``reset(seed=)``: the episode's one seed is
     applied once, by ``Agent.run``, and a completion asked for before it is an error. ``model`` (when no ``host``
     is given): a ``ModelSpec`` or a model name (None: ``ModelSpec()``'s).

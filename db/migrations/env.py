@@ -8,10 +8,12 @@ from __future__ import annotations
 
 from alembic import context
 
+import db.measure_models  # noqa: F401  (registers the replay and probe tables on Base.metadata)
 from db.connection import default_url, make_engine
 from db.models import Base
 
 config = context.config
+# every table: db.models' own and db.measure_models' (imported above), all on the one Base
 target_metadata = Base.metadata
 
 

@@ -30,7 +30,7 @@ def _listed(report: dict, key: str) -> list[str]:
 
 
 def _empty_gold_reason(task) -> str:
-    """Why an R2E-native task's gold patch is empty (no `patch` in its row; env.tasks.dataset_rows.r2e_gold_patch)."""
+    """Why an R2E-native task's gold patch is empty (no `patch` in its row; env.tasks.r2e_gold_patch.r2e_gold_patch)."""
     if task.kind != "r2e":
         return ""
     if task.source_row.get("parsed_commit_content"):

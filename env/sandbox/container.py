@@ -1,12 +1,10 @@
 """One Docker container per episode, on docker-py against the local Docker daemon (settings: `env.sandbox.config`).
 
 The keep-alive command is `sleep <ttl_s>` under tini as PID 1 (reaps orphans), so a container whose owner died
-exits by itself at its TTL; `reap()` removes exited or expired ones.
+exits by itself at its TTL; `env.sandbox.reaping.reap()` removes exited or expired ones.
 
-Commands (`Sandbox.run`): `/bin/sh -c` with stderr merged into stdout, under `timeout -s KILL` in the
-container (the whole process group dies), plus a host-side guard. Every process a command starts carries
-`NEXUS_EXEC=<id>` in its environment; after a timeout every process still carrying it is killed, which also
-catches children that left the process group with `setsid`. Output is streamed and capped (`env.sandbox.output`).
+Commands (`Sandbox.run`) run under an in-container timeout with a host-side guard, their output streamed and
+capped (`env.sandbox.command_exec`); files go in and out as tar archives.
 """
 
 from __future__ import annotations
@@ -16,18 +14,12 @@ import io
 import re
 import shlex
 import tarfile
-import threading
 import time
 import uuid
 from pathlib import Path, PurePosixPath
 
-from env.sandbox.config import (
-    LABEL_PREFIX,
-    SANDBOX_PATH,
-    SandboxConfig,
-    SandboxError,
-    episode_labels,
-)
+from env.sandbox.command_exec import exec_command
+from env.sandbox.config import SandboxConfig, SandboxError, episode_labels
 from env.sandbox.output import (
     FILE_OUTPUT_HEAD_BYTES,
     FILE_OUTPUT_TAIL_BYTES,
@@ -155,53 +147,7 @@ class Sandbox:
         if self._closed:
             raise SandboxError("sandbox is closed")
         timeout = float(timeout if timeout is not None else self.config.default_timeout_s)
-        exec_tag = uuid.uuid4().hex
-        # exec 2>&1 merges in the container, so the order of stdout/stderr lines is the real one.
-        wrapped = f"exec 2>&1; exec timeout -s KILL {timeout:.3f} /bin/sh -c {shlex.quote(cmd)}"
-        # docker adds an exec's environment to the container's, so the tag never hides the image's ENV
-        env = {**self.config.command_env(), "NEXUS_EXEC": exec_tag}
-        api = self.client.api
-        started = time.monotonic()
-        try:
-            exec_id = api.exec_create(
-                self.container.id,
-                ["/bin/sh", "-c", wrapped],
-                stdout=True,
-                stderr=True,
-                workdir=workdir,
-                environment=env,
-            )["Id"]
-            stream = api.exec_start(exec_id, stream=True, demux=False)
-        except Exception as exc:
-            raise SandboxError(f"exec in container {self.container.short_id} failed: {self._why(exc)}") from exc
-        buffer = CappedBuffer(self.config.max_output_bytes)
-        failure: list[BaseException] = []
-
-        def pump() -> None:
-            try:
-                for chunk in stream:
-                    buffer.add(chunk)
-            except Exception as exc:  # recorded and re-raised on the caller's thread
-                failure.append(exc)
-
-        reader = threading.Thread(target=pump, daemon=True)
-        reader.start()
-        reader.join(timeout + self.config.host_grace_s)
-        host_timeout = reader.is_alive()
-        seconds = time.monotonic() - started
-        if host_timeout:
-            self._kill_tagged(exec_tag)
-            reader.join(10)
-        if failure:
-            raise SandboxError(f"reading command output failed: {self._why(failure[0])}")
-        exit_code = api.exec_inspect(exec_id).get("ExitCode")
-        exit_code = -1 if exit_code is None else int(exit_code)
-        # timeout(1) kills its whole process group with KILL, itself included: 137 after ~timeout seconds.
-        timed_out = host_timeout or (exit_code in (124, 137) and seconds >= timeout * 0.98)
-        if timed_out:
-            self._kill_tagged(exec_tag)
-        output, truncated = buffer.text()
-        return ExecResult(output=output, exit_code=exit_code, timed_out=timed_out, truncated=truncated, seconds=seconds)
+        return exec_command(self.client, self.container, self.config, cmd, timeout=timeout, workdir=workdir)
 
     def run_to_file(
         self,
@@ -245,25 +191,6 @@ class Sandbox:
             while block := handle.read(1024**2):
                 buffer.add(block)
         return buffer.text()
-
-    def _kill_tagged(self, exec_tag: str) -> None:
-        """KILL every process whose environment carries this command's tag (escapees of setsid too)."""
-        script = (
-            f"for p in /proc/[0-9]*; do grep -qsz '^NEXUS_EXEC={exec_tag}$' $p/environ 2>/dev/null "
-            "&& kill -9 ${p#/proc/} 2>/dev/null; done; true"
-        )
-        # the container may be gone; the caller reports the timeout either way. As root, whatever the
-        # container's user, so the kill reaches processes of every user.
-        with contextlib.suppress(Exception):
-            self.container.exec_run(["/bin/sh", "-c", script], environment={"PATH": SANDBOX_PATH}, user="0")
-
-    def _why(self, exc: BaseException) -> str:
-        try:
-            self.container.reload()
-            state = self.container.attrs.get("State", {})
-            return f"{exc} (container status {state.get('Status')}, OOMKilled={state.get('OOMKilled')})"
-        except Exception:
-            return f"{exc} (container gone)"
 
     def check(self, cmd: str, *, timeout: float | None = None, workdir: str | None = "/testbed") -> str:
         """`run`, but a non-zero exit or a timeout raises SandboxError (for our own plumbing commands)."""
@@ -376,42 +303,3 @@ class Sandbox:
             return self.read_file(out).decode("utf-8", errors="replace")
         finally:
             self.run(f"rm -f {out}", timeout=30, workdir="/")
-
-
-def reap(older_than_s: float | None = None, label_filter: dict[str, str] | None = None, *, client=None) -> int:
-    """Remove nexus-eval containers that are past their TTL (or older than `older_than_s`), or exited.
-
-    `label_filter` narrows to e.g. `{"nexus-eval.job": "42"}`. Returns how many were removed.
-    """
-    import docker
-
-    client = client or docker.from_env(timeout=120)
-    filters = [f"{LABEL_PREFIX}.created"] + [f"{k}={v}" for k, v in (label_filter or {}).items()]
-    expired = []
-    now = time.time()
-    for container in client.containers.list(all=True, ignore_removed=True, filters={"label": filters}):
-        labels = container.labels
-        try:
-            age = now - float(labels.get(f"{LABEL_PREFIX}.created", "0"))
-            ttl = float(labels.get(f"{LABEL_PREFIX}.ttl", "0"))
-        except ValueError:
-            age, ttl = float("inf"), 0.0
-        limit = older_than_s if older_than_s is not None else ttl
-        if age >= limit or container.status in ("exited", "dead"):
-            expired.append(container)
-    return remove_containers(expired)
-
-
-def remove_containers(containers) -> int:
-    """Force-remove `containers`; one already gone (another sweep got there first) is not counted. Returns how
-    many were removed."""
-    import docker
-
-    removed = 0
-    for container in containers:
-        try:
-            container.remove(force=True)
-            removed += 1
-        except docker.errors.NotFound:
-            pass
-    return removed

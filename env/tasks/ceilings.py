@@ -1,6 +1,6 @@
 """The operator's ceilings on what a task row may ask of its grading container.
 
-A task's `grading` block (`env.tasks.dataset_rows.GradingLimits`) can raise the grading container's limits above the
+A task's `grading` block (`env.tasks.task_model.GradingLimits`) can raise the grading container's limits above the
 grader's defaults (`grading.GradeConfig`). That container runs the patched code as root, so a row must
 not be able to lift them without bound: every limit a row may set has a ceiling here, set by the operator.
 `GradingCeilings()` holds the defaults (each at least the grader's own default and what the bundled suites

@@ -224,7 +224,7 @@ def _task_dockerfile(base: str, setup: list[str], *, task_id: str = "?") -> str:
     # line is one RUN instruction: a line break in it would add instructions of its own (an `ADD https://...`
     # the daemon fetches outside network_mode none, a new `FROM`), so such a line is refused here too, not only
     # when the task is loaded.
-    from env.tasks.dataset_rows import setup_problem
+    from env.tasks.task_model import setup_problem
 
     problem = setup_problem(task_id, setup)
     if problem:

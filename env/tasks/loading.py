@@ -7,7 +7,7 @@ Row kinds (see docs/tasks.md):
   `slimshetty/swebench-verified:sweb.eval.x86_64.<instance_id>` (and often `parsed_commit`).
 - `r2e`: an R2E-native row (`repo_name`, `docker_image`, `expected_output_json`, no `instance_id`); the id is
   derived as `<repo_name>__<commit_hash[:12]>` (rLLM's convention), stable across loads. Without a `patch`,
-  its gold patch is rebuilt from `parsed_commit_content` as R2E-Gym builds it (`env.tasks.dataset_rows.r2e_gold_patch`).
+  its gold patch is rebuilt from `parsed_commit_content` as R2E-Gym builds it (`env.tasks.r2e_gold_patch`).
 - `local`: a folder with `task.json` and `repo/` (the source tree at the base state); or, in a packed suite
   such as the bundled ones, `task.json` naming its project (`suite_repo`) and `bug.patch`, whose `repo/` is
   rebuilt from patches into a cache (`env.tasks.suite_data`).
@@ -31,18 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from env.tasks.ceilings import DEFAULT_CEILINGS, GradingCeilings
-from env.tasks.dataset_rows import (
-    DEFAULT_TEST_CMD,
-    R2E_SWEBENCH_IMAGE,
-    REPO_DIR,
-    TASK_FILE,
-    Task,
-    TaskError,
-    TaskKind,
-    r2e_instance_id,
-    task_from_row,
-    validate_fields,
-)
+from env.tasks.dataset_rows import R2E_SWEBENCH_IMAGE, r2e_instance_id, task_from_row
+from env.tasks.task_model import DEFAULT_TEST_CMD, REPO_DIR, TASK_FILE, Task, TaskError, TaskKind, validate_fields
 
 __all__ = [
     "DEFAULT_CEILINGS",

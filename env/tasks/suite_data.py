@@ -34,8 +34,8 @@ from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any
 
-from env.tasks.dataset_rows import REPO_DIR, TASK_FILE, TaskError
 from env.tasks.images import CONTEXT_IGNORE
+from env.tasks.task_model import REPO_DIR, TASK_FILE, TaskError
 
 BASES_DIR = "_repos"
 BUG_PATCH = "bug.patch"

@@ -56,7 +56,7 @@ def open_db(db: str | None = None) -> Database:
     there yet and migrated: for the verbs that store new work (submit, run, worker, probe run). Exit 2 with one line
     when it does not answer (:func:`read_db`'s words)."""
     from db import connect
-    from db.connection import DatabaseUnavailable, check_reachable
+    from db.availability import DatabaseUnavailable, check_reachable
 
     url = db_url(db)
     try:
@@ -70,7 +70,7 @@ def read_db(db: str | None = None) -> Database:
     """The results database for a verb that reads what is stored (status, compare, episodes, cancel, ...): it must
     exist at this version's schema. Never creates a file, a folder or a table and never migrates; exit 2 with one
     message naming the database (password masked) and what to do when it is missing, down or at another schema."""
-    from db.connection import DatabaseUnavailable, open_existing
+    from db.availability import DatabaseUnavailable, open_existing
 
     try:
         return open_existing(db_url(db))

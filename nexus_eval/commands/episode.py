@@ -85,7 +85,7 @@ def episode(
     from rich.console import Console
 
     from agent_runner.episode import EpisodeHooks, run_episode
-    from agent_runner.model_cache import backend_for
+    from agent_runner.loaded_models import backend_for
     from nexus_eval.commands._preflight import build_or_fail, refuse_unless_ready
     from nexus_eval.readiness import container_checks
 

@@ -41,7 +41,7 @@ def reap_cmd(
     job: str = typer.Option(None, "--job", help="only containers of this job label"),
 ) -> None:
     """Remove nexus-eval sandbox containers past their TTL (or older than --older-than), or exited."""
-    from env.sandbox.container import reap
+    from env.sandbox.reaping import reap
 
     removed = reap(older_than_s=older_than, label_filter={"nexus-eval.job": job} if job else None)
     typer.echo(f"removed {removed} container(s)")

@@ -63,9 +63,9 @@ def submit(job: jf.JobFlags, db: str = DB_OPTION) -> None:
 
 def who_runs_it(db: str | None) -> str:
     """Whether any worker listens on the gpu (and grade) queue, from the ``workers`` table (each worker writes its
-    row every sweep; ``nexus_eval.readiness.queue_workers``), and how to start one when none does. Bounded: a
+    row every sweep; ``nexus_eval.service_readiness.queue_workers``), and how to start one when none does. Bounded: a
     SELECT or two."""
-    from nexus_eval.readiness import queue_workers, sweep_window_s
+    from nexus_eval.service_readiness import queue_workers, sweep_window_s
 
     url, window, on_db = db_url(db), sweep_window_s(), f" --db {db}" if db else ""
     start = (

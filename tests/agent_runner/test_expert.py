@@ -24,7 +24,7 @@ from agent_runner.backends.expert_diffs import EditError, parse_patch
 from agent_runner.backends.expert_exploration import package_imports, parse_view, parse_wc, search_symbol
 from agent_runner.backends.expert_plan import FileText, edit_candidates, locate
 from agent_runner.config import AgentConfig, EpisodeSpec
-from agent_runner.model_cache import backend_for
+from agent_runner.loaded_models import backend_for
 from agent_runner.parsing import parse_response
 from agent_runner.records import Message
 from env.sandbox.tools import SCRIPTS_DIR, ToolBox

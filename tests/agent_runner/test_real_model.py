@@ -289,7 +289,7 @@ def test_setup_reports_a_model_error_with_exit_1(tmp_path, monkeypatch):
 
 
 def test_doctor_row_for_the_real_model(smollm2_path, tmp_path, monkeypatch):
-    from nexus_eval.readiness import model_check
+    from nexus_eval.host_readiness import model_check
 
     ready = model_check()
     assert (ready.status, ready.name) == ("ok", f"model: {SMOLLM2}") and str(smollm2_path) in ready.detail

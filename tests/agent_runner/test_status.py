@@ -34,11 +34,12 @@ def test_every_status_the_rule_can_return_is_a_stored_episode_status():
     assert {cls.exit_status for cls in EXITS} == st.AGENT_EXITS | {st.INFRA_FAILURE}
 
 
-def test_the_agents_spelling_of_each_word_is_the_stored_one():
-    """``agent_runner`` may not import ``db`` (nor ``db`` anything of ours), so the agent's words are spelled in
-    ``agent_runner.status`` and the stored ones in ``db.models.EpisodeStatus``: each constant is its member."""
+def test_the_status_words_are_defined_once_and_stored_as_they_are():
+    """Every word is a member of ``agent_runner.status.EpisodeStatus``, the one definition (issue 45); the schema's
+    enum is that very class, and no module of ours spells a status word as a string literal in its sets."""
+    assert EpisodeStatus is st.EpisodeStatus
     words = {name: value for name, value in vars(st).items() if name.isupper() and isinstance(value, str)}
-    assert words == {name: EpisodeStatus[name.lower()].value for name in words}
+    assert words == {name: st.EpisodeStatus[name.lower()].value for name in words}
     assert set(words.values()) == st.STATUSES
 
 

@@ -16,8 +16,8 @@ from db.models import Job
 from env.sandbox.docker_daemon import NeedsManualSetup, daemon_state, ensure_daemon
 from jobs.spec import JobSpec
 from jobs.submit import create_job_rows, load_job_tasks, plan_job
-from nexus_eval import readiness
-from nexus_eval.readiness import Check
+from nexus_eval import host_readiness, service_readiness
+from nexus_eval.readiness_check import Check
 from tests.conftest import docker_status, require
 from tests.support.worker_fixtures import oracle_job
 
@@ -65,7 +65,7 @@ def test_check_status_words():
 def test_daemon_check_without_a_daemon(no_daemon):
     state = daemon_state()
     assert not state.answering and "no socket" in state.reason
-    check = readiness.daemon_check()
+    check = host_readiness.daemon_check()
     assert (check.ok, check.required, check.status, check.fix) == (False, True, "missing", "nexus-eval setup")
     assert "no-daemon.sock" in check.detail
 
@@ -91,28 +91,31 @@ def test_setup_exits_2_with_the_paragraph(no_daemon):
 
 
 def test_broker_checks():
-    assert readiness.broker_check(None).ok
+    assert service_readiness.broker_check(None).ok
     started = time.monotonic()
-    check = readiness.broker_check(f"redis://127.0.0.1:{closed_port()}/0")
+    check = service_readiness.broker_check(f"redis://127.0.0.1:{closed_port()}/0")
     assert time.monotonic() - started < 5
     assert not check.ok and check.required and "does not answer" in check.detail
     assert "NEXUS_EVAL_BROKER" in check.fix
     # doctor's row: `run` never uses this broker, so it does not decide doctor's exit code
-    assert readiness.broker_check(f"redis://127.0.0.1:{closed_port()}/0", required=False).status == "optional-missing"
+    assert (
+        service_readiness.broker_check(f"redis://127.0.0.1:{closed_port()}/0", required=False).status
+        == "optional-missing"
+    )
 
 
 def test_database_checks(tmp_path):
     path = tmp_path / "sub" / "new.db"
-    check = readiness.database_check(sqlite_url(path))
+    check = service_readiness.database_check(sqlite_url(path))
     assert check.ok and "created on first use" in check.detail
     assert not path.exists() and not path.parent.exists()  # looking creates nothing
 
     url = sqlite_url(tmp_path / "migrated.db")
     connect(url).dispose()
-    assert "schema at" in readiness.database_check(url).detail
+    assert "schema at" in service_readiness.database_check(url).detail
 
     (tmp_path / "a-file").write_text("")
-    assert not readiness.database_check(sqlite_url(tmp_path / "a-file" / "x.db")).ok
+    assert not service_readiness.database_check(sqlite_url(tmp_path / "a-file" / "x.db")).ok
 
 
 def test_database_check_unknown_revision(tmp_path):
@@ -123,12 +126,12 @@ def test_database_check_unknown_revision(tmp_path):
     with db.engine.begin() as conn:
         conn.execute(text("UPDATE alembic_version SET version_num = 'ffffffffffff'"))
     db.dispose()
-    check = readiness.database_check(url)
+    check = service_readiness.database_check(url)
     assert not check.ok and "unknown to this version" in check.detail
 
 
 def test_database_check_unreachable_postgres():
-    check = readiness.database_check(f"postgresql+psycopg://nexus:s3cret@127.0.0.1:{closed_port()}/nexus")
+    check = service_readiness.database_check(f"postgresql+psycopg://nexus:s3cret@127.0.0.1:{closed_port()}/nexus")
     assert not check.ok and check.required
     assert "s3cret" not in check.detail and "***" in check.detail
 
@@ -206,21 +209,21 @@ def test_failure_reasons_count_first_lines(fresh_db):
 def _daemon():
     ready, reason = docker_status()
     require(ready, reason)
-    return readiness.lookup_client()
+    return host_readiness.lookup_client()
 
 
 @pytest.mark.docker
 def test_base_image_check_states(monkeypatch, tmp_path):
     client = _daemon()
-    assert readiness.base_image_check(client).status == "ok"
+    assert host_readiness.base_image_check(client).status == "ok"
     absent = "nexus-eval/base:does-not-exist-0"
     monkeypatch.setenv("PATH", str(tmp_path))  # no debootstrap: cannot be built
-    missing = readiness.base_image_check(client, absent)
+    missing = host_readiness.base_image_check(client, absent)
     assert (missing.status, missing.fix) == ("missing", "nexus-eval setup")
     assert "debootstrap" in missing.detail
     (tmp_path / "debootstrap").write_text("#!/bin/sh\nexit 1\n")  # only looked up on PATH, never run here
     (tmp_path / "debootstrap").chmod(0o755)
-    assert readiness.base_image_check(client, absent).status == "buildable"
+    assert host_readiness.base_image_check(client, absent).status == "buildable"
 
 
 @pytest.mark.docker
@@ -229,11 +232,11 @@ def test_task_images_check(monkeypatch, tmp_path):
 
     client = _daemon()
     tasks = load_suite("mini")[:2]
-    base = readiness.base_image_check(client)
-    check, build = readiness.task_images_check(tasks, client, base)
+    base = host_readiness.base_image_check(client)
+    check, build = host_readiness.task_images_check(tasks, client, base)
     assert check.ok and check.name == "task images (2)"
     registry = tasks[0].model_copy(update={"kind": "swebench", "docker_image": "nexus-eval/absent:nope"})
-    check, build = readiness.task_images_check([registry, tasks[1]], client, base)
+    check, build = host_readiness.task_images_check([registry, tasks[1]], client, base)
     assert not check.ok and "nexus-eval/absent:nope" in check.detail and "docker load" in check.fix
     # a local task whose image is missing while the base image cannot be built either
     unbuildable = Check("base image", False, True, "missing", "nexus-eval setup")
@@ -243,7 +246,7 @@ def test_task_images_check(monkeypatch, tmp_path):
     shutil.copytree(tasks[0].local_dir, edited)
     (edited / "repo" / "NEW_FILE").write_text("changes the content hash\n")
     changed = tasks[0].model_copy(update={"local_dir": edited})
-    check, build = readiness.task_images_check([changed], client, unbuildable)
+    check, build = host_readiness.task_images_check([changed], client, unbuildable)
     assert not check.ok and build == [changed] and "cannot be built" in check.detail
-    check, build = readiness.task_images_check([changed], client, base)
+    check, build = host_readiness.task_images_check([changed], client, base)
     assert check.status == "buildable" and build == [changed]

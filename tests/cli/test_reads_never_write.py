@@ -2,7 +2,7 @@
 that is down or refuses the connection is one short line from every verb; `submit` says whether a worker listens.
 
 Only `setup`, `submit`, `run`, `episode`, `agent-case`, `probe run`, `worker` and `python -m db upgrade` create or
-migrate a database (db.connection.connect); every other verb opens it with db.connection.open_existing."""
+migrate a database (db.connection.connect); every other verb opens it with db.availability.open_existing."""
 
 from __future__ import annotations
 

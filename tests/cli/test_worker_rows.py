@@ -9,7 +9,8 @@ import pytest
 
 from db import sqlite_url
 from db.liveness import report_worker
-from nexus_eval import readiness
+from nexus_eval import readiness, service_readiness
+from nexus_eval.readiness_check import Check
 from tests.support.db_fixtures import sqlite_db_fixture  # noqa: F401  (fixture)
 
 NOW = datetime(2026, 12, 4, 12, 5, 0, tzinfo=UTC)
@@ -22,8 +23,8 @@ def report(db, name: str, *, state: str = "ok", queues: str = "gpu", detail: str
         report_worker(s, name, queues=queues, state=state, detail=detail, now=at)
 
 
-def check(db) -> readiness.Check:
-    return readiness.workers_check(db.url, within_s=90, now=NOW)
+def check(db) -> Check:
+    return service_readiness.workers_check(db.url, within_s=90, now=NOW)
 
 
 def test_no_worker_is_an_optional_failure(sqlite_db):
@@ -72,10 +73,10 @@ def test_paused_on_another_day_shows_the_date(sqlite_db):
 
 def test_a_database_that_cannot_be_read_is_not_a_worker_count(tmp_path):
     (tmp_path / "a-file").write_text("")
-    row = readiness.workers_check(sqlite_url(tmp_path / "a-file" / "x.db"), within_s=90)
+    row = service_readiness.workers_check(sqlite_url(tmp_path / "a-file" / "x.db"), within_s=90)
     assert (row.ok, row.required) == (False, False) and row.detail == "unknown: the database is not reachable"
     fresh = tmp_path / "new.db"
-    row = readiness.workers_check(sqlite_url(fresh), within_s=90)
+    row = service_readiness.workers_check(sqlite_url(fresh), within_s=90)
     assert not row.ok and row.detail == "none: no worker of this version has used this database"
     assert not fresh.exists()  # looking creates nothing
 
@@ -86,7 +87,7 @@ def test_the_window_is_three_sweeps(monkeypatch, sweep, window):
         monkeypatch.delenv("NEXUS_EVAL_SWEEP", raising=False)
     else:
         monkeypatch.setenv("NEXUS_EVAL_SWEEP", sweep)
-    assert readiness.sweep_window_s() == window
+    assert service_readiness.sweep_window_s() == window
 
 
 def test_doctor_shows_the_row_and_it_does_not_decide_the_exit_code(sqlite_db, monkeypatch, tmp_path):
@@ -96,11 +97,11 @@ def test_doctor_shows_the_row_and_it_does_not_decide_the_exit_code(sqlite_db, mo
     from nexus_eval.cli import app
 
     monkeypatch.delenv("NEXUS_EVAL_SWEEP", raising=False)
-    ready = readiness.Check("docker daemon", True, True, "stubbed")
+    ready = Check("docker daemon", True, True, "stubbed")
     monkeypatch.setattr(readiness, "package_checks", lambda: [])
     monkeypatch.setattr(readiness, "container_checks", lambda _tasks: readiness.Preflight([ready]))
     for name in ("model_check", "gpu_check", "flash_attn_check"):
-        monkeypatch.setattr(readiness, name, lambda: readiness.Check("x", True, False, "stubbed"))
+        monkeypatch.setattr(readiness, name, lambda: Check("x", True, False, "stubbed"))
     report(sqlite_db, "h/1", state="paused", detail=DOWN, at=datetime.now(UTC))
     result = CliRunner().invoke(app, ["doctor", "--db", sqlite_db.url])
     assert result.exit_code == 0, result.output

@@ -11,6 +11,7 @@ from alembic.migration import MigrationContext
 from sqlalchemy import inspect, select
 from sqlalchemy.exc import IntegrityError
 
+import db.measure_models  # noqa: F401  (its tables are on Base.metadata too: the migrations make them)
 from db import Episode, Job, Turn, connect, default_url, sqlite_url
 from db.connection import current_revision, head_revision, make_engine, migrate
 from db.models import Base

@@ -10,7 +10,7 @@ from sqlalchemy import select
 
 from db import job_rows
 from db import store as st
-from db.claims import fail_running_episode
+from db.finishing import fail_running_episode
 from db.models import Episode, Turn
 from tests.db.test_db_store import Key
 from tests.support.db_fixtures import any_db_fixture  # noqa: F401  (fixture)
@@ -20,7 +20,7 @@ SUMMARIES = ("n_turns", "prompt_tokens", "generated_tokens", "kv_peak_held_bytes
 
 
 def _recomputed(session, episode_id: str) -> dict:
-    """The summaries from the turn rows, written out independently of ``db.claims.turn_totals``."""
+    """The summaries from the turn rows, written out independently of ``db.finishing.turn_totals``."""
     turns = session.execute(select(Turn).where(Turn.episode_id == episode_id)).scalars().all()
     held = [t.kv_held_bytes for t in turns if t.kv_held_bytes is not None]
     kept = [

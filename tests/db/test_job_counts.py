@@ -19,7 +19,7 @@ from dashboard import queries
 from db import episode_lists, job_rows, progress
 from db import store as st
 from db.attempt_roles import AttemptFacts, Role, roles_of
-from db.claims import fail_running_episode
+from db.finishing import fail_running_episode
 from db.job_status import recount, summarize
 from db.liveness import give_back, release
 from db.models import AGENT_EXIT_STATUSES, GRADE_STATUSES, Episode, Job

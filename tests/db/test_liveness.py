@@ -13,7 +13,8 @@ from sqlalchemy import func, select, update
 
 from db import job_rows
 from db import store as st
-from db.claims import ClaimLost, claim_episode, finish_episode, heartbeat, record_grade, record_turn
+from db.claims import ClaimLost, claim_episode, heartbeat, record_turn
+from db.finishing import finish_episode, record_grade
 from db.liveness import (
     Released,
     claim_grade,

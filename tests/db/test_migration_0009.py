@@ -12,8 +12,8 @@ from alembic import command
 from sqlalchemy import MetaData, select
 
 from db import Episode, Job, Turn, connect, sqlite_url
-from db.claims import turn_means
 from db.connection import _alembic_config, make_engine, migrate
+from db.finishing import turn_means
 from db.job_status import recount
 from results.turn_data import TurnExtra
 from tests.support.db_fixtures import make_pg_database

@@ -10,7 +10,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
 from db import job_rows
-from db.models import ProbeResultRow, ProbeRun
+from db.measure_models import ProbeResultRow, ProbeRun
 from db.probes import (
     RESULT_FIELDS,
     add_result,

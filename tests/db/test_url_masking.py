@@ -9,7 +9,7 @@ import socket
 import pytest
 
 from db.urls import masked
-from nexus_eval import readiness
+from nexus_eval import service_readiness
 
 SECRET = "s3cretpw"
 
@@ -66,13 +66,13 @@ def test_doctor_and_the_preflight_rows_never_show_a_password(tmp_path, monkeypat
     broker = f"redis://:{SECRET}@127.0.0.1:{closed_port()}/0"
     monkeypatch.setenv("NEXUS_EVAL_BROKER", broker)
     for required in (True, False):  # the preflight of submit / worker, and doctor's row
-        row = readiness.broker_check(broker, required=required)
+        row = service_readiness.broker_check(broker, required=required)
         assert not row.ok and SECRET not in row.detail and "redis://:***@127.0.0.1" in row.detail
-    other = readiness.broker_check(f"amqp://guest:{SECRET}@127.0.0.1:{closed_port()}//")
+    other = service_readiness.broker_check(f"amqp://guest:{SECRET}@127.0.0.1:{closed_port()}//")
     assert SECRET not in other.detail
-    database = readiness.database_check(f"postgresql+psycopg://nexus:{SECRET}@127.0.0.1:{closed_port()}/nexus")
+    database = service_readiness.database_check(f"postgresql+psycopg://nexus:{SECRET}@127.0.0.1:{closed_port()}/nexus")
     assert not database.ok and SECRET not in database.detail
-    unparsable = readiness.database_check(f"postgresql+psycopg://nexus:{SECRET}@127.0.0.1:notaport/nexus")
+    unparsable = service_readiness.database_check(f"postgresql+psycopg://nexus:{SECRET}@127.0.0.1:notaport/nexus")
     assert not unparsable.ok and SECRET not in unparsable.detail
 
 

@@ -22,7 +22,8 @@ from agent_runner.model_host import ModelHost, ModelSpec, tiny_model
 from agent_runner.records import Completion, TurnRecord
 from db import job_rows
 from db import store as st
-from db.models import Replay, Turn
+from db.measure_models import Replay
+from db.models import Turn
 from db.replays import config_key
 from jobs.spec import JobSpec
 from measure.replay import plan_replays, replay_job
@@ -132,7 +133,12 @@ def test_replay_job_stores_rows_compare_shows_them(any_db, host):
     assert own.status == "ok" and own.top1 == 1.0 and own.tokens == 3 * 16  # greedy: its own argmax tokens
     assert [t["tokens"] for t in own.turns] == [16, 16, 16] and own.config["method"] == "dense"
     with any_db.session() as s:  # each method's settings are exactly those its live episodes of the job ran
-        live = {e.method: e.config["eviction"] for e in st.latest_attempts(s, [job_id]) if e.task_id == "t1"}
+        # the stored eviction leaves out the seed: the episode's own (issue 45), which the replay's settings carry
+        live = {
+            e.method: {**e.config["eviction"], "seed": e.seed}
+            for e in st.latest_attempts(s, [job_id])
+            if e.task_id == "t1"
+        }
     for method in ("snapkv", "nexus"):
         for protocol in ("true_eviction", "full_context"):
             row = rows[("t1", method, protocol)]
@@ -244,11 +250,11 @@ def test_cli_errors_name_the_problem(sqlite_db):
 def test_cli_replays_and_prints_the_table(sqlite_db, host, monkeypatch):
     from typer.testing import CliRunner
 
-    import agent_runner.model_cache
+    import agent_runner.loaded_models
     from nexus_eval.cli import app
 
     job_id, _ = make_job(sqlite_db, host.model)
-    monkeypatch.setattr(agent_runner.model_cache, "host_for", lambda spec: host)
+    monkeypatch.setattr(agent_runner.loaded_models, "host_for", lambda spec: host)
     args = ["replay", job_id, "--methods", "dense,snapkv", "--protocols", "full_context", "--db", sqlite_db.url]
     result = CliRunner().invoke(app, args, env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output

@@ -13,7 +13,7 @@ from sqlalchemy import select
 
 from db import job_rows
 from db import store as st
-from db.models import Replay
+from db.measure_models import Replay
 from db.replays import config_key, record_replay
 from jobs.spec import JobSpec
 from measure.replay import plan_replays, replay_job, run_plan
@@ -140,12 +140,12 @@ def test_failed_skipped_and_otherwise_measured_rows_are_planned_again(sqlite_db,
 def test_cli_says_it_resumes_and_all_stored_still_prints_the_table(sqlite_db, host, monkeypatch):  # noqa: F811
     from typer.testing import CliRunner
 
-    import agent_runner.model_cache
+    import agent_runner.loaded_models
     from nexus_eval.cli import app
 
     job_id, _ = make_job(sqlite_db, host.model)
     replay_job(sqlite_db, job_id, host=host, methods=["dense"], protocols=["full_context"])  # 2 of 4 stored
-    monkeypatch.setattr(agent_runner.model_cache, "host_for", lambda spec: host)
+    monkeypatch.setattr(agent_runner.loaded_models, "host_for", lambda spec: host)
     runner, env = CliRunner(), {"COLUMNS": "200"}
     args = ["replay", job_id, "--methods", "dense,snapkv", "--protocols", "full_context", "--db", sqlite_db.url]
 
@@ -158,14 +158,14 @@ def test_cli_says_it_resumes_and_all_stored_still_prints_the_table(sqlite_db, ho
     def no_model(spec):
         raise AssertionError("a model was loaded with nothing to run")
 
-    monkeypatch.setattr(agent_runner.model_cache, "host_for", no_model)
+    monkeypatch.setattr(agent_runner.loaded_models, "host_for", no_model)
     done = runner.invoke(app, args, env=env)
     assert done.exit_code == 0, done.output
     assert "all 4 replays already stored, none to run (--redo measures them again)" in done.output
     assert "nothing to replay" not in done.output and "4 stored before" in done.output
     assert "snapkv" in done.output and "+0.000 (2 tasks: too few for an interval)" in done.output  # the table
 
-    monkeypatch.setattr(agent_runner.model_cache, "host_for", lambda spec: host)
+    monkeypatch.setattr(agent_runner.loaded_models, "host_for", lambda spec: host)
     redo = runner.invoke(app, [*args, "--redo"], env=env)
     assert redo.exit_code == 0, redo.output
     assert "already stored" not in redo.output and "[4/4] ok" in redo.output
@@ -189,7 +189,7 @@ def test_agent_case_resumes_its_replays_and_an_interrupted_one_names_the_command
     for by an expert job with one stored demonstration (``test_text_replay_job``)."""
     from typer.testing import CliRunner
 
-    import agent_runner.model_cache
+    import agent_runner.loaded_models
     import nexus_eval.commands.service
     from nexus_eval.cli import app
     from tests.measure.test_text_replay_job import TASK, expert_job
@@ -198,7 +198,7 @@ def test_agent_case_resumes_its_replays_and_an_interrupted_one_names_the_command
     tiny = tiny_host()
     job_id, _ = expert_job(sqlite_db)
     monkeypatch.setattr(nexus_eval.commands.service, "run_here", lambda plan, db, console: (sqlite_db, job_id))
-    monkeypatch.setattr(agent_runner.model_cache, "host_for", lambda spec: tiny)
+    monkeypatch.setattr(agent_runner.loaded_models, "host_for", lambda spec: tiny)
     settings = ["--model", "tiny", "--methods", "dense,snapkv", "--scopes", "prefill_only"]
     settings += ["--protocols", "full_context", "--densities", "0.2", "--db", sqlite_db.url]
     args = ["agent-case", "--tasks", TASK, *settings, "--format", "json"]
@@ -211,7 +211,7 @@ def test_agent_case_resumes_its_replays_and_an_interrupted_one_names_the_command
     def interrupted(spec):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(agent_runner.model_cache, "host_for", interrupted)
+    monkeypatch.setattr(agent_runner.loaded_models, "host_for", interrupted)
     again = runner.invoke(app, args)  # nothing to run: no model is loaded
     assert again.exit_code == 0, again.output
     assert "all 2 replays already stored, none to run (--redo measures them again)" in again.output

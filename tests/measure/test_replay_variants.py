@@ -19,7 +19,8 @@ from sqlalchemy import select
 
 from db import job_rows
 from db import store as st
-from db.models import Job, Replay
+from db.measure_models import Replay
+from db.models import Job
 from db.replays import record_replay
 from jobs.spec import JobSpec
 from jobs.variants import job_spec_for, order_labels, variant_label
@@ -91,12 +92,12 @@ def test_plan_with_method_params_overrides_this_replay_only(sqlite_db):
 
 
 def test_a_bad_override_fails_in_the_plan_before_any_model_loads(sqlite_db, monkeypatch):
-    import agent_runner.model_cache
+    import agent_runner.loaded_models
 
     def no_model(spec):
         raise AssertionError("a model was loaded")
 
-    monkeypatch.setattr(agent_runner.model_cache, "host_for", no_model)
+    monkeypatch.setattr(agent_runner.loaded_models, "host_for", no_model)
     job_id, _ = streamed_job(sqlite_db)
     with pytest.raises(ValueError, match=r"nexus: unknown setting\(s\) \['bogus'\]"):
         replay_job(sqlite_db, job_id, method_params={"nexus": {"bogus": 1}})
@@ -129,12 +130,12 @@ def test_the_cli_reads_method_params_as_json_or_a_file(tmp_path):
 def test_a_variant_replay_gets_cells_of_its_own_in_compare(sqlite_db, host, monkeypatch):  # noqa: F811
     from typer.testing import CliRunner
 
-    import agent_runner.model_cache
+    import agent_runner.loaded_models
     from nexus_eval.cli import app
 
     job_id, _ = make_job(sqlite_db, host.model)
     replay_job(sqlite_db, job_id, methods=["nexus"], protocols=["full_context"], host=host)
-    monkeypatch.setattr(agent_runner.model_cache, "host_for", lambda spec: host)
+    monkeypatch.setattr(agent_runner.loaded_models, "host_for", lambda spec: host)
     args = ["replay", job_id, "--methods", "nexus", "--protocols", "full_context", "--db", sqlite_db.url]
     result = CliRunner().invoke(app, [*args, "--method-params", json.dumps(PER_HEAD)], env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output

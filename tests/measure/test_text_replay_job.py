@@ -9,7 +9,8 @@ from sqlalchemy import select
 from agent_runner.records import Completion, TurnRecord
 from db import job_rows
 from db import store as st
-from db.models import Replay, Turn
+from db.measure_models import Replay
+from db.models import Turn
 from jobs.spec import JobSpec
 from measure.replay import plan_replays, run_plan
 from measure.text_trajectories import TextTrajectoryError, conversation

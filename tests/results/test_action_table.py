@@ -19,7 +19,7 @@ from db import store as st
 from db.replays import record_replay
 from jobs.spec import JobSpec
 from measure.action_scores import SpanScore, summarize
-from results.action_stats import DISTANCE_BUCKETS, distance_bucket
+from results.action_outcomes import DISTANCE_BUCKETS, distance_bucket
 from results.compare import compare_jobs
 from results.compare_csv import ACTION_COLUMNS, REPLAY_COLUMNS, SUMMARY_COLUMNS
 from results.compare_render import render

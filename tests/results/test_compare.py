@@ -11,10 +11,11 @@ import pytest
 from db import job_rows
 from db import store as st
 from jobs.spec import JobSpec
-from results.compare import build_table, compare_jobs, merge_jobs, natural_key, summarize_cell
+from results.compare import build_table, compare_jobs, merge_jobs
+from results.compare_cell import summarize_cell
 from results.compare_csv import SUMMARY_COLUMNS, to_csv
 from results.compare_render import cell_text, render
-from results.compare_table import TASK_BOOTSTRAP, Outcome
+from results.compare_table import TASK_BOOTSTRAP, Outcome, natural_key
 from tests.support.db_fixtures import sqlite_db_fixture  # noqa: F401  (fixture)
 
 TASKS = [f"t{i}" for i in range(1, 11)]

@@ -18,7 +18,7 @@ from dashboard.app import create_app
 from dashboard.report import write_report
 from dashboard.tradeoff_charts import quality_vs_cost_chart, quality_vs_density_chart
 from db import connect, sqlite_url
-from db.claims import turn_means
+from db.finishing import turn_means
 from results.compare import compare_jobs
 from results.compare_csv import to_csv
 from results.compare_render import render

@@ -16,6 +16,7 @@ import json
 import pytest
 import yaml
 
+from agent_runner.config import EpisodeSpec
 from db import connect, sqlite_url
 from db import store as db_store
 from env.tasks import loading as task_loading
@@ -122,7 +123,9 @@ def test_each_seed_samples_its_own_episode_through_the_service_path(tmp_path):
     assert seed0 != seed1 and text0 != text1  # before: both sampled with seed 0, token for token the same
     assert runs[("again", 0)][0] == seed0  # the same seed reproduces the same tokens
     for seed, config in ((0, config0), (1, config1)):  # the stored config names the seed that sampled it
-        assert config["seed"] == config["eviction"]["seed"] == seed and "seed" not in config["agent"]
+        assert config["seed"] == seed and "seed" not in config["agent"]
+        assert "seed" not in config["eviction"]  # stored once: the eviction's seed is the episode's (issue 45)
+        assert EpisodeSpec.model_validate(config).eviction.seed == seed
 
 
 @pytest.mark.docker

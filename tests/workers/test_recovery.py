@@ -15,7 +15,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError, InterfaceError, Operation
 
 from db import job_rows
 from db import store as st
-from db.claims import finish_episode
+from db.finishing import finish_episode
 from db.liveness import claim_grade, unsent
 from db.models import Episode, Job, utcnow
 from jobs.control import NotEnqueued, enqueue_pending, note_unsent

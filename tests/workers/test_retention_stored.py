@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent_runner.model_cache import host_for
+from agent_runner.loaded_models import host_for
 from db import store as db_store
 from jobs.spec import JobSpec
 from jobs.submit import create_job_rows, load_job_tasks, plan_job

@@ -196,7 +196,7 @@ def retry_infra_failure(db: Database, episode_id: str, *, retries: int, send_run
 def reap_episode_containers(db: Database, episode_id: str) -> int:
     """Remove the containers a gone run of ``episode_id`` left behind (labelled with its job and id)."""
     try:
-        from env.sandbox.container import reap
+        from env.sandbox.reaping import reap
 
         with db.session() as s:
             job_id = db_store.get_episode(s, episode_id).job_id
@@ -212,7 +212,7 @@ def reap_finished_containers(db: Database) -> int:
     database does not know (another deployment, an ad-hoc grade) are left alone."""
     try:
         import docker
-        from env.sandbox.container import remove_containers
+        from env.sandbox.reaping import remove_containers
 
         client = docker.from_env(timeout=30)
         boxes = client.containers.list(all=True, ignore_removed=True, filters={"label": "nexus-eval.episode"})

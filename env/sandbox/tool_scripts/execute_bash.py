@@ -5,7 +5,7 @@ jupyter or nohup are refused (the list of the `r2egym` scaffold DeepSWE used; se
 `[STDOUT]` and `[STDERR]` sections, read with universal newlines (CRLF and lone CR become LF) as R2E-Gym's
 `text=True` does; on failure an error line first, and the command's exit status is ours (a command killed by
 signal N exits with 256 - N, as `sys.exit(-N)` does in R2E-Gym). The time limit is enforced by the caller
-(env.sandbox.container) around this script.
+(env.sandbox.command_exec, through Sandbox.run) around this script.
 """
 
 import argparse

@@ -16,8 +16,9 @@ from env.sandbox.config import SandboxConfig, SandboxError
 from env.sandbox.container import Sandbox
 from env.sandbox.output import FILE_OUTPUT_HEAD_BYTES, FILE_OUTPUT_TAIL_BYTES, TRUNCATION_MARK, CappedBuffer
 from env.tasks.ceilings import DEFAULT_CEILINGS, GradingCeilings, GradingLimitError, check_limits, parse_memory
-from env.tasks.dataset_rows import GradingLimits, TaskError, task_from_row
+from env.tasks.dataset_rows import task_from_row
 from env.tasks.loading import load_local_task, load_tasks
+from env.tasks.task_model import GradingLimits, TaskError
 from tests.conftest import GOLD_PATCH, TEST_JOB, write_local_task
 from tests.env.tasks.test_tasks import swebench_row
 

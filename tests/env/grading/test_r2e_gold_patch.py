@@ -1,4 +1,4 @@
-"""R2E-native gold patches rebuilt from `parsed_commit_content` (env.tasks.dataset_rows.r2e_gold_patch).
+"""R2E-native gold patches rebuilt from `parsed_commit_content` (env.tasks.r2e_gold_patch).
 
 The commits are made here, in throwaway git repositories (`SCENARIOS`). `data/r2e_parsed_commits.json` holds,
 for each, the `parsed_commit_content` R2E-Gym's own parser (`r2egym.commit_models.parse_diff.CommitParser`)
@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from env.tasks.dataset_rows import r2e_gold_patch, r2e_is_test_file
 from env.tasks.loading import TaskError, load_tasks, task_from_row
+from env.tasks.r2e_gold_patch import r2e_gold_patch, r2e_is_test_file
 from nexus_eval.cli import app
 from tests.conftest import docker_status, r2egym_peer, require
 from tests.mimic import projects as mimic

@@ -6,9 +6,11 @@ import time
 
 import pytest
 
+from env.sandbox.command_exec import kill_tagged
 from env.sandbox.config import SandboxConfig, SandboxError
-from env.sandbox.container import Sandbox, reap
+from env.sandbox.container import Sandbox
 from env.sandbox.output import CappedBuffer
+from env.sandbox.reaping import reap
 from tests.conftest import TEST_JOB
 
 pytestmark = pytest.mark.docker
@@ -66,7 +68,7 @@ def test_fork_bomb_stays_bounded(docker_client, base_image):
     with Sandbox.start(base_image, config=config, job=TEST_JOB, client=docker_client) as box:
         result = box.run("bomb() { bomb | bomb & }; bomb; sleep 5", timeout=4, workdir="/")
         assert result.timed_out or result.exit_code != 0
-        box._kill_tagged("x")  # harmless no-op; the container must still answer
+        kill_tagged(box.container, "x")  # harmless no-op; the container must still answer
         count = int(box.run("ls -d /proc/[0-9]* | wc -l", timeout=30, workdir="/").output.strip())
         assert count <= 64
         assert box.run("echo ok", timeout=30, workdir="/").output == "ok\n"
