@@ -207,7 +207,8 @@ def test_eval_script_sees_what_swebench_run_instance_gives_it(env_rows, docker_c
     harness_log = next(tmp_path.glob("logs/run_evaluation/*/harness/*/test_output.txt")).read_text()
     assert outcome is not None, harness_log[-3000:]
     theirs = outcome[1][task.instance_id]
-    assert ENV_LINE.findall(harness_log) == [_expected_env(docker_client, row["image"])]
+    # the log's tail in the message: a CI run once found no env line here (under heavy load; not reproduced)
+    assert ENV_LINE.findall(harness_log) == [_expected_env(docker_client, row["image"])], harness_log[-3000:]
     ours_log = eval_log(ours) if ours.status != "patch_failed" else ours.error
     assert ENV_LINE.findall(ours_log) == ENV_LINE.findall(harness_log)
     assert (ours.status == "resolved", ours.report["tests_status"]) == (theirs["resolved"], theirs["tests_status"])
