@@ -86,7 +86,7 @@ class HFBackend:
     def reset(self, *, seed: int) -> None:
         self.seed = seed
         self.generator = torch.Generator(device="cpu").manual_seed(seed)
-        self.cache: nexus.EvictableCache | None = None
+        self.cache = None
         self.chat.reset()
 
     def complete(

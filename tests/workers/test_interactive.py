@@ -45,20 +45,26 @@ def test_forced_prefix_steps_a_backend_without_forcing_and_keeps_the_stored_text
     assert prefix.complete([]).text == "live-1"  # the script advanced past the forced turn
 
 
-@pytest.mark.docker
-@pytest.mark.slow
-def test_interactive_rerun_edit_continue_finish_in_a_real_terminal(tmp_path):
-    require(*docker_status())
-    import pexpect
-
+def _graded_oracle_source(tmp_path):
+    """A resolved oracle episode to rerun, in a fresh SQLite database, and the environment a terminal runs the CLI
+    in: (db, job id, source episode id, env)."""
     url = sqlite_url(tmp_path / "nexus-eval.db")
     db = connect(url)
     spec = JobSpec.from_dict(oracle_job(["humanfmt__humanfmt-1"], ["nexus"], ["true_eviction"]))
     job_id, (source_id,) = create_job_rows(db, plan_job(spec, load_job_tasks(spec)))
     assert execute_episode(db, source_id).needs_grade
     assert grade_stored_episode(db, source_id) == "resolved"
-
     env = {**os.environ, "NO_COLOR": "1", "TERM": "dumb", "COLUMNS": "200", "NEXUS_EVAL_DB": url}
+    return db, job_id, source_id, env
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_interactive_rerun_edit_continue_finish_in_a_real_terminal(tmp_path):
+    require(*docker_status())
+    import pexpect
+
+    db, job_id, source_id, env = _graded_oracle_source(tmp_path)
 
     def rerun_in_a_terminal(episode_id: str, from_turn: int, log_name: str):
         child = pexpect.spawn(
@@ -138,14 +144,7 @@ def test_interactive_shell_and_skip_are_on_the_record_in_a_real_terminal(tmp_pat
     from agent_runner.records import SKIPPED_OBSERVATION
     from tests.cli.test_cli import read_cli
 
-    url = sqlite_url(tmp_path / "nexus-eval.db")
-    db = connect(url)
-    spec = JobSpec.from_dict(oracle_job(["humanfmt__humanfmt-1"], ["nexus"], ["true_eviction"]))
-    _, (source_id,) = create_job_rows(db, plan_job(spec, load_job_tasks(spec)))
-    assert execute_episode(db, source_id).needs_grade
-    assert grade_stored_episode(db, source_id) == "resolved"
-
-    env = {**os.environ, "NO_COLOR": "1", "TERM": "dumb", "COLUMNS": "200", "NEXUS_EVAL_DB": url}
+    db, _, source_id, env = _graded_oracle_source(tmp_path)
     child = pexpect.spawn(
         sys.executable,
         ["-m", "nexus_eval.cli", "rerun", source_id, "--interactive"],
