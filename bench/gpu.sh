@@ -19,8 +19,8 @@
 #      `nexus-eval replay` of that job on the model, every method x scope x protocol at 0.1/0.2/0.3, then its
 #      compare tables (the action table: docs/agent_case.md)                          -> agent.db, agent.json, agent.md
 #   6. measurement throughput on the GPU-sized probe model (GPU_PROBE_MODEL), or the tiny model with --dry-run:
-#      bench/throughput.py --parts probe,probe_full --variants after (every cell of a sample as rows of one stack,
-#      one process: the GPU batches the rows)                                                -> throughput.json
+#      bench/throughput.py --parts probe,probe_full --variants float32,bfloat16 --processes 1 (every cell of a
+#      sample as rows of one stack, one process: the GPU batches the rows)                    -> throughput.json
 # Everything lands in one folder: $OUT if set (the device tool's), else bench/out/gpu-<UTC date>; the whole
 # log is gpu.log there. The script never runs past GPU_BENCH_BOX seconds (default 450): every step runs
 # under `timeout`, and decode.py shares what is left among the methods (a method that cannot finish its
@@ -156,7 +156,7 @@ if [[ " $PARTS " == *" throughput "* ]]; then
   [ "$DRY" = 1 ] && TP_MODEL=tiny
   BUDGET=$(( $(left) - 10 ))
   timeout --kill-after=10 "$BUDGET" $PY bench/throughput.py --model "$TP_MODEL" --parts probe,probe_full \
-    --variants after --samples "$([ "$DRY" = 1 ] && echo 2 || echo 10)" --out "$DIR/throughput.json"
+    --variants float32,bfloat16 --processes 1 --samples "$([ "$DRY" = 1 ] && echo 2 || echo 10)" --out "$DIR/throughput.json"
   TRC=$?
   [ "$TRC" = 0 ] || { echo "WARNING: throughput.py exited with rc $TRC"; RC=$TRC; }
 fi

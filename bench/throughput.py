@@ -12,12 +12,17 @@ loading included, as a user runs it):
   replay_full    the full demonstration sweep's cells (every method x both scopes x both protocols x 0.1/0.2/0.3)
                  on --full-tasks; the 16-task sweep's time is estimated from it by history tokens
 
-Variants: `before` (the code in --before DIR, e.g. `git archive <commit>` unpacked: one cell at a time),
-`after` (this code, one process), `after2` (this code, two processes of one thread). The replays need a results
-database holding an expert job (`nexus-eval run -f examples/agent_case.yaml --tasks '*' --db FILE`); each
-variant replays into its own copy of it.
+  sweep          the full sweep as a user runs it: `nexus-eval agent-case --tasks '*'` with every method, both
+                 scopes, both protocols, 0.1/0.2/0.3 (the expert job in real containers, then 1,760 replays),
+                 timed to its end; its results database is kept (--sweep-db) for docs/agent_case.md
 
-    python bench/throughput.py --before /tmp/before --db /tmp/ac/ac.db --out bench/out/throughput.json
+Variants: `before` (the code in --before DIR, e.g. `git archive <commit>` unpacked, as it ran then), `float32`
+and `bfloat16` (this code, --processes processes of one thread, the model measuring in that dtype): float32 and
+bfloat16 side by side in one run. The replays need a results database holding an expert job (`nexus-eval run -f
+examples/agent_case.yaml --tasks '*' --db FILE`); each variant replays into its own copy of it.
+
+    python bench/throughput.py --db /tmp/ac/ac.db --out bench/out/throughput.json
+    python bench/throughput.py --parts sweep --variants bfloat16 --sweep-db /tmp/sweep.db --out bench/out/sweep.json
     python bench/throughput.py --table bench/out/throughput.json
 """
 
@@ -60,25 +65,28 @@ def _replay_kwargs(part: str, tasks: list[str]) -> dict:
     return dict(methods=ALL_METHODS, protocols=["true_eviction", "full_context"], tasks=tasks, **FULL)
 
 
-def measure(part: str, variant: str, samples: int, tasks: list[str], db_file: str | None, model: str) -> dict:
+def measure(part: str, variant: str, samples: int, tasks: list[str], db_file: str | None, model: str,
+            processes: int) -> dict:  # fmt: skip
     import torch
 
     torch.set_num_threads(1)
     started = time.perf_counter()
-    workers = 2 if variant == "after2" else 1
+    before = variant == "before"  # that code knows no dtype: it measured in float32 on a CPU, one process
+    dtype = {} if before else dict(dtype=variant)
     if part.startswith("probe"):
         settings = _probe_settings(part, samples, model)
-        if variant == "before":
-            from agent_runner.config import ModelSpec
+        from agent_runner.config import ModelSpec
+
+        if before:
             from agent_runner.model_host import load_host
             from measure.probes import run_probes
 
             results = list(run_probes(load_host(ModelSpec(name=model)), settings))
         else:
-            from agent_runner.config import ModelSpec
             from measure.probes.parallel import measure as probe_measure
 
-            values = probe_measure(settings, ModelSpec(name=model), processes=workers)
+            settings = settings.model_copy(update=dtype)
+            values = probe_measure(settings, ModelSpec(name=model, **dtype), processes=processes)
             results = [r for r in values if not isinstance(r, tuple)]
         return dict(results=len(results), seconds=time.perf_counter() - started, samples=samples, code=_code())
     from db.connection import connect
@@ -90,31 +98,46 @@ def measure(part: str, variant: str, samples: int, tasks: list[str], db_file: st
 
         job = s.query(Job).filter(Job.name == "agent-case").order_by(Job.created_at.desc()).first().id
     kw = _replay_kwargs(part, tasks)
-    if variant == "before":
-        plan = plan_replays(db, job, model=model, **kw)
-        summary = run_plan(db, plan)
-    else:
-        plan = plan_replays(db, job, model=model, redo=True, **kw)
-        summary = run_plan(db, plan, processes=workers)
+    plan = plan_replays(db, job, model=model, redo=True, **kw, **dtype)
+    summary = run_plan(db, plan, processes=1 if before else processes)
     seconds = time.perf_counter() - started
     ok = sum(r.status == "ok" for r in summary.results)
     tokens = _history_tokens(db, job, tasks, model)
-    with (
-        db.session() as s
-    ):  # the rows' own seconds (a group's time over its rows): the CPU time, whatever ran in parallel
+    with db.session() as s:  # the rows' own seconds (a group's time over its rows): CPU time, whatever ran beside
         from db.measure_models import Replay
 
         ids = [r.item.episode_id for r in summary.results]
         stored = s.query(Replay).filter(Replay.job_id == job, Replay.episode_id.in_(ids), Replay.model == model).all()
-        cpu = sum(
-            r.seconds or 0.0
-            for r in stored
-            if (r.method, r.scope, r.protocol)
-            in {(x.item.method, x.item.scope, x.item.protocol) for x in summary.results}
-        )
+        ran = {(x.item.method, x.item.scope, x.item.protocol) for x in summary.results}
+        cpu = sum(r.seconds or 0.0 for r in stored if (r.method, r.scope, r.protocol) in ran)
     return dict(
         results=len(summary.results), ok=ok, seconds=seconds, cpu_seconds=cpu, tasks=tasks, tokens=tokens, code=_code()
     )
+
+
+def run_sweep(variant: str, args) -> dict:
+    """The full sweep as a user runs it, from the expert job to the last stored replay, timed to its end."""
+    db = Path(args.sweep_db).resolve()
+    cmd = ["nexus-eval", "agent-case", "--tasks", "*", "--methods", ",".join(ALL_METHODS), "--scopes",
+           ",".join(FULL["scopes"]), "--protocols", "true_eviction,full_context", "--densities",
+           ",".join(map(str, FULL["densities"])), "--processes", str(args.processes), "--dtype", variant,
+           "--format", "json", "--db", str(db)]  # fmt: skip
+    print(f"-- sweep {variant}: {' '.join(cmd)}", flush=True)
+    started = time.perf_counter()
+    out = subprocess.run(cmd, cwd=args.workdir, capture_output=True, text=True)
+    seconds = time.perf_counter() - started
+    (Path(args.workdir) / "sweep.stderr").write_text(out.stderr)
+    if out.returncode != 0:
+        raise SystemExit(f"sweep {variant} failed (exit {out.returncode}):\n{out.stderr[-4000:]}")
+    sys.path.insert(0, str(ROOT))
+    from db.connection import connect
+    from db.measure_models import Replay
+
+    with connect(f"sqlite:///{db}").session() as s:
+        replays = s.query(Replay).filter(Replay.status == "ok", Replay.dtype == variant).count()
+    result = dict(part="sweep", variant=variant, results=replays, seconds=seconds, db=str(db), code=_code())
+    print(f"   {result}", flush=True)
+    return result
 
 
 def _code() -> str:
@@ -150,6 +173,8 @@ def _history_tokens(db, job: str, tasks: list[str] | None, model: str) -> int:
 def run_one(part: str, variant: str, args) -> dict:
     if variant == "before" and not args.before:
         raise SystemExit("the before variant needs --before DIR (the code to compare against)")
+    if part == "sweep":
+        return run_sweep(variant, args)
     env = dict(os.environ, PYTHONPATH=str(Path(args.before).resolve() if variant == "before" else ROOT))
     db_copy = None
     if part.startswith("replay"):
@@ -158,7 +183,7 @@ def run_one(part: str, variant: str, args) -> dict:
     samples = args.samples if part == "probe" else args.full_samples
     tasks = args.tasks if part == "replay" else args.full_tasks
     cmd = [sys.executable, __file__, "--child", part, variant, "--samples", str(samples), "--tasks", ",".join(tasks),
-           "--model", args.model]  # fmt: skip
+           "--model", args.model, "--processes", str(args.processes)]  # fmt: skip
     if db_copy:
         cmd += ["--db", db_copy]
     print(f"-- {part} {variant}: {' '.join(cmd[2:])}", flush=True)
@@ -174,20 +199,26 @@ def run_one(part: str, variant: str, args) -> dict:
 
 def table(rows: list[dict], total_tokens: int | None = None) -> str:
     lines = [
-        "| part | variant | results | seconds | results / min | vs before | estimated full run |",
-        "|---|---|---|---|---|---|---|",
+        "| part | variant | results | seconds | results / min | vs float32 | vs before | full run |",
+        "|---|---|---|---|---|---|---|---|",
     ]
-    before = {r["part"]: r["seconds"] / max(r["results"], 1) for r in rows if r["variant"] == "before"}
+    per = {(r["part"], r["variant"]): r["seconds"] / max(r["results"], 1) for r in rows}
     for r in rows:
-        per = r["seconds"] / max(r["results"], 1)
-        ratio = f"{before[r['part']] / per:.1f}x" if r["part"] in before and r["variant"] != "before" else ""
+        mine = per[r["part"], r["variant"]]
+        ratios = []
+        for other in ("float32", "before"):
+            base = per.get((r["part"], other))
+            shown = base and r["variant"] not in (other, "before")  # before is the baseline, not a dtype
+            ratios.append(f"{base / mine:.1f}x" if shown else "")
         estimate = ""
         if r["part"] == "probe_full":
-            estimate = f"{r['seconds'] * 10 / r['samples'] / 60:.1f} min (10 samples)"
+            estimate = f"{r['seconds'] * 10 / r['samples'] / 60:.1f} min (10 samples, estimated)"
         if r["part"] == "replay_full" and total_tokens:
-            estimate = f"{r['seconds'] * total_tokens / r['tokens'] / 60:.0f} min (16 tasks, by history tokens)"
+            estimate = f"{r['seconds'] * total_tokens / r['tokens'] / 60:.0f} min (16 tasks, estimated by tokens)"
+        if r["part"] == "sweep":
+            estimate = f"{r['seconds'] / 60:.1f} min (measured to its end)"
         rate = 60 * r["results"] / r["seconds"]
-        cells = [r["part"], r["variant"], r["results"], f"{r['seconds']:.1f}", f"{rate:.1f}", ratio, estimate]
+        cells = [r["part"], r["variant"], r["results"], f"{r['seconds']:.1f}", f"{rate:.1f}", *ratios, estimate]
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     return "\n".join(lines)
 
@@ -199,19 +230,21 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--db", help="a results database holding an expert job (the demonstrations)")
     ap.add_argument("--model", default=MODEL, help="the model measured (a GPU-sized one in bench/gpu.sh)")
     ap.add_argument("--parts", default="probe,probe_full,replay,replay_full")
-    ap.add_argument("--variants", default="before,after,after2")
+    ap.add_argument("--variants", default="float32,bfloat16", help="before (needs --before), float32, bfloat16")
+    ap.add_argument("--processes", type=int, default=2, help="measuring processes of this code's variants")
+    ap.add_argument("--sweep-db", default=str(ROOT / "bench/out/sweep.db"), help="the sweep's results database")
     ap.add_argument("--samples", type=int, default=10)
     ap.add_argument("--full-samples", type=int, default=1)
     ap.add_argument("--tasks", default="humanfmt__humanfmt-4,tinyparse__tinyparse-3")
     ap.add_argument("--full-tasks", default="humanfmt__humanfmt-4")
-    ap.add_argument("--full-variants", default="after2", help="variants of replay_full (before takes hours)")
+    ap.add_argument("--full-variants", default="bfloat16", help="variants of replay_full (before takes hours)")
     ap.add_argument("--out", default=str(ROOT / "bench/out/throughput.json"))
     ap.add_argument("--table", nargs="+", help="print the table of these JSON files")
     args = ap.parse_args(argv)
     args.tasks = [t for t in args.tasks.split(",") if t]
     if args.child:
         args.full_tasks = args.tasks
-        print(json.dumps(measure(*args.child, args.samples, args.tasks, args.db, args.model)))
+        print(json.dumps(measure(*args.child, args.samples, args.tasks, args.db, args.model, args.processes)))
         return
     if args.table:
         for path in args.table:

@@ -17,18 +17,19 @@ from markupsafe import Markup
 from db.models import is_interactive
 from results.compare_render import (
     LEGEND,
-    REPLAY_CAPTION,
     REPLAY_HEADER,
     SYMBOLS,
-    TRADEOFF_CAPTION,
     cell_text,
     replay_text,
+    several_dtypes,
+    tradeoff_caption,
     tradeoff_columns,
 )
 from results.compare_table import Cell, CompareTable
 from results.cost import COST_FIELDS, human_bytes
 from results.probe_render import layout as probe_layout
-from results.probe_stats import BASELINES, CAPTION, KV_FIELDS, ProbeCell
+from results.probe_stats import BASELINES, KV_FIELDS, ProbeCell
+from results.replay_stats import ReplayCell, replay_caption
 
 TEMPLATES = Path(__file__).with_name("templates")
 STATIC = Path(__file__).with_name("static")
@@ -97,8 +98,10 @@ def compare_rows(table: CompareTable) -> list[dict[str, Any]]:
     return rows
 
 
-def replay_rows(table: CompareTable) -> list[list[str]]:
-    return [replay_text(r) for r in table.replay]
+def replay_rows(table: CompareTable) -> list[tuple[ReplayCell, list[str]]]:
+    """(cell, its text cells under ``REPLAY_HEADER``) per replay cell: the row's data-* attributes name its model
+    and dtype."""
+    return [(r, replay_text(r, several_dtypes(table.replay))) for r in table.replay]
 
 
 def probe_cell_data(c: ProbeCell) -> dict[str, Any]:
@@ -139,13 +142,12 @@ def _environment() -> Environment:
         compare_rows=compare_rows,
         replay_rows=replay_rows,
         tradeoff_columns=tradeoff_columns,
-        TRADEOFF_CAPTION=TRADEOFF_CAPTION,
+        tradeoff_caption=tradeoff_caption,  # with a ΔNLL column: the model(s) and dtype(s) its replays ran in
         LEGEND=LEGEND,
-        REPLAY_CAPTION=REPLAY_CAPTION,
+        replay_caption=replay_caption,  # with the model(s) and dtype(s) the replay cells were measured on
         REPLAY_HEADER=REPLAY_HEADER,
         probe_layout=probe_layout,
         probe_cell_data=probe_cell_data,
-        PROBE_CAPTION=CAPTION,
     )
     return env
 

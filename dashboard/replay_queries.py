@@ -28,6 +28,7 @@ class ReplayOption:
     protocol: str
     density: float | None  # the eviction's kept fraction; None for dense
     model: str | None  # a text trajectory's replay: the model it was scored on
+    dtype: str | None  # the dtype the measuring model ran in (None: not recorded)
     status: str
     error: str | None
     chunked: bool
@@ -41,7 +42,7 @@ class ReplayOption:
     def label(self) -> str:
         density = "" if self.density is None else f" · density {self.density:g}"
         model = "" if self.model is None else f" · {self.model}"
-        return f"{self.method} · {self.scope} / {self.protocol}{density}{model}"
+        return f"{self.method} · {self.scope} / {self.protocol}{density}{model} · {self.dtype or 'dtype not recorded'}"
 
     @property
     def spans(self) -> int | None:
@@ -64,9 +65,10 @@ class ReplaySection:
 
 
 def replay_order(o: ReplayOption) -> tuple:
-    """Replays listed by model, scope, protocol, density (dense first), then the methods' canonical order."""
+    """Replays listed by model, dtype, scope, protocol, density (dense first), then the methods' canonical order."""
     rank = METHODS.index(o.method) if o.method in METHODS else len(METHODS)
-    return (o.model or "", o.scope, o.protocol, -1.0 if o.density is None else o.density, rank, o.method, o.id)
+    density = -1.0 if o.density is None else o.density
+    return (o.model or "", o.dtype or "", o.scope, o.protocol, density, rank, o.method, o.id)
 
 
 def default_replay(options: Sequence[ReplayOption]) -> ReplayOption | None:
@@ -82,8 +84,9 @@ def episode_replays(session: Session, episode_id: str, replay_id: int | None = N
     from dashboard.copy_marks import turn_spans
 
     columns = (
-        Replay.id, Replay.method, Replay.scope, Replay.protocol, Replay.config, Replay.model, Replay.status,
-        Replay.error, Replay.chunked, Replay.tokens, Replay.nll_mean, Replay.top1, Replay.action, Replay.created_at,
+        Replay.id, Replay.method, Replay.scope, Replay.protocol, Replay.config, Replay.model, Replay.dtype,
+        Replay.status, Replay.error, Replay.chunked, Replay.tokens, Replay.nll_mean, Replay.top1, Replay.action,
+        Replay.created_at,
     )  # fmt: skip
     options = []
     for r in session.execute(select(*columns).where(Replay.episode_id == episode_id)):
@@ -96,6 +99,7 @@ def episode_replays(session: Session, episode_id: str, replay_id: int | None = N
                 protocol=r.protocol,
                 density=float(density) if isinstance(density, int | float) else None,
                 model=r.model,
+                dtype=r.dtype,
                 status=r.status,
                 error=r.error,
                 chunked=bool(r.chunked),

@@ -9,7 +9,9 @@
   with one point per density, dense (which keeps every token) as a dashed reference line at its rate; one
   panel per scope x protocol. Drawn only when the table spans two densities or more (a sweep of jobs).
 - :func:`delta_nll_vs_density_chart`: the counterfactual replays' ΔNLL vs dense (bootstrap 95% whiskers) against
-  density, a line per method; drawn when the replays span two densities or more (``replay --densities``).
+  density, a line per method (and per model and dtype measured on, each its own line style, when the replays hold
+  several: a bfloat16 point is never on a float32 line); drawn when the replays span two densities or more
+  (``replay --densities``).
 
 Every series and point is findable in the SVG: a method's line is ``<g class="series" data-method="M">``, a
 cell's marker ``<g class="point" data-method="M" data-density="D">`` (what the page tests count).
@@ -27,9 +29,12 @@ from matplotlib.lines import Line2D
 from dashboard.charts import _figure, method_colours, to_svg
 from nexus.methods import DENSE
 from results.compare_table import Cell, CompareTable, Row
+from results.replay_stats import unit_order, unit_text
 
 MIB = 2**20
 DODGE = 0.03  # the step between equal-cost points, a fraction of the panel's cost span
+#: the ΔNLL chart's line style per (model, dtype) the replays were measured on, in ``unit_order``
+UNIT_STYLES = ("-", ":", "-.", (0, (5, 1)))
 
 
 def _cells(table: CompareTable, panel: tuple[str, str], method: str) -> list[tuple[Row, Cell]]:
@@ -178,8 +183,8 @@ def _tag(svg: str) -> str:
 
 
 def delta_nll_vs_density_chart(table: CompareTable) -> str:
-    """Replay ΔNLL vs dense against density, a point per replayed (method, density); '' unless the replays of
-    some method span two densities."""
+    """Replay ΔNLL vs dense against density, a point per replayed (method, density, model, dtype), a line per method
+    and (model, dtype); '' unless the replays of some method span two densities."""
     cells = [c for c in table.replay if c.method != DENSE and c.density is not None and c.delta_nll is not None]
     densities = sorted({c.density for c in cells})
     if len(densities) < 2:
@@ -188,28 +193,39 @@ def delta_nll_vs_density_chart(table: CompareTable) -> str:
     methods = [m for m in table.methods if any(c.method == m for c in cells)]
     methods += sorted({c.method for c in cells} - set(methods))
     colours = method_colours([DENSE, *methods])
+    units = unit_order((c.model, c.dtype) for c in cells)
+    styles = {u: UNIT_STYLES[i % len(UNIT_STYLES)] for i, u in enumerate(units)}
     fig = _figure(3.4 * len(panels) + 1.6, 3.0)
     axes = fig.subplots(1, len(panels), squeeze=False, sharey=True)[0]
     for ax, panel in zip(axes, panels, strict=True):
         ax.axhline(0.0, color=colours[DENSE], linestyle="--", linewidth=1)  # dense vs itself
         for method in methods:
-            mine = sorted(
-                (c for c in cells if (c.scope, c.protocol, c.method) == (*panel, method)), key=lambda c: c.density
-            )
-            if not mine:
-                continue
-            ax.plot(
-                [c.density for c in mine], [c.delta_nll for c in mine], color=colours[method], gid=f"series--{method}"
-            )
-            for c in mine:
-                _point(
-                    ax, c.density, c.delta_nll, (c.delta_ci_low, c.delta_ci_high), colours[method], method, c.density
+            for unit in units:
+                here = (
+                    c for c in cells if (c.scope, c.protocol, c.method, c.model, c.dtype) == (*panel, method, *unit)
                 )
+                mine = sorted(here, key=lambda c: c.density)
+                if not mine:
+                    continue
+                ax.plot(
+                    [c.density for c in mine],
+                    [c.delta_nll for c in mine],
+                    color=colours[method],
+                    linestyle=styles[unit],
+                    gid=f"series--{method}",
+                )
+                for c in mine:
+                    ci = (c.delta_ci_low, c.delta_ci_high)
+                    _point(ax, c.density, c.delta_nll, ci, colours[method], method, c.density)
         ax.set_title(f"{panel[0]} / {panel[1]}", fontsize="small")
         ax.set_xlabel("density (kept fraction of the tokens)")
         ax.set_xticks(densities, [f"{d:g}" for d in densities])
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("ΔNLL vs dense, nats/token")
     handles = [Line2D([], [], color=colours[m], marker="o") for m in methods]
-    fig.legend(handles, methods, loc="outside right upper", frameon=False)
-    return _tag(to_svg(fig, "replay delta-NLL vs dense against density, per method"))
+    labels = list(methods)
+    if len(units) > 1:  # which line is which model and dtype: never one line through two
+        handles += [Line2D([], [], color="grey", linestyle=styles[u]) for u in units]
+        labels += [unit_text(*u) for u in units]
+    fig.legend(handles, labels, loc="outside right upper", frameon=False)
+    return _tag(to_svg(fig, "replay delta-NLL vs dense against density, per method, model and dtype"))

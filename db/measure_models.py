@@ -39,9 +39,10 @@ class Replay(Base):
     """One counterfactual replay: a dense episode's stored token stream teacher-forced through one method's
     cache (``measure.counterfactual``), scored by how well the model still predicts its own completions.
 
-    One row per (source episode, method, scope, protocol, eviction settings): ``config_key`` is the hash of
-    ``config`` (the ``nexus.EvictionConfig`` used), so a rerun of the same configuration replaces its row while
-    a replay under other settings gets a row of its own. ``turns`` holds the ``TurnScore`` dumps.
+    One row per (source episode, method, scope, protocol, eviction settings, model, dtype): ``config_key`` is the
+    hash of ``config`` (the ``nexus.EvictionConfig`` used) with the model and dtype it was measured on, so a rerun
+    of the same configuration replaces its row while a replay under other settings (or in another dtype) gets a row
+    of its own. ``turns`` holds the ``TurnScore`` dumps.
     """
 
     __tablename__ = "replays"
@@ -72,6 +73,9 @@ class Replay(Base):
     model: Mapped[str | None] = mapped_column(String(200))
     action: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    # the dtype the measuring model ran in (agent_runner.config.MEASURING_DTYPES: float32 | bfloat16; part of
+    # config_key beside ``model``); NULL for a row stored before it was recorded: "not recorded", never guessed
+    dtype: Mapped[str | None] = mapped_column(String(16))
 
 
 class ProbeRunStatus(StrEnum):

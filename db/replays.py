@@ -2,8 +2,9 @@
 
 A replay teacher-forces a dense episode's stored stream (``turns.tokens``) through another method's cache
 (``measure.replay``). Its row is keyed by what determines the result (source episode, method, scope, protocol
-and the eviction settings, hashed into ``config_key``), so running the same configuration again *replaces* the
-row (the newest measurement is the one that counts) while other settings keep rows of their own::
+and the eviction settings, with the model and the dtype it was measured in, hashed into ``config_key``), so running
+the same configuration again *replaces* the row (the newest measurement is the one that counts) while other
+settings, and the same settings in another dtype, keep rows of their own::
 
     with db.session() as s:
         streams = replayable_token_streams(s, episode_id)  # None: the episode has no (complete) stored stream
@@ -24,6 +25,7 @@ from typing import Any
 from sqlalchemy import Row, delete, select
 from sqlalchemy.orm import Session
 
+from agent_runner.measuring_dtypes import MEASURING_DTYPES
 from db.connection import begin_write
 from db.measure_models import Replay, ReplayStatus
 from db.models import AGENT_EXIT_STATUSES, GRADE_STATUSES, Episode, Turn, utcnow
@@ -33,10 +35,15 @@ from db.store import result_attempts
 SCORE_FIELDS = ("tokens", "nll_mean", "top1", "turns", "seconds", "action")
 
 
-def config_key(config: dict[str, Any], model: str | None = None) -> str:
+def config_key(config: dict[str, Any], model: str | None = None, dtype: str | None = None) -> str:
     """sha256 hex of the canonical JSON of an eviction config (and, for a text trajectory's replay, the model it
-    was scored on): equal settings, equal key."""
-    keyed = config if model is None else {"config": config, "model": model}
+    was scored on; and the dtype the measuring model ran in): equal settings, equal key. Without a dtype the key is
+    the one stored before dtypes were recorded (the config alone, or ``{"config", "model"}``), so those keys stay
+    valid; with one it is ``{"config", "model", "dtype"}``, so a float32 and a bfloat16 replay keep a row each."""
+    if dtype is not None:
+        keyed: Any = {"config": config, "model": model, "dtype": dtype}
+    else:
+        keyed = config if model is None else {"config": config, "model": model}
     text = json.dumps(keyed, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
@@ -66,15 +73,20 @@ def record_replay(
     score: dict[str, Any] | None = None,
     chunked: bool = True,
     model: str | None = None,
+    dtype: str | None = None,
 ) -> Replay:
     """Store one replay of ``source`` (replacing the row of the same configuration, if any).
 
     ``score``: a ``ReplayScore.model_dump(mode="json")`` for an ``ok`` replay (its ``tokens``, ``nll_mean``,
     ``top1``, ``turns``, ``seconds`` and ``action`` become columns); ``error`` says why for ``failed`` / ``skipped``.
-    ``model``: the model a text trajectory was rendered into (None: the source's own token stream)."""
+    ``model``: the model a text trajectory was rendered into (None: the source's own token stream). ``dtype``: the
+    dtype the measuring model ran in (one of ``MEASURING_DTYPES``; None: not recorded); part of the key, so only the
+    row of the same dtype is replaced."""
     ReplayStatus(status)  # a typo is an error here, not a CHECK failure halfway through a batch
+    if dtype is not None and dtype not in MEASURING_DTYPES:
+        raise ValueError(f"unknown measuring dtype {dtype!r}; use one of {', '.join(MEASURING_DTYPES)} (or None)")
     begin_write(session)
-    key = config_key(config, model)
+    key = config_key(config, model, dtype)
     session.execute(
         delete(Replay)
         .where(
@@ -98,6 +110,7 @@ def record_replay(
         config=config,
         chunked=chunked,
         model=model,
+        dtype=dtype,
         status=status,
         error=error,
         created_at=utcnow(),
@@ -116,9 +129,17 @@ def replays_for_jobs(session: Session, job_ids: Sequence[str]) -> list[Replay]:
 
 def replay_keys(session: Session, job_ids: Sequence[str]) -> list[Row]:
     """What identifies and qualifies each replay row of the given jobs, in one query and without its scores or
-    per-turn dumps: ``episode_id``, ``method``, ``scope``, ``protocol``, ``config_key``, ``model``, ``status`` and
-    ``chunked`` (a planner's question: which configurations are already measured)."""
-    columns = (Replay.episode_id, Replay.method, Replay.scope, Replay.protocol, Replay.config_key, Replay.model)
+    per-turn dumps: ``episode_id``, ``method``, ``scope``, ``protocol``, ``config_key``, ``model``, ``dtype``,
+    ``status`` and ``chunked`` (a planner's question: which configurations are already measured)."""
+    columns = (
+        Replay.episode_id,
+        Replay.method,
+        Replay.scope,
+        Replay.protocol,
+        Replay.config_key,
+        Replay.model,
+        Replay.dtype,
+    )
     query = select(*columns, Replay.status, Replay.chunked).where(Replay.job_id.in_(list(job_ids)))
     return list(session.execute(query))
 

@@ -34,6 +34,7 @@ from typing import Any
 from pydantic import TypeAdapter, ValidationError
 
 from agent_runner.config import ModelSpec, check_protocol
+from agent_runner.measuring_dtypes import MEASURING_DTYPES, REFERENCE_DTYPE
 from db import Database, job_rows
 from db import store as db_store
 from db.models import ACTIVE_STATUSES
@@ -121,6 +122,7 @@ def plan_replays(
     tasks: Sequence[str] | None = None,
     chunked: bool = True,
     redo: bool = False,
+    dtype: str = REFERENCE_DTYPE,
 ) -> ReplayPlan:
     """What :func:`replay_job` would run (on ``device``, default the job's own model device). ``densities``: replay
     each method at each of these densities instead of the job's own (a sweep over the budget on the same dense
@@ -133,10 +135,14 @@ def plan_replays(
     task). ``chunked``: how :func:`run_plan` will feed completions; a replay already stored ``ok`` with the same
     ``chunked`` is not planned again but listed in ``plan.done`` (a token-by-token run re-measures chunked rows, and
     the other way round), unless ``redo``: then every replay is planned, and each new row replaces its stored one.
+    ``dtype``: what the model is measured in (``float32`` | ``bfloat16``; ``measure.measuring_dtype.choose_dtype``
+    resolves ``auto``): part of each row's configuration, so rows of another dtype are neither done nor replaced.
     ``LookupError`` for an unknown job, ``ValueError`` for a bad name, density or setting
     or a job without dense episodes. Loads no model; imports no torch unless ``method_params`` is given (its
     policies are built to check the values)."""
     check_replay_settings(methods, scopes, protocols, densities)
+    if dtype not in MEASURING_DTYPES:
+        raise ValueError(f"unknown measuring dtype {dtype!r}; use {', '.join(MEASURING_DTYPES)}")
     with db.session() as s:
         job = job_rows.get_job(s, job_id)
         methods = list(methods or (job.config or {}).get("methods") or [])
@@ -154,10 +160,12 @@ def plan_replays(
                 f"job {job.id} has no dense episode{among} the agent ran: a replay scores a dense trajectory"
             )
         stored = [r for r in replay_keys(s, [job.id]) if r.status == "ok"]  # one query: every row's key
-        have_dense = {(r.episode_id, r.protocol) for r in stored if r.method == DENSE and r.model == model}
+        have_dense = {
+            (r.episode_id, r.protocol) for r in stored if r.method == DENSE and r.model == model and r.dtype == dtype
+        }
         done = {(r.episode_id, r.method, r.scope, r.protocol, r.config_key) for r in stored if r.chunked == chunked}
         combos = [(m, sc, p) for m in methods for sc in (scopes[:1] if m == DENSE else scopes) for p in protocols]
-        plan = ReplayPlan(job.id, None, [], combos, protocols, text_model=model)
+        plan = ReplayPlan(job.id, None, [], combos, protocols, text_model=model, dtype=dtype)
         for episode in dense:
             if not is_replay_source(episode, DENSE):
                 why = (
@@ -176,15 +184,16 @@ def plan_replays(
                 plan.missing.append((episode.id, episode.task_id, why))
                 continue
             own = stored_episode_spec(episode.config, device=device).model
-            plan.model = plan.model or (own if model is None else ModelSpec(name=model, device=own.device))
+            measuring = own if model is None else ModelSpec(name=model, device=own.device)
+            plan.model = plan.model or measuring.model_copy(update={"dtype": dtype})
             wanted = list(combos)
             if DENSE not in methods:  # the delta-NLL baseline, where this episode has none yet
                 wanted += [(DENSE, scopes[0], p) for p in protocols if (episode.id, p) not in have_dense]
             for method, scope, protocol in wanted:
                 for at in [spec] if method == DENSE else specs:  # dense keeps every token: the job's own settings
                     config = _EVICTION.dump_python(at.eviction_config(method, scope, episode.seed), mode="json")
-                    item = ReplayItem(episode.id, episode.task_id, method, scope, protocol, config, model)
-                    key = (episode.id, method, scope, protocol, config_key(config, model))
+                    item = ReplayItem(episode.id, episode.task_id, method, scope, protocol, config, model, dtype)
+                    key = (episode.id, method, scope, protocol, config_key(config, model, dtype))
                     (plan.done if not redo and key in done else plan.items).append(item)
     return plan
 

@@ -8,16 +8,17 @@ tokens at the same logical positions: only what each cache keeps differs. ``repl
    (``nexus.shared_prefill``: a prefill from an empty cache computes the same outputs under every method). Under
    full_context every turn is such a prefill, so each turn is recorded once for every setting, extending the
    previous turn's recording, and observing policies (H2O) share what they observed;
-2. under true_eviction each later turn's appended tokens are one prefill of every row at once (each row attends to
-   what it holds and evicts on its own);
-3. the turn's completion is fed back as decoded tokens to every row at once (``measure.stacked_cells``), split where
-   any row's next decode-time event falls and where a copy's source is read (``Scorer.snapshot``), scored chunk by
-   chunk so no [n, vocab] logits of a whole turn are kept.
+2. the rows are fed in stacks of one (scope, density) each (``stack_groups``: such rows evict at the same moments
+   and hold about as many tokens); under true_eviction each later turn's appended tokens are one prefill of a
+   stack's rows at once (each row attends to what it holds and evicts on its own);
+3. the turn's completion is fed back as decoded tokens to a stack's rows at once (``measure.stacked_cells``), split
+   where any of its rows' next decode-time event falls and where a copy's source is read (``Scorer.snapshot``),
+   scored chunk by chunk so no [n, vocab] logits of a whole turn are kept.
 
 Each row's score equals ``replay_episode``'s for that setting alone (``tests/measure/test_stacked_cells.py``,
 every method x scope x protocol, fp64): per-token NLL and top-1, events, what each layer holds, memory figures
-and span scores. What differs is bookkeeping: ``chunks`` counts the batch's forwards, and ``seconds`` is the
-batch's time split over its rows.
+and span scores. What differs is bookkeeping: ``chunks`` counts the forwards of the row's stack, and ``seconds``
+is the turn's time split over every row.
 """
 
 from __future__ import annotations
@@ -55,33 +56,46 @@ def replay_cells(
     ctxs = contexts(turns)
     scorers = [Scorer(e, protocol, turns, chunked, actions) for e in evictions]
     device = next(model.parameters()).device
+    groups = stack_groups(evictions)
     recorded, caches, fed = None, None, 0
     for t, turn in enumerate(turns):
         if not turn.generated:  # a turn that stopped before generating (context full): nothing to score
             continue
         started = time.perf_counter()
-        if caches is None or protocol == "full_context":
+        shared = caches is None or protocol == "full_context"
+        if shared:
             # a prefill from an empty cache: recorded once, every setting's cache built from it
             ids = torch.as_tensor(ctxs[t], dtype=torch.long, device=device).view(1, -1)
             recorded = record_prefill(model, ids, logits_to_keep=1, reuse=recorded)
             caches = [recorded.cache_for(s.eviction) for s in scorers]
-            rows = Rows(model, caches)
-            first = recorded.logits[0, -1:].expand(len(caches), -1)
-        else:
-            if turn.keep != fed:
-                raise ReplayError(
-                    f"turn {t} re-renders the history (keeps {turn.keep} of {fed} tokens): its stream is not a "
-                    "continuation, so it cannot be replayed under true_eviction; replay it under full_context"
-                )
-            for cache in caches:
-                cache.reset_peaks()  # the turn's peaks, from before its prefill
-            rows = Rows(model, caches)
-            first = rows.forward(list(turn.append), all_logits=False)
-        nll, top1, forwards = _decode_rest(rows, scorers, first, turn.generated, t, chunked)
-        rows.release()
+        elif turn.keep != fed:
+            raise ReplayError(
+                f"turn {t} re-renders the history (keeps {turn.keep} of {fed} tokens): its stream is not a "
+                "continuation, so it cannot be replayed under true_eviction; replay it under full_context"
+            )
+        nll, top1, forwards = None, None, [0] * len(scorers)
+        for group in groups:  # each group a stack of its own: its rows' events fall together
+            if not shared:
+                for i in group:
+                    caches[i].reset_peaks()  # the turn's peaks, from before its prefill
+            rows = Rows(model, [caches[i] for i in group])
+            if shared:
+                first = recorded.logits[0, -1:].expand(len(group), -1)
+            else:
+                first = rows.forward(list(turn.append), all_logits=False)
+            g_nll, g_top1, g_forwards = _decode_rest(
+                rows, [scorers[i] for i in group], first, turn.generated, t, chunked
+            )
+            rows.release()
+            if nll is None:
+                nll = g_nll.new_empty(len(scorers), g_nll.shape[1])
+                top1 = g_top1.new_empty(len(scorers), g_top1.shape[1])
+            nll[group], top1[group] = g_nll, g_top1
+            for i in group:
+                forwards[i] = g_forwards
         seconds = (time.perf_counter() - started) / len(scorers)
         for r, scorer in enumerate(scorers):
-            scorer.scored(t, caches[r], nll[r], top1[r], forwards, seconds)
+            scorer.scored(t, caches[r], nll[r], top1[r], forwards[r], seconds)
         fed = len(ctxs[t]) + len(turn.generated) - 1
         if protocol == "true_eviction":
             recorded = None  # only the first prefill is shared; later turns extend each row's own cache
@@ -89,6 +103,18 @@ def replay_cells(
     for score in results:  # each row's share of the batch's time, like its turns' (not the batch's whole time)
         score.seconds = sum(t.seconds for t in score.turns)
     return results
+
+
+def stack_groups(evictions: Sequence[nexus.EvictionConfig]) -> list[list[int]]:
+    """The settings' indices in stacks fed apart: rows of one (scope, density) evict at the same moments and hold
+    about as many tokens, so a stack of them is split at few decode-time events and padded little; dense rows hold
+    the whole history and are a stack of their own. One stack of every setting would feed each chunk up to the
+    nearest event of any row (tokens apart, under prefill_decode at several densities) and pad every row to the
+    longest."""
+    keyed: dict[tuple, list[int]] = {}
+    for i, e in enumerate(evictions):
+        keyed.setdefault((e.scope, e.density) if e.evicts else ("dense",), []).append(i)
+    return list(keyed.values())
 
 
 def _decode_rest(

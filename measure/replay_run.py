@@ -27,6 +27,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from agent_runner.config import ModelSpec
+from agent_runner.measuring_dtypes import REFERENCE_DTYPE
 from db import Database
 from db import store as db_store
 from db.connection import begin_write
@@ -48,6 +49,7 @@ class ReplayItem:
     protocol: str
     eviction: dict[str, Any]  # the EvictionConfig, as an episode config stores it
     model: str | None = None  # a text trajectory's replay: the model it is rendered into (None: the stored stream)
+    dtype: str = REFERENCE_DTYPE  # what the measuring model runs in (measure.measuring_dtype); stored with the row
 
 
 @dataclass
@@ -60,6 +62,7 @@ class ReplayPlan:
     missing: list[tuple[str, str, str]] = field(default_factory=list)  # (episode, task, why it is not replayed)
     text_model: str | None = None  # the model text trajectories are rendered into (None: stored streams)
     done: list[ReplayItem] = field(default_factory=list)  # left out: already stored ok, measured the same way
+    dtype: str = REFERENCE_DTYPE  # what the model is measured in: every item's, and the summary's rows'
 
 
 @dataclass
@@ -138,16 +141,17 @@ def run_plan(
             for r in replays_for_jobs(s, [plan.job_id])
             if r.episode_id in current
             and r.model == plan.text_model
+            and r.dtype == plan.dtype
             and ((r.method, r.scope, r.protocol) in plan.combos or (r.method == DENSE and r.protocol in plan.protocols))
         ]
         cells = summarize_replays(outcomes_from_rows(rows))
     return ReplaySummary(plan.job_id, results, plan.missing, cells)
 
 
-#: most settings replayed as rows of one stack: a sweep's 55 settings of one source stack into ~9 GB on
-#: smollm2-135m at 5K tokens (bench/throughput.py), so larger groups are split in balanced chunks, each paying the
-#: shared prefills again (one history prefill per extra chunk)
-MAX_GROUP_ROWS = 28
+#: most settings replayed in one call of ``replay_cells`` (a source under one protocol): that call feeds them in
+#: stacks of one (scope, density) each, so its memory is one such stack's; a larger group is split in balanced
+#: chunks, each paying the shared prefills again. A full sweep's 55 settings of a source are one call
+MAX_GROUP_ROWS = 64
 
 
 def _chunks(items: list[ReplayItem]) -> list[list[ReplayItem]]:
@@ -282,6 +286,7 @@ def _store(db: Database, item: ReplayItem, status: str, error: str | None, score
             score=score,
             chunked=chunked,
             model=item.model,
+            dtype=item.dtype,
         )
         nll, top1 = row.nll_mean, row.top1
     return ReplayResult(item, status, error, nll, top1)

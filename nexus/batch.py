@@ -110,7 +110,6 @@ class StackedLayer(CacheLayerMixin):
         for r, row in enumerate(self.rows):
             row._k, row._v, row._pos = self.k[r : r + 1], self.v[r : r + 1], self.pos[r : r + 1]
             row._owner = self
-            row._refresh_views()
 
     def ensure_capacity(self, capacity: int) -> None:
         """Grow every row to at least `capacity` slots (new slots empty); the rows' views follow."""
@@ -172,7 +171,6 @@ class StackedLayer(CacheLayerMixin):
         self._n_seen_t += q
         for row in self.rows:
             row.length, row.n_seen, row.occupancy = row.length + q, row.n_seen + q, row.occupancy + q
-            row._refresh_views()
             row._appended(q)  # the row's own memory figures, as if it had appended alone
         ring = set(self.ring_rows) if q == 1 else set()  # several queries: each row records its own (after)
         self._known = [(k[0] + q, k[1] + q, k[2] + (r in ring)) for r, k in enumerate(known)]

@@ -73,7 +73,6 @@ class EvictableLayer(CacheLayerMixin):
         self._k: torch.Tensor | None = None
         self._v: torch.Tensor | None = None
         self._pos: torch.Tensor | None = None
-        self.keys = self.values = None
         self.is_initialized = False
         self.length = 0  # physical slots P (padded length when heads keep different counts)
         self.n_seen = 0  # logical length
@@ -155,13 +154,28 @@ class EvictableLayer(CacheLayerMixin):
             return
         self._owner = None
         self._reallocate(self.capacity)
-        self._refresh_views()
         if self._q is not None:  # the query ring may be a view of the stack's ring too
             self._q, self._q_pos = self._q.clone(), self._q_pos.clone()
 
-    def _refresh_views(self) -> None:
-        self.keys = self._k[:, :, : self.length]
-        self.values = self._v[:, :, : self.length]
+    # the held slots, as views of the buffers: read where they are used (a policy's scores, an eviction), never
+    # refreshed per step (a stack of N rows would slice 2 N views a layer a step that nothing reads)
+    @property
+    def keys(self) -> torch.Tensor | None:
+        return None if self._k is None else self._k[:, :, : self.length]
+
+    @keys.setter
+    def keys(self, value: None) -> None:  # transformers' CacheLayerMixin.__init__ sets None; nothing else may
+        if value is not None:
+            raise AttributeError("an EvictableLayer's keys are a view of its buffers; append with update()")
+
+    @property
+    def values(self) -> torch.Tensor | None:
+        return None if self._v is None else self._v[:, :, : self.length]
+
+    @values.setter
+    def values(self, value: None) -> None:
+        if value is not None:
+            raise AttributeError("an EvictableLayer's values are a view of its buffers; append with update()")
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         """Append q new tokens ([B, Hkv, q, D]); returns all physical keys/values [B, Hkv, P + q, D]."""
@@ -183,7 +197,6 @@ class EvictableLayer(CacheLayerMixin):
         self._v[:, :, self.length : need] = value_states
         self._pos[:, :, self.length : need] = torch.arange(self.n_seen, self.n_seen + q, device=self._pos.device)
         self.length, self.n_seen, self.occupancy = need, self.n_seen + q, self.occupancy + q
-        self._refresh_views()
         self._appended(q)
         return self.keys, self.values
 
@@ -232,7 +245,6 @@ class EvictableLayer(CacheLayerMixin):
             self.length = kept
             self._reallocate(needed)
         self.length, self.occupancy, self.ragged = kept, occupancy, ragged
-        self._refresh_views()
         held, allocated = self.held_bytes(), self.allocated_bytes()
         self.entries, self.capacity = entries, capacity
         self.meter.change(self.held_bytes() - held, self.allocated_bytes() - allocated)

@@ -94,6 +94,7 @@ class ActionOutcome(ReplayRowKey):
 
     density: float | None  # None for dense
     model: str | None  # the model the text trajectory was rendered into and scored on
+    dtype: str | None  # the dtype the measuring model ran in (None: not recorded)
     pool: SpanSums
 
 
@@ -137,8 +138,8 @@ def pool_of(action: Mapping[str, Any], turns: Sequence[Mapping[str, Any]] | None
 
 def outcomes_from_rows(rows: Iterable[Any], *, job_configs: Mapping[str, Any] | None = None) -> list[ActionOutcome]:
     """``db.measure_models.Replay`` rows (oldest first) -> one outcome per (episode, label, scope, protocol, density,
-    model) whose newest row is ``ok`` and carries an action summary. The label is the method, or for a row run under
-    settings other than its job's own a variant's label (``jobs.variants.row_labels``; ``job_configs``:
+    model, dtype) whose newest row is ``ok`` and carries an action summary. The label is the method, or for a row
+    run under settings other than its job's own a variant's label (``jobs.variants.row_labels``; ``job_configs``:
     ``{job id: Job.config}``, default read through the rows' session), so a variant never counts in the default's
     cell. Rows of one key that differ only in settings the label does not name (the seed) are collapsed to the
     newest, so one episode never counts twice in a cell."""
@@ -147,11 +148,11 @@ def outcomes_from_rows(rows: Iterable[Any], *, job_configs: Mapping[str, Any] | 
     newest: dict[tuple[Any, ...], Any] = {}
     for r, label in zip(rows, labels, strict=True):
         density = None if r.method == DENSE else (r.config or {}).get("density")
-        newest[(r.episode_id, label, r.scope, r.protocol, density, r.model)] = r
+        newest[(r.episode_id, label, r.scope, r.protocol, density, r.model, getattr(r, "dtype", None))] = r
     out = []
-    for (episode, label, scope, protocol, density, model), r in newest.items():
+    for (episode, label, scope, protocol, density, model, dtype), r in newest.items():
         if r.status != "ok" or not r.action:
             continue
         pool = pool_of(r.action, r.turns)
-        out.append(ActionOutcome(episode, r.task_id, label, scope, protocol, density, model, pool))
+        out.append(ActionOutcome(episode, r.task_id, label, scope, protocol, density, model, dtype, pool))
     return out

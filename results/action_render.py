@@ -1,10 +1,11 @@
 """The action table's text: what every renderer of it prints (``results.compare_render``, the dashboard's partial).
 
 The statistics are ``results.action_stats``' (:class:`~results.action_stats.ActionCell`, one per method, scope,
-protocol, density and model, and its split by distance, :class:`~results.action_stats.DistanceCell`); this module
-only says how they are shown: the captions under the table and its split by distance, a cell as text lines
-(:func:`cell_lines`) or as an HTML element's ``data-*`` attributes (:func:`data_attributes`), and
-:class:`ActionLayout`, the rows scope x protocol x density (x model) and method columns every renderer lays out.
+protocol, density, model and dtype, and its split by distance, :class:`~results.action_stats.DistanceCell`); this
+module only says how they are shown: the captions under the table and its split by distance (each saying the model
+and dtype the cells were measured on), a cell as text lines (:func:`cell_lines`) or as an HTML element's ``data-*``
+attributes (:func:`data_attributes`), and :class:`ActionLayout`, the rows scope x protocol x density (x model and
+dtype) and method columns every renderer lays out.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from jobs.variants import order_labels
 from nexus.methods import DENSE, SCOPES
 from results.action_outcomes import DISTANCE_BUCKETS
 from results.action_stats import SNAPKV, ActionCell, DistanceCell
+from results.replay_stats import Unit, unit_text, units_text
 from results.stats import MIN_BOOTSTRAP_UNITS
 
 #: under the action table
@@ -26,10 +28,10 @@ ACTION_CAPTION = (
     "(a value copied verbatim from an earlier observation) that were the model's argmax, tokens pooled over a "
     "task's replays, then the mean over tasks; [95% percentile bootstrap over tasks], only from "
     f"{MIN_BOOTSTRAP_UNITS} tasks (fewer: none, and the cell says so). ΔNLL = copy NLL (nats per token) minus dense's "
-    "on the same episode, protocol and model, per task then mean. exact = share of copy spans greedy-exact (every "
-    "token argmax, the first included), per task then mean. p = sign-flip test over tasks of per-task copy top-1 "
-    "differences vs dense and vs SnapKV (same scope, protocol, density and model; spans of a task are never "
-    "independent). spans, tasks: copy spans and tasks of the replays paired with their dense replay; an unpaired "
+    "on the same episode, protocol, model and dtype, per task then mean. exact = share of copy spans greedy-exact "
+    "(every token argmax, the first included), per task then mean. p = sign-flip test over tasks of per-task copy "
+    "top-1 differences vs dense and vs SnapKV (same scope, protocol, density, model and dtype; spans of a task are "
+    "never independent). spans, tasks: copy spans and tasks of the replays paired with their dense replay; an unpaired "
     "replay is in no number. What each number means: docs/numbers.md"
 )
 
@@ -49,8 +51,9 @@ def density_text(d: float | None) -> str:
     return "-" if d is None else f"{d:g}"
 
 
-def model_text(model: str | None) -> str:
-    return model or "own model"
+def cell_unit_text(cell: ActionCell | DistanceCell) -> str:
+    """The model and dtype a cell was measured on: ``smollm2-135m, bfloat16``."""
+    return unit_text(cell.model, cell.dtype)
 
 
 def cell_lines(cell: ActionCell | None) -> list[str]:
@@ -110,42 +113,52 @@ def distance_text(d: DistanceCell) -> str:
 
 @dataclass
 class ActionRow:
-    """One row of the rendered action table: a (scope, protocol, density[, model]) with a cell per method."""
+    """One row of the rendered action table: a (scope, protocol, density[, model and dtype]) with a cell per
+    method."""
 
     scope: str
     protocol: str
     density: float | None
     model: str | None
     cells: dict[str, ActionCell | None]
+    dtype: str | None = None  # the dtype its cells were measured in (None: not recorded)
+
+    @property
+    def unit_text(self) -> str:
+        """``smollm2-135m, bfloat16``: the row's model and dtype (its label column when the table has several)."""
+        return unit_text(self.model, self.dtype)
 
 
 @dataclass
 class ActionLayout:
-    """The action table as every renderer lays it out: rows scope x protocol x density (x model when the
-    replays were scored on several), columns methods; dense's cell is the dense replay of the row's protocol and
-    model (of the row's scope, else another: dense evicts nothing). ``distance``: a line per cell with the
-    :data:`DISTANCE_BUCKETS` columns."""
+    """The action table as every renderer lays it out: rows scope x protocol x density (x model and dtype when the
+    replays were measured on several (model, dtype) units), columns methods; dense's cell is the dense replay of the
+    row's protocol, model and dtype (of the row's scope, else another: dense evicts nothing). ``distance``: a line per
+    cell with the :data:`DISTANCE_BUCKETS` columns."""
 
     methods: list[str]
-    models: list[str | None]
+    units: list[Unit]  # the (model, dtype) pairs, in row order
     rows: list[ActionRow]
     distance: list[tuple[ActionCell, list[DistanceCell]]]
 
     @property
     def several_models(self) -> bool:
-        return len(self.models) > 1
+        """Whether the rows hold several (model, dtype) units: then each row names its model and dtype."""
+        return len(self.units) > 1
 
     @property
     def title(self) -> str:
-        return "Action table (copy spans), replayed on " + ", ".join(model_text(m) for m in self.models)
+        return "Action table (copy spans), replayed on " + "; ".join(unit_text(m, d) for m, d in self.units)
 
     @property
     def caption(self) -> str:
-        return ACTION_CAPTION
+        """:data:`ACTION_CAPTION` and what the cells were measured on (``... Measured on smollm2-135m, bfloat16``)."""
+        return f"{ACTION_CAPTION}. Measured on {units_text(self.units)}"
 
     @property
     def distance_caption(self) -> str:
-        return DISTANCE_CAPTION
+        """:data:`DISTANCE_CAPTION` and what the cells were measured on."""
+        return f"{DISTANCE_CAPTION}. Measured on {units_text(self.units)}"
 
     @staticmethod
     def lines(cell: ActionCell | None) -> list[str]:
@@ -161,14 +174,14 @@ class ActionLayout:
 
     @property
     def distance_header(self) -> list[str]:
-        extra = ["model"] if self.several_models else []
+        extra = ["model, dtype"] if self.several_models else []
         return ["scope", "protocol", "density", "method", *extra, *(f"{b} tokens back" for b in self.buckets)]
 
     def distance_rows(self) -> list[tuple[ActionCell, list[str], list[tuple[str, DistanceCell]]]]:
         """Per cell: (the cell, its label columns, (text, bucket cell) per bucket)."""
         out = []
         for cell, split in self.distance:
-            extra = [model_text(cell.model)] if self.several_models else []
+            extra = [cell_unit_text(cell)] if self.several_models else []
             head = [cell.scope, cell.protocol, density_text(cell.density), cell.method, *extra]
             out.append((cell, head, [(distance_text(d), d) for d in split]))
         return out
@@ -181,16 +194,16 @@ class ActionLayout:
 def layout(cells: Sequence[ActionCell], by_distance: Sequence[DistanceCell]) -> ActionLayout:
     """How the action ``cells`` (and their ``by_distance`` split) are shown; see :class:`ActionLayout`."""
     methods = order_labels(c.method for c in cells)  # each method's variants in a column of its own, after it
-    models = list(dict.fromkeys(c.model for c in cells))
+    units = list(dict.fromkeys((c.model, c.dtype) for c in cells))
     rank = {s: i for i, s in enumerate(SCOPES)}
     rows = []
-    for model in models:
-        mine = [c for c in cells if c.model == model]
+    for model, dtype in units:
+        mine = [c for c in cells if (c.model, c.dtype) == (model, dtype)]
         evicting = [c for c in mine if c.method != DENSE] or mine
         keys = list(dict.fromkeys((c.scope, c.protocol, c.density) for c in evicting))
         dense = sorted((c for c in mine if c.method == DENSE), key=lambda c: rank.get(c.scope, len(rank)))
         for scope, protocol, density in keys:
-            row = ActionRow(scope, protocol, density, model, {})
+            row = ActionRow(scope, protocol, density, model, {}, dtype)
             for method in methods:
                 if method == DENSE:
                     same = [c for c in dense if c.protocol == protocol]
@@ -203,6 +216,6 @@ def layout(cells: Sequence[ActionCell], by_distance: Sequence[DistanceCell]) -> 
             rows.append(row)
     splits: dict[tuple[Any, ...], list[DistanceCell]] = defaultdict(list)
     for d in by_distance:
-        splits[(d.method, d.scope, d.protocol, d.density, d.model)].append(d)
-    distance = [(c, splits[(c.method, c.scope, c.protocol, c.density, c.model)]) for c in cells]
-    return ActionLayout(methods, models, rows, [(c, s) for c, s in distance if s])
+        splits[(d.method, d.scope, d.protocol, d.density, d.model, d.dtype)].append(d)
+    distance = [(c, splits[(c.method, c.scope, c.protocol, c.density, c.model, c.dtype)]) for c in cells]
+    return ActionLayout(methods, units, rows, [(c, s) for c, s in distance if s])

@@ -3,15 +3,17 @@
 The per-replay sums it averages (copy and new spans, how far back each copied source was) are
 :mod:`results.action_outcomes`'; this module turns them into cells and their tests.
 
-One :class:`ActionCell` per (method, scope, protocol, density, model). As ``compare``'s Pass@1 and the replay
+One :class:`ActionCell` per (method, scope, protocol, density, model, dtype). As ``compare``'s Pass@1 and the replay
 table, **per task first**: the copy tokens of a task's replays (several episodes or seeds of one task) are pooled,
 token-weighted, into one value per task, and the cell's number is the mean over tasks, so a task with many
 episodes or many spans never weighs more than one with few. Spans of one task are never treated as independent:
 the interval is a seeded percentile bootstrap over tasks (only from ``MIN_BOOTSTRAP_UNITS`` tasks; fewer: none,
 and the renderers say so) and the paired tests are sign-flip tests over per-task differences.
 
-Every mean of a cell is over the same episodes: those with a dense replay of the *same* episode, protocol and
-model (``paired``; dense's scope is moot: it evicts nothing). A replay without that baseline is ``unpaired`` and
+Every mean of a cell is over the same episodes: those with a dense replay of the *same* episode, protocol, model
+and dtype (``paired``; dense's scope is moot: it evicts nothing). A (model, dtype) pair is a unit
+(``results.replay_stats.Unit``): a replay measured in bfloat16 is never paired with one measured in float32, as the
+dense baseline, the SnapKV baseline or in a sign-flip test. A replay without that baseline is ``unpaired`` and
 in no mean. The split by distance (:class:`DistanceCell`) is over the same episodes, span by span, with the
 buckets of ``results.action_outcomes.DISTANCE_BUCKETS``. Pure functions over ``ActionOutcome``, like
 ``results.replay_stats``.
@@ -32,15 +34,16 @@ from agent_runner.config import PROTOCOLS
 from jobs.variants import order_labels
 from nexus.methods import DENSE, SCOPES
 from results.action_outcomes import DISTANCE_BUCKETS, ActionOutcome, SpanSums, outcomes_from_rows
+from results.replay_stats import BaselineKey, unit_order
 from results.stats import bootstrap_mean_ci, sign_flip_test
 
-#: the second baseline every cell is tested against (same scope, protocol, density and model)
+#: the second baseline every cell is tested against (same scope, protocol, density, model and dtype)
 SNAPKV = "snapkv"
 
 
 @dataclass
 class ActionCell:
-    """One (method, scope, protocol, density, model). Every mean is per task first (a task's copy tokens pooled
+    """One (method, scope, protocol, density, model, dtype). Every mean is per task first (a task's copy tokens pooled
     over its episodes), then over tasks; all over the ``paired`` episodes. Fractions in [0, 1]; NLL in nats per
     token; ``None`` where there is nothing to average (and the interval ``None`` below ``MIN_BOOTSTRAP_UNITS``)."""
 
@@ -49,8 +52,9 @@ class ActionCell:
     protocol: str
     density: float | None  # None for dense (it keeps every token)
     model: str | None
+    dtype: str | None = None  # the dtype the measuring model ran in (None: not recorded)
     episodes: int = 0  # ok replays with an action summary
-    paired: int = 0  # of them, with a dense replay of the same episode, protocol and model
+    paired: int = 0  # of them, with a dense replay of the same episode, protocol, model and dtype
     unpaired: int = 0  # without one: in no mean
     tasks: int = 0  # tasks of the paired episodes with scored copy tokens: the units of the interval and tests
     spans: int = 0  # copy spans of the paired episodes
@@ -68,7 +72,7 @@ class ActionCell:
     p_vs_dense: float | None = None  # sign-flip over tasks of (copy top-1 - dense's), paired by episode
     tasks_vs_dense: int = 0
     test_vs_dense: str | None = None
-    p_vs_snapkv: float | None = None  # the same against snapkv at this scope, protocol, density and model
+    p_vs_snapkv: float | None = None  # the same against snapkv at this scope, protocol, density, model and dtype
     tasks_vs_snapkv: int = 0
     test_vs_snapkv: str | None = None
     spans_unlocated: int = 0  # copy spans whose source was not in the context: in no distance bucket
@@ -91,6 +95,7 @@ class DistanceCell:
     protocol: str
     density: float | None
     model: str | None
+    dtype: str | None
     bucket: str
     copy_top1: float | None = None
     spans: int = 0
@@ -122,14 +127,14 @@ def _mean(values: Sequence[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def _dense_baseline(outcomes: Sequence[ActionOutcome]) -> dict[tuple[str, str, str | None, str], ActionOutcome]:
-    """Dense outcomes by (episode, protocol, model, scope); scope ``""`` holds the first scope's, the fallback
+def _dense_baseline(outcomes: Sequence[ActionOutcome]) -> dict[BaselineKey, ActionOutcome]:
+    """Dense outcomes by (episode, protocol, model, dtype, scope); scope ``""`` holds the first scope's, the fallback
     for a method replayed under a scope dense was not (dense evicts nothing: its scope is moot)."""
-    baseline: dict[tuple[str, str, str | None, str], ActionOutcome] = {}
+    baseline: dict[BaselineKey, ActionOutcome] = {}
     rank = {s: i for i, s in enumerate(SCOPES)}
     for o in sorted((o for o in outcomes if o.method == DENSE), key=lambda o: rank.get(o.scope, len(rank))):
-        baseline[(o.episode_id, o.protocol, o.model, o.scope)] = o
-        baseline.setdefault((o.episode_id, o.protocol, o.model, ""), o)
+        baseline[(o.episode_id, o.protocol, o.model, o.dtype, o.scope)] = o
+        baseline.setdefault((o.episode_id, o.protocol, o.model, o.dtype, ""), o)
     return baseline
 
 
@@ -158,18 +163,21 @@ def summarize_cell(
     density: float | None,
     model: str | None,
     outcomes: Sequence[ActionOutcome],
-    baseline: dict[tuple[str, str, str | None, str], ActionOutcome],
+    baseline: dict[BaselineKey, ActionOutcome],
     snapkv: Sequence[ActionOutcome] = (),
     *,
     confidence: float = 0.95,
     seed: int = 0,
+    dtype: str | None = None,
 ) -> tuple[ActionCell, list[DistanceCell]]:
     """One cell and its split by distance; ``baseline`` from :func:`_dense_baseline`, ``snapkv``: snapkv's
-    outcomes at the same scope, protocol, density and model (none for snapkv itself and dense)."""
-    cell = ActionCell(method, scope, protocol, density, model, episodes=len(outcomes))
+    outcomes at the same scope, protocol, density, model and dtype (none for snapkv itself and dense)."""
+    cell = ActionCell(method, scope, protocol, density, model, dtype, episodes=len(outcomes))
     paired: list[tuple[ActionOutcome, ActionOutcome]] = []
     for o in outcomes:
-        dense = baseline.get((o.episode_id, protocol, model, scope), baseline.get((o.episode_id, protocol, model, "")))
+        dense = baseline.get(
+            (o.episode_id, protocol, model, dtype, scope), baseline.get((o.episode_id, protocol, model, dtype, ""))
+        )
         if dense is not None:
             paired.append((o, dense))
     cell.paired, cell.unpaired = len(paired), len(outcomes) - len(paired)
@@ -206,7 +214,7 @@ def summarize_cell(
         cell.p_vs_snapkv, cell.tasks_vs_snapkv, cell.test_vs_snapkv = _paired_difference(mine, theirs, seed=seed)
     by_distance = []
     for label, _, _ in DISTANCE_BUCKETS:
-        d = DistanceCell(method, scope, protocol, density, model, label)
+        d = DistanceCell(method, scope, protocol, density, model, dtype, label)
         values = []
         for p in tasks.values():
             tokens, top1_sum, spans = p.by_distance.get(label, (0.0, 0.0, 0.0))
@@ -222,14 +230,14 @@ def summarize_cell(
 def summarize_actions(
     outcomes: Iterable[ActionOutcome], *, confidence: float = 0.95, seed: int = 0
 ) -> tuple[list[ActionCell], list[DistanceCell]]:
-    """One cell per (model, scope, protocol, density, method) present, ordered like ``compare``'s rows and
+    """One cell per ((model, dtype), scope, protocol, density, method) present, ordered like ``compare``'s rows and
     columns (dense, whose density is ``None``, first in its scope x protocol), and their splits by distance."""
     rows = list(outcomes)
     baseline = _dense_baseline(rows)
     cells: list[ActionCell] = []
     distance: list[DistanceCell] = []
-    for model in sorted({o.model for o in rows}, key=lambda m: (m is not None, m or "")):
-        of_model = [o for o in rows if o.model == model]
+    for model, dtype in unit_order((o.model, o.dtype) for o in rows):
+        of_model = [o for o in rows if (o.model, o.dtype) == (model, dtype)]
         for scope in _order((o.scope for o in of_model), SCOPES):
             for protocol in _order((o.protocol for o in of_model if o.scope == scope), PROTOCOLS):
                 here = [o for o in of_model if (o.scope, o.protocol) == (scope, protocol)]
@@ -250,6 +258,7 @@ def summarize_actions(
                             others,
                             confidence=confidence,
                             seed=seed,
+                            dtype=dtype,
                         )
                         cells.append(cell)
                         distance += split

@@ -69,6 +69,7 @@ REPLAY_COLUMNS = [
     "replay_skipped",
     "replay_failed",
     "replay_model",  # a text trajectory's replay: the model it was scored on ('' for the source's own stream)
+    "replay_dtype",  # the dtype the measuring model ran in ('' where not recorded)
 ]
 
 
@@ -89,6 +90,7 @@ def _replay_values(r: ReplayCell | None) -> list[Any]:
         r.skipped,
         r.failed,
         r.model or "",
+        r.dtype or "",
     ]
 
 
@@ -108,7 +110,7 @@ def to_csv(table: CompareTable, *, grid: bool = False) -> str:
         SUMMARY_COLUMNS + (REPLAY_COLUMNS if with_replays else []) + (ACTION_COLUMNS if with_actions else [])
     )
     # each replay and action cell once: the first of its (scope, protocol, density, method) on that cell's line,
-    # any other (another model's) on a line of its own, whose summary columns are blank
+    # any other (another model's or dtype's) on a line of its own, whose summary columns are blank
     replays: dict[GridKey, list[ReplayCell]] = {}
     for r in table.replay:
         replays.setdefault((r.scope, r.protocol, r.density, r.method), []).append(r)
@@ -146,6 +148,7 @@ def bucket_slug(label: str) -> str:
 #: ``action_copy_top1_<bucket>``, ``action_spans_<bucket>``, ``action_tasks_<bucket>`` per :data:`DISTANCE_BUCKETS`
 ACTION_FIELDS = [
     "model",
+    "dtype",
     "episodes",
     "paired",
     "unpaired",
@@ -182,7 +185,7 @@ ACTION_COLUMNS = [f"action_{name}" for name in ACTION_FIELDS] + [
 def _distance_of(table: CompareTable) -> dict[tuple[Any, ...], dict[str, DistanceCell]]:
     out: dict[tuple[Any, ...], dict[str, DistanceCell]] = {}
     for d in table.action_by_distance:
-        out.setdefault((d.method, d.scope, d.protocol, d.density, d.model), {})[d.bucket] = d
+        out.setdefault((d.method, d.scope, d.protocol, d.density, d.model, d.dtype), {})[d.bucket] = d
     return out
 
 
@@ -199,8 +202,8 @@ def _action_values(a: ActionCell, splits: dict[tuple[Any, ...], dict[str, Distan
     values: list[Any] = []
     for name in ACTION_FIELDS:
         v = ci[name] if name in ci else getattr(a, name)
-        values.append((v or "") if name == "model" else v if isinstance(v, int) else number_text(v))
-    split = splits.get((a.method, a.scope, a.protocol, a.density, a.model), {})
+        values.append((v or "") if name in ("model", "dtype") else v if isinstance(v, int) else number_text(v))
+    split = splits.get((a.method, a.scope, a.protocol, a.density, a.model, a.dtype), {})
     for label, _, _ in DISTANCE_BUCKETS:
         d = split.get(label)
         values += ["", 0, 0] if d is None else [number_text(d.copy_top1), d.spans, d.tasks]

@@ -15,10 +15,11 @@ from db.models import (
 from nexus.methods import DENSE
 from nexus.presets import stored_settings
 from results.compare_table import DEMONSTRATION_BACKENDS, CompareTable, Outcome
+from results.replay_stats import units_text
 
 
 def demonstration_notes(table: CompareTable) -> list[str]:
-    """What the table did with stand-in jobs, and with replays scored on several models."""
+    """What the table did with stand-in jobs, and with replays scored on several models or in several dtypes."""
     notes = []
     if table.demonstrations:
         named = ", ".join(d.job_id for d in table.demonstrations)
@@ -27,10 +28,16 @@ def demonstration_notes(table: CompareTable) -> list[str]:
             "not a model's samples, so none of their episodes is in a Pass@1 cell, a paired test or the per-task "
             "grid; their replays are in the replay and action tables"
         )
-    models = {c.model for c in table.replay}
-    if len(models) > 1:
-        shown = ", ".join(m or "the source's own stream" for m in sorted(models, key=lambda m: m or ""))
-        notes.append(f"replays were scored on several models ({shown}): each model's cells are apart")
+    units = {(c.model, c.dtype) for c in table.replay}
+    if len({m for m, _ in units}) > 1:
+        notes.append(
+            f"replays were scored on several models ({units_text(units)}): each model's and dtype's cells are apart"
+        )
+    elif len(units) > 1:
+        notes.append(
+            f"replays were measured in several dtypes ({units_text(units)}): each dtype's cells are apart, and a "
+            "replay is paired only with the dense replay measured in its own dtype"
+        )
     return notes
 
 

@@ -32,11 +32,11 @@ from typing import Any
 
 from db.models import EpisodeStatus, is_interactive
 from results.action_outcomes import DISTANCE_BUCKETS
-from results.action_render import ACTION_CAPTION, DISTANCE_CAPTION, ActionLayout, cell_lines, model_text
+from results.action_render import ActionLayout, cell_lines
 from results.compare_csv import to_csv
 from results.compare_table import NO_SAMPLES, TASK_BOOTSTRAP, WILSON, Cell, CompareTable, GridKey, grid_key
 from results.cost import human_bytes
-from results.replay_stats import REPLAY_CAPTION, ReplayCell
+from results.replay_stats import ReplayCell, dtype_text, replay_caption, units_text
 from results.table_formats import TABLE_FORMATS, csv_to_tsv
 
 FORMATS = TABLE_FORMATS  # the one list (results.table_formats); this name is what the verbs import
@@ -137,8 +137,14 @@ REPLAY_HEADER = [
 ]
 
 
-def replay_text(r: ReplayCell) -> list[str]:
-    """One replay cell as the cells of :data:`REPLAY_HEADER`: ``+0.124 [+0.051, +0.210]`` and so on."""
+def several_dtypes(cells: list[ReplayCell]) -> bool:
+    """Whether replay cells measured in more than one dtype (not recorded counting as one) sit in one table."""
+    return len({c.dtype for c in cells}) > 1
+
+
+def replay_text(r: ReplayCell, several: bool = False) -> list[str]:
+    """One replay cell as the cells of :data:`REPLAY_HEADER`: ``+0.124 [+0.051, +0.210]`` and so on. ``several``: the
+    table holds cells of more than one dtype, so the label names this one's (the caption names a table's only one)."""
     if r.delta_nll is None:
         delta = "-"
     elif r.delta_ci_low is None:
@@ -148,7 +154,10 @@ def replay_text(r: ReplayCell) -> list[str]:
     episodes = str(r.episodes) + "".join(f" +{n} {w}" for n, w in ((r.skipped, "skipped"), (r.failed, "failed")) if n)
     nll = "-" if r.nll_mean is None else f"{r.nll_mean:.3f}"
     pairs = f"{r.n_pairs} ({r.pair_tasks})" + (f", {r.unpaired} unpaired" if r.unpaired else "")
-    method = r.method if r.model is None else f"{r.method} ({r.model})"  # a text trajectory's: the model scored on
+    # what it was measured on: a text trajectory's model, and the dtype where recorded (two cells that differ only in
+    # dtype never read alike; a row stored before dtypes were recorded reads as it did)
+    measured = ", ".join(v for v in (r.model, r.dtype if several else None) if v is not None)
+    method = f"{r.method} ({measured})" if measured else r.method
     return [r.scope, r.protocol, _density(r.density), method, episodes, str(r.tasks), nll, _pct(r.top1), delta, pairs]
 
 
@@ -176,8 +185,12 @@ TRADEOFF_HEADER = [
 
 def tradeoff_rows(table: CompareTable) -> list[list[str]]:
     """:data:`TRADEOFF_HEADER` cells, one line per cell of the table that has episodes (dense once per scope
-    x protocol: it is the same in every density row)."""
-    replays = {(r.scope, r.protocol, r.density, r.method): r for r in _own_stream(table)}
+    x protocol: it is the same in every density row). Own-stream replays measured in several dtypes give the cell's
+    ΔNLL once per dtype, each named (``+0.124 (float32); +0.131 (bfloat16)``): never one picked silently."""
+    replays: dict[GridKey, list[ReplayCell]] = {}
+    for r in _own_stream(table):
+        replays.setdefault((r.scope, r.protocol, r.density, r.method), []).append(r)
+    several = len({r.dtype for r in _own_stream(table)}) > 1
     lines, seen = [], set()
     for row in table.rows:
         for method, c in row.cells.items():
@@ -185,8 +198,13 @@ def tradeoff_rows(table: CompareTable) -> list[list[str]]:
             if key in seen or (c.n == 0 and not c.pending and c.not_run is None):
                 continue
             seen.add(key)
-            r = replays.get(key)
-            delta = "-" if r is None or r.delta_nll is None else f"{r.delta_nll:+.3f}"
+            measured = [r for r in replays.get(key, []) if r.delta_nll is not None]
+            if not measured:
+                delta = "-"
+            elif several:
+                delta = "; ".join(f"{r.delta_nll:+.3f} ({dtype_text(r.dtype)})" for r in measured)
+            else:
+                delta = f"{measured[0].delta_nll:+.3f}"
             cost = c.cost
             lines.append(
                 [
@@ -212,6 +230,15 @@ def _own_stream(table: CompareTable) -> list[ReplayCell]:
     """The replay cells of the sources' own token streams (model ``None``): the only ΔNLL the trade-off table puts
     beside a cell's Pass@1, since a text trajectory's replay measured another model."""
     return [r for r in table.replay if r.model is None]
+
+
+def tradeoff_caption(table: CompareTable) -> str:
+    """:data:`TRADEOFF_CAPTION`, and with a ΔNLL column what its replays were measured on."""
+    own = _own_stream(table)
+    if not own:
+        return TRADEOFF_CAPTION
+    units = units_text((r.model, r.dtype) for r in own)
+    return f"{TRADEOFF_CAPTION}; ΔNLL vs dense: replays of the sources' own streams, measured on {units}"
 
 
 def tradeoff_columns(table: CompareTable) -> tuple[list[str], list[list[str]]]:
@@ -249,15 +276,16 @@ def to_markdown(table: CompareTable) -> str:
         lines += ["", "Quality beside cost (means per episode of the cell's counted episodes):", ""]
         lines += [_markdown_table(*tradeoff_columns(table))]
     if table.replay:
-        lines += ["", f"Counterfactual replay: {REPLAY_CAPTION}.", ""]
+        lines += ["", f"Counterfactual replay: {replay_caption(table.replay)}.", ""]
         lines += ["| " + " | ".join(REPLAY_HEADER) + " |", "|" + "---|" * len(REPLAY_HEADER)]
-        lines += ["| " + " | ".join(replay_text(r)) + " |" for r in table.replay]
+        several = several_dtypes(table.replay)
+        lines += ["| " + " | ".join(replay_text(r, several)) + " |" for r in table.replay]
     action = table.action_layout
     if action is not None:
         lines += ["", f"{action.title}:", ""]
         lines += [_markdown_table(action_header(action), action_lines(action, sep="; "))]
-        lines += ["", ACTION_CAPTION + ".", "", "Copy top-1 by distance:", ""]
-        lines += [_markdown_table(action.distance_header, action.distance_lines()), "", DISTANCE_CAPTION + "."]
+        lines += ["", action.caption + ".", "", "Copy top-1 by distance:", ""]
+        lines += [_markdown_table(action.distance_header, action.distance_lines()), "", action.distance_caption + "."]
     if table.grid:
         lines += ["", "Per task (one symbol per seed): " + LEGEND, ""]
         keys = list(table.grid)
@@ -276,7 +304,7 @@ def _markdown_table(header: list[str], lines: list[list[str]]) -> str:
 
 def action_header(action: ActionLayout) -> list[str]:
     """The action table's header: the row's label parts, then one column per method."""
-    return ["scope", "protocol", "density", *(["model"] if action.several_models else []), *action.methods]
+    return ["scope", "protocol", "density", *(["model, dtype"] if action.several_models else []), *action.methods]
 
 
 def action_lines(action: ActionLayout, *, sep: str) -> list[list[str]]:
@@ -284,7 +312,7 @@ def action_lines(action: ActionLayout, *, sep: str) -> list[list[str]]:
     out = []
     for row in action.rows:
         head = [row.scope, row.protocol, _density(row.density)]
-        head += [model_text(row.model)] if action.several_models else []
+        head += [row.unit_text] if action.several_models else []
         out.append(head + [sep.join(cell_lines(row.cells[m])) for m in action.methods])
     return out
 
@@ -316,7 +344,7 @@ def rich_tables(table: CompareTable) -> list[Any]:
     renderables: list[Any] = [summary if table.rows else Text("\n".join([NO_SAMPLES, *table.notes]))]
     renderables += [Text(d.text, style="bold") for d in table.demonstrations]
     if table.rows:
-        tradeoff = Table(title="quality beside cost", caption=TRADEOFF_CAPTION)
+        tradeoff = Table(title="quality beside cost", caption=tradeoff_caption(table))
         header, values = tradeoff_columns(table)
         for i, name in enumerate(header):
             tradeoff.add_column(name, justify="left" if i < 4 else "right")
@@ -324,23 +352,23 @@ def rich_tables(table: CompareTable) -> list[Any]:
             tradeoff.add_row(*v)
         renderables.append(tradeoff)
     if table.replay:
-        replay = Table(title="counterfactual replay", caption=REPLAY_CAPTION)
+        replay = Table(title="counterfactual replay", caption=replay_caption(table.replay))
         for i, name in enumerate(REPLAY_HEADER):
             replay.add_column(name, justify="left" if i < 4 else "right")
         for r in table.replay:  # escaped: a variant's label, nexus[head_scores=per_head], is not rich markup
-            replay.add_row(*(escape(v) for v in replay_text(r)))
+            replay.add_row(*(escape(v) for v in replay_text(r, several_dtypes(table.replay))))
         renderables.append(replay)
     action = table.action_layout
     if action is not None:
         header = action_header(action)
         labels = len(header) - len(action.methods)
-        actions = Table(title=action.title, caption=ACTION_CAPTION, show_lines=True)
+        actions = Table(title=action.title, caption=action.caption, show_lines=True)
         for i, name in enumerate(header):
             actions.add_column(escape(name), justify="left" if i < labels else "center")
         for line in action_lines(action, sep="\n"):
             actions.add_row(*(escape(v) for v in line))
         renderables.append(actions)
-        distance = Table(title="copy top-1 by distance", caption=DISTANCE_CAPTION)
+        distance = Table(title="copy top-1 by distance", caption=action.distance_caption)
         for i, name in enumerate(action.distance_header):
             distance.add_column(
                 name, justify="left" if i < len(action.distance_header) - len(DISTANCE_BUCKETS) else "right"

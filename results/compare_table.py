@@ -23,10 +23,10 @@ from db.models import (
     is_interactive,
 )
 from nexus.methods import DENSE, METHODS
-from results.action_render import ACTION_CAPTION, DISTANCE_CAPTION, ActionLayout, layout
+from results.action_render import ActionLayout, layout
 from results.action_stats import ActionCell, DistanceCell
 from results.cost import CellCost, EpisodeCost
-from results.replay_stats import ReplayCell
+from results.replay_stats import ReplayCell, replay_caption
 from results.stats import MIN_BOOTSTRAP_UNITS
 
 #: backends whose episodes are demonstrations, not a model's samples: never in a Pass@1 cell (see the module doc)
@@ -293,11 +293,13 @@ class CompareTable:
         }
         if self.replay:  # absent without replays: the table of a job never replayed stays as it was
             out["replay"] = [asdict(c) for c in self.replay]
-        if self.action:  # absent without span-scored replays (docs/numbers.md, "The action table")
+            out["replay_caption"] = replay_caption(self.replay)  # with the model(s) and dtype(s) measured on
+        action = self.action_layout
+        if action is not None:  # absent without span-scored replays (docs/numbers.md, "The action table")
             out["action"] = [c.to_dict() for c in self.action]
             out["action_by_distance"] = [d.to_dict() for d in self.action_by_distance]
-            out["action_caption"] = ACTION_CAPTION
-            out["action_distance_caption"] = DISTANCE_CAPTION
+            out["action_caption"] = action.caption
+            out["action_distance_caption"] = action.distance_caption
         if self.demonstrations:
             out["demonstrations"] = [d.to_dict() for d in self.demonstrations]
         return out

@@ -4,10 +4,12 @@
   the probe (scope, protocol, density) goes to the table's title instead of a column, and columns that do not
   apply to the probe are left out (needle scores no tokens, nll asks no question). The KV memory columns
   (:data:`KV_COLUMNS`) follow in a small table of their own per probe (markdown has them in the one table).
-- ``markdown``: the same tables for docs, then the caption and the notes.
+- ``markdown``: the same tables for docs, then the caption (``ProbeTable.caption``: with the model and the dtype the
+  run was measured in) and the notes. Every heading names the dtype too (``dtype not recorded`` for an older run).
 - ``json``: ``ProbeTable.to_dict()``: the run, its settings and provenance, every cell with every number
   (fractions in [0, 1], full float precision), the notes.
-- ``csv``: one line per cell, :data:`CSV_COLUMNS` (the McNemar columns once per baseline), floats as ``repr``.
+- ``csv``: one line per cell, :data:`CSV_COLUMNS` (the McNemar columns once per baseline; the run's ``dtype`` last,
+  '' where not recorded), floats as ``repr``.
 """
 
 from __future__ import annotations
@@ -17,13 +19,14 @@ import io
 from typing import Any
 
 from results.compare_render import render_as
-from results.probe_stats import BASELINES, CAPTION, KV_FIELDS, PairedTest, ProbeCell, ProbeTable
+from results.probe_stats import BASELINES, KV_FIELDS, PairedTest, ProbeCell, ProbeTable
 
 _DIMENSIONS = ("scope", "protocol", "density")
 CSV_COLUMNS = [
     "run_id", "probe", "variant", "scope", "protocol", "density", "n", "n_correct", "accuracy", "ci_low", "ci_high",
     *(f"{stat}_vs_{b}" for b in BASELINES for stat in ("p", "b", "c", "pairs")),
     "nll", "delta_nll", "delta_ci_low", "delta_ci_high", "nll_pairs", "kept_fraction", *KV_FIELDS, "seconds",
+    "dtype",  # the run's: what its model was measured in ('' where not recorded)
 ]  # fmt: skip
 
 
@@ -110,7 +113,8 @@ def memory_layout(cells: list[ProbeCell]) -> list[tuple[str, Any]]:
 
 def heading(table: ProbeTable) -> str:
     r = table.run
-    return f"probe run {r['id']} · {r['model']} · {r['status']} · {r['n_results']}/{r['n_planned']} results"
+    dtype = table.dtype or "dtype not recorded"
+    return f"probe run {r['id']} · {r['model']} · {dtype} · {r['status']} · {r['n_results']}/{r['n_planned']} results"
 
 
 def _csv_num(x: float | None) -> str:
@@ -133,6 +137,7 @@ def to_csv(table: ProbeTable) -> str:
                 _csv_num(c.ci_high), *paired, _csv_num(c.nll), _csv_num(c.delta_nll), _csv_num(c.delta_ci_low),
                 _csv_num(c.delta_ci_high), c.nll_pairs, _csv_num(c.kept_fraction),
                 *(_csv_num(getattr(c, name)) for name in KV_FIELDS), _csv_num(c.seconds),
+                table.dtype or "",
             ]
         )  # fmt: skip
     return out.getvalue()
@@ -148,7 +153,7 @@ def to_markdown(table: ProbeTable) -> str:
         lines.append("")
     if not table.cells:
         lines += ["No results stored.", ""]
-    lines += [CAPTION, ""] + [f"Note: {n}" for n in table.notes]
+    lines += [table.caption, ""] + [f"Note: {n}" for n in table.notes]
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -177,7 +182,7 @@ def rich_tables(table: ProbeTable) -> list[Any]:
         out.append(memory)
     if not table.cells:
         out.append(Text("No results stored."))
-    out.append(Text(CAPTION, style="dim"))
+    out.append(Text(table.caption, style="dim"))
     out += [Text(f"note: {n}", style="yellow") for n in table.notes]
     return out
 

@@ -96,8 +96,12 @@ class ProbeCell:
 
 @dataclass
 class ProbeTable:
-    """A probe run's cells with what they came from: ``run`` (id, status, model, times, error, counts),
-    ``settings`` (the ``ProbeSettings`` dump) and ``provenance``."""
+    """A probe run's cells with what they came from: ``run`` (id, status, model, dtype, times, error, counts),
+    ``settings`` (the ``ProbeSettings`` dump) and ``provenance``.
+
+    A run is measured in one dtype (its measuring processes all load the same model the same way; the first to load
+    records it, ``provenance["dtype"]``), and every test and ΔNLL pairs cells of the same run only: two runs, and so
+    two dtypes, are never pooled or paired."""
 
     run: dict[str, Any]
     settings: dict[str, Any]
@@ -112,6 +116,18 @@ class ProbeTable:
     def cells_of(self, probe: str) -> list[ProbeCell]:
         return [c for c in self.cells if c.probe == probe]
 
+    @property
+    def dtype(self) -> str | None:
+        """The dtype the run's model was measured in: what the loaded model reported (``provenance["dtype"]``), else
+        what its settings asked for (``settings["dtype"]``, a run whose model never loaded); None: not recorded."""
+        value = self.provenance.get("dtype") or self.settings.get("dtype")
+        return str(value) if value else None
+
+    @property
+    def caption(self) -> str:
+        """:data:`CAPTION` and what the cells were measured on (``· measured on smollm2-135m, float32``)."""
+        return f"{CAPTION} · measured on {self.run.get('model')}, {self.dtype or 'dtype not recorded'}"
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "run": self.run,
@@ -119,7 +135,7 @@ class ProbeTable:
             "provenance": self.provenance,
             "cells": [asdict(c) for c in self.cells],
             "notes": self.notes,
-            "caption": CAPTION,
+            "caption": self.caption,
         }
 
 
@@ -277,6 +293,7 @@ def probe_table(run: Any, rows: Iterable[Any], *, confidence: float = 0.95, seed
         "id": run.id,
         "status": run.status,
         "model": run.model,
+        "dtype": (run.provenance or {}).get("dtype") or (run.settings or {}).get("dtype"),  # None: not recorded
         "created_at": run.created_at.isoformat() if run.created_at else None,
         "finished_at": run.finished_at.isoformat() if run.finished_at else None,
         "error": run.error,

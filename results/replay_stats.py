@@ -3,8 +3,10 @@
 A replay row scores one dense trajectory under one (method, scope, protocol): the mean NLL of the stored
 completion tokens and the share that were still the model's argmax (top-1 agreement). Raw NLL says as much
 about the task as about the method, so the headline is the **delta-NLL vs dense**, paired by source episode:
-the method's replay NLL minus the dense replay NLL of the *same* episode under the *same* protocol (and, for a text
-trajectory, scored on the *same* model: ``Replay.model``; each model gets cells of its own). Dense
+the method's replay NLL minus the dense replay NLL of the *same* episode under the *same* protocol, scored on the
+*same* model (``Replay.model``, a text trajectory's) in the *same* dtype (``Replay.dtype``: float32 or bfloat16;
+NULL: not recorded). A (model, dtype) pair is a **unit**: each unit gets cells of its own, and a number measured in
+one dtype is never paired with one measured in another. Dense
 replayed under true_eviction reproduces the episode's own logits, so it is the baseline each method's damage
 is measured from (and dense vs itself is exactly 0).
 
@@ -56,6 +58,7 @@ class ReplayOutcome(ReplayRowKey):
     tokens: int | None = None
     density: float | None = None  # the replay's eviction density; None for dense
     model: str | None = None  # a text trajectory's replay: the model it was scored on (None: the source's own)
+    dtype: str | None = None  # the dtype the measuring model ran in (None: not recorded)
 
 
 @dataclass
@@ -79,11 +82,12 @@ class ReplayCell:
     pair_tasks: int = 0  # tasks among those pairs: the units of the interval
     unpaired: int = 0  # ok replays without a dense baseline: in no mean
     model: str | None = None  # the model a text trajectory was scored on (None: the source's own token stream)
+    dtype: str | None = None  # the dtype its replays were measured in (None: not recorded)
 
 
 def outcomes_from_rows(rows: Iterable[Any], *, job_configs: Mapping[str, Any] | None = None) -> list[ReplayOutcome]:
     """``db.measure_models.Replay`` rows (oldest first) -> one outcome per (episode, label, scope, protocol, density,
-    model); the label is the method, or for a row run under settings other than its job's own a variant's label
+    model, dtype); the label is the method, or for a row run under settings other than its job's own a variant's label
     (``jobs.variants.row_labels``; ``job_configs``: ``{job id: Job.config}``, default read through the rows'
     session), so a variant is never counted in the default's cell.
 
@@ -91,11 +95,11 @@ def outcomes_from_rows(rows: Iterable[Any], *, job_configs: Mapping[str, Any] | 
     the newest, so one episode is never counted twice in a cell."""
     rows = list(rows)
     labels = row_labels(rows, job_configs)
-    newest: dict[tuple[str, str, str, str, float | None, str | None], ReplayOutcome] = {}
+    newest: dict[tuple[str, str, str, str, float | None, str | None, str | None], ReplayOutcome] = {}
     for r, label in zip(rows, labels, strict=True):
         density = None if r.method == DENSE else (r.config or {}).get("density")
-        model = getattr(r, "model", None)
-        newest[(r.episode_id, label, r.scope, r.protocol, density, model)] = ReplayOutcome(
+        model, dtype = getattr(r, "model", None), getattr(r, "dtype", None)
+        newest[(r.episode_id, label, r.scope, r.protocol, density, model, dtype)] = ReplayOutcome(
             r.episode_id,
             r.task_id,
             label,
@@ -107,8 +111,40 @@ def outcomes_from_rows(rows: Iterable[Any], *, job_configs: Mapping[str, Any] | 
             r.tokens,
             density,
             model,
+            dtype,
         )
     return list(newest.values())
+
+
+#: what a replay was measured on: (model, dtype). model None: the source's own (a token-stream replay); dtype None:
+#: not recorded (a row stored before it was). Every pairing key that holds the model holds the dtype beside it.
+Unit = tuple[str | None, str | None]
+
+
+def unit_order(units: Iterable[Unit]) -> list[Unit]:
+    """The (model, dtype) pairs present, each once: the source's own model first, then the models by name; within
+    a model, dtype not recorded first, then the dtypes by name."""
+    return sorted(set(units), key=lambda u: (u[0] is not None, u[0] or "", u[1] is not None, u[1] or ""))
+
+
+def dtype_text(dtype: str | None) -> str:
+    return dtype or "dtype not recorded"
+
+
+def unit_text(model: str | None, dtype: str | None) -> str:
+    """``smollm2-135m, bfloat16``; ``own model, float32``; ``own model, dtype not recorded``."""
+    return f"{model or 'own model'}, {dtype_text(dtype)}"
+
+
+def units_text(units: Iterable[Unit]) -> str:
+    """The (model, dtype) pairs a table's cells were measured on, for its caption: ``smollm2-135m, bfloat16``
+    (several joined by ``; ``, in :func:`unit_order`)."""
+    return "; ".join(unit_text(m, d) for m, d in unit_order(units))
+
+
+def measured_on(units: Iterable[Unit]) -> str:
+    """``measured on smollm2-135m, bfloat16``: :func:`units_text` as a caption's clause."""
+    return "measured on " + units_text(units)
 
 
 def _order(values: Iterable[str], canonical: Sequence[str]) -> list[str]:
@@ -124,30 +160,34 @@ def _task_mean(pairs: Iterable[tuple[str, float]]) -> list[float]:
     return [sum(v) / len(v) for _, v in sorted(by_task.items())]
 
 
-def _dense_baseline(outcomes: Sequence[ReplayOutcome]) -> dict[tuple[str, str, str | None, str], float]:
-    """Dense replay NLL by (episode, protocol, model, scope); scope ``""`` holds the first scope's value, the
+#: a dense baseline's key: (episode, protocol, model, dtype, scope)
+BaselineKey = tuple[str, str, str | None, str | None, str]
+
+
+def _dense_baseline(outcomes: Sequence[ReplayOutcome]) -> dict[BaselineKey, float]:
+    """Dense replay NLL by (episode, protocol, model, dtype, scope); scope ``""`` holds the first scope's value, the
     fallback for a method replayed under a scope dense was not (dense evicts nothing: its scope is moot). A replay
-    scored on one model is never paired with a dense replay scored on another."""
-    baseline: dict[tuple[str, str, str | None, str], float] = {}
+    scored on one model, or in one dtype, is never paired with a dense replay scored on another."""
+    baseline: dict[BaselineKey, float] = {}
     rank = {s: i for i, s in enumerate(SCOPES)}
     dense = [o for o in outcomes if o.method == DENSE and o.status == "ok" and o.nll_mean is not None]
     for o in sorted(dense, key=lambda o: rank.get(o.scope, len(rank))):
-        baseline[(o.episode_id, o.protocol, o.model, o.scope)] = o.nll_mean  # type: ignore[assignment]
-        baseline.setdefault((o.episode_id, o.protocol, o.model, ""), o.nll_mean)  # type: ignore[arg-type]
+        baseline[(o.episode_id, o.protocol, o.model, o.dtype, o.scope)] = o.nll_mean  # type: ignore[assignment]
+        baseline.setdefault((o.episode_id, o.protocol, o.model, o.dtype, ""), o.nll_mean)  # type: ignore[arg-type]
     return baseline
 
 
 def summarize_replays(
     outcomes: Iterable[ReplayOutcome], *, confidence: float = 0.95, seed: int = 0
 ) -> list[ReplayCell]:
-    """One cell per (model, scope, protocol, density, method) present, ordered like ``compare``'s rows and columns
-    (dense, whose density is ``None``, first in its scope x protocol); the source's own token stream (model
-    ``None``) first, then each model a text trajectory was scored on."""
+    """One cell per ((model, dtype), scope, protocol, density, method) present, ordered like ``compare``'s rows and
+    columns (dense, whose density is ``None``, first in its scope x protocol); the source's own token stream (model
+    ``None``) first, then each model a text trajectory was scored on, each in its dtypes (:func:`unit_order`)."""
     every = list(outcomes)
     baseline = _dense_baseline(every)
     cells = []
-    for model in sorted({o.model for o in every}, key=lambda m: (m is not None, m or "")):
-        rows = [o for o in every if o.model == model]
+    for model, dtype in unit_order((o.model, o.dtype) for o in every):
+        rows = [o for o in every if (o.model, o.dtype) == (model, dtype)]
         for scope in _order((o.scope for o in rows), SCOPES):
             for protocol in _order((o.protocol for o in rows if o.scope == scope), PROTOCOLS):
                 here = [o for o in rows if (o.scope, o.protocol) == (scope, protocol)]
@@ -157,7 +197,15 @@ def summarize_replays(
                     for method in order_labels(o.method for o in at):  # each method's variants after it
                         mine = [o for o in at if o.method == method]
                         cell = summarize_cell(
-                            method, scope, protocol, mine, baseline, confidence=confidence, seed=seed, model=model
+                            method,
+                            scope,
+                            protocol,
+                            mine,
+                            baseline,
+                            confidence=confidence,
+                            seed=seed,
+                            model=model,
+                            dtype=dtype,
                         )
                         cell.density = density
                         cells.append(cell)
@@ -169,22 +217,25 @@ def summarize_cell(
     scope: str,
     protocol: str,
     outcomes: Sequence[ReplayOutcome],
-    baseline: dict[tuple[str, str, str | None, str], float],
+    baseline: dict[BaselineKey, float],
     *,
     confidence: float = 0.95,
     seed: int = 0,
     model: str | None = None,
+    dtype: str | None = None,
 ) -> ReplayCell:
-    """Statistics of one method's replays in one scope x protocol, scored on ``model``; ``baseline`` from
-    :func:`_dense_baseline`."""
-    cell = ReplayCell(method, scope, protocol, model=model)
+    """Statistics of one method's replays in one scope x protocol, scored on ``model`` in ``dtype``; ``baseline``
+    from :func:`_dense_baseline` (only a dense replay of the same episode, protocol, model and dtype pairs)."""
+    cell = ReplayCell(method, scope, protocol, model=model, dtype=dtype)
     ok = [o for o in outcomes if o.status == "ok" and o.nll_mean is not None]
     cell.skipped = sum(o.status == "skipped" for o in outcomes)
     cell.failed = sum(o.status == "failed" for o in outcomes)
     cell.episodes, cell.tasks = len(ok), len({o.task_id for o in ok})
     paired = []  # (outcome, dense NLL of the same episode and protocol)
     for o in ok:
-        dense = baseline.get((o.episode_id, protocol, model, scope), baseline.get((o.episode_id, protocol, model, "")))
+        dense = baseline.get(
+            (o.episode_id, protocol, model, dtype, scope), baseline.get((o.episode_id, protocol, model, dtype, ""))
+        )
         if dense is not None:
             paired.append((o, dense))
     cell.n_pairs, cell.unpaired = len(paired), len(ok) - len(paired)
@@ -214,12 +265,19 @@ def current_replays(session: Any, job_ids: Sequence[str], results: Iterable[Any]
     return current, len(rows) - len(current)
 
 
-#: what the replay columns mean (printed under every replay table)
+#: what the replay columns mean (printed under every replay table; :func:`replay_caption` adds what they were
+#: measured on)
 REPLAY_CAPTION = (
     "dense trajectories teacher-forced through each method's cache; NLL (nats per completion token), top-1 and "
-    "ΔNLL = method minus dense on the same episode and protocol, all over the same pairs, averaged per task; "
-    f"95% bootstrap interval over tasks from {MIN_BOOTSTRAP_UNITS} tasks (fewer: none)"
+    "ΔNLL = method minus dense on the same episode, protocol, model and dtype, all over the same pairs, averaged per "
+    f"task; 95% bootstrap interval over tasks from {MIN_BOOTSTRAP_UNITS} tasks (fewer: none)"
 )
+
+
+def replay_caption(cells: Sequence[ReplayCell]) -> str:
+    """:data:`REPLAY_CAPTION` with the model(s) and dtype(s) the ``cells`` were measured on (:func:`measured_on`)."""
+    units = [(c.model, c.dtype) for c in cells]
+    return f"{REPLAY_CAPTION}; {measured_on(units)}" if units else REPLAY_CAPTION
 
 
 def replay_notes(cells: Sequence[ReplayCell], *, superseded: int = 0) -> list[str]:

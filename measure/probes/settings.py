@@ -23,6 +23,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from agent_runner.config import PROTOCOLS, SMOLLM2, check_protocol
+from agent_runner.measuring_dtypes import MEASURING_DTYPES, REFERENCE_DTYPE
 from nexus.config import EVICTION_DEFAULTS
 from nexus.methods import SCOPES, check_method, check_scope
 from nexus.presets import PRESETS
@@ -79,6 +80,16 @@ class ProbeSettings(BaseModel):
     continuation: int = Field(128, ge=8, description="nll: scored continuation tokens per document")
     preset: str = Field("paper", description="the methods' named settings (nexus.presets)")
     seed: int = Field(0, description="texts, needles and every method's random choices")
+    dtype: str = Field(
+        REFERENCE_DTYPE, description="what the model measures in: float32 | bfloat16 (`probe run --dtype auto` chooses)"
+    )
+
+    @field_validator("dtype")
+    @classmethod
+    def _dtype(cls, value: str) -> str:
+        if value not in MEASURING_DTYPES:
+            raise ValueError(f"unknown dtype {value!r}; use {', '.join(MEASURING_DTYPES)}")
+        return value
 
     @field_validator("probes")
     @classmethod

@@ -60,7 +60,9 @@ def measure_and_store(
 
     stored = 0
     try:
-        for result in measure(settings, ModelSpec(name=settings.model), processes=processes, threads=threads):
+        for result in measure(
+            settings, ModelSpec(name=settings.model, dtype=settings.dtype), processes=processes, threads=threads
+        ):
             if isinstance(result, tuple):  # ("loaded", device, dtype): the model is up
                 with database.session() as s:
                     start_probe_run(s, run_id, device=result[1], dtype=result[2])

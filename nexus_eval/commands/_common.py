@@ -109,3 +109,23 @@ def job_id_of(database: Database, job: str) -> str:
             return job_rows.get_job(s, job).id
     except LookupError as exc:
         fail(str(exc))
+
+
+DTYPE_OPTION = typer.Option(
+    "auto",
+    "--dtype",
+    help="what the model measures in: float32 | bfloat16 | auto (bfloat16 on a GPU, or on a CPU whose bfloat16 "
+    "units measure faster here; float32 elsewhere). Stored with every row; cells of two dtypes are never paired",
+)
+
+
+def choose_measuring_dtype(console, requested: str, device: str | None) -> str:  # type: ignore[no-untyped-def]
+    """The measuring dtype for ``--dtype`` on ``--device`` (``measure.measuring_dtype``), said on the console with
+    why; ValueError for an unknown name."""
+    from measure.measuring_dtype import check_dtype, choose_dtype
+
+    check_dtype(requested)  # before anything else runs
+    cuda = None if device in (None, "auto") else device.startswith("cuda")
+    choice = choose_dtype(requested, cuda=cuda)
+    console.print(f"measuring in [bold]{choice.dtype}[/bold] ({choice.why})", soft_wrap=True)
+    return choice.dtype

@@ -21,7 +21,7 @@ import typer
 
 from nexus.config import EVICTION_DEFAULTS
 from nexus_eval.commands import _job_flags as jf
-from nexus_eval.commands._common import DB_OPTION, PROCESSES, csv_list, fail
+from nexus_eval.commands._common import DB_OPTION, DTYPE_OPTION, PROCESSES, choose_measuring_dtype, csv_list, fail
 from nexus_eval.commands.replay import REDO_OPTION
 from results.table_formats import FORMAT_HELP
 
@@ -42,6 +42,7 @@ def agent_case(
     threads: int = typer.Option(1, min=1, help="torch CPU threads a process (on a small shared CPU 1 is the fastest)"),
     processes: int = PROCESSES,
     redo: bool = REDO_OPTION,
+    dtype: str = DTYPE_OPTION,
     db: str = DB_OPTION,
     fmt: str = typer.Option("table", "--format", help=FORMAT_HELP),
 ) -> None:
@@ -71,12 +72,13 @@ def agent_case(
 
         check_replay_settings(**wanted)
         resolve_model(model)
+        console = Console(stderr=True, highlight=False)
+        chosen = choose_measuring_dtype(console, dtype, None)
     except ValueError as exc:
         fail(f"{exc}\nnothing was run")
-    console = Console(stderr=True, highlight=False)
     database, job_id = run_here(plan, db, console)
     try:
-        plan = plan_replays(database, job_id, model=model, chunked=True, redo=redo, **wanted)
+        plan = plan_replays(database, job_id, model=model, chunked=True, redo=redo, dtype=chosen, **wanted)
     except (LookupError, ValueError) as exc:
         fail(str(exc))
     for episode_id, task_id, why in plan.missing:
@@ -87,7 +89,7 @@ def agent_case(
     torch.set_num_threads(threads)  # more threads than free cores makes this small-matrix work slower, not faster
     again = (  # what continues these replays: the same settings on this job, only those not stored ok
         f"`nexus-eval replay {job_id} --model {model} --methods {methods} --scopes {scopes} "
-        f"--protocols {protocols} --densities {densities}{f' --db {db}' if db else ''}`"
+        f"--protocols {protocols} --densities {densities} --dtype {chosen}{f' --db {db}' if db else ''}`"
     )
     try:
         summary = run_with_progress(console, database, plan, chunked=True, processes=processes, threads=threads)

@@ -17,7 +17,16 @@ from typing import Any
 import typer
 from typer.core import TyperCommand
 
-from nexus_eval.commands._common import DB_OPTION, PROCESSES, csv_list, fail, open_db, read_db
+from nexus_eval.commands._common import (
+    DB_OPTION,
+    DTYPE_OPTION,
+    PROCESSES,
+    choose_measuring_dtype,
+    csv_list,
+    fail,
+    open_db,
+    read_db,
+)
 from nexus_eval.commands._flag_group import flag, takes_flags
 from results.table_formats import FORMAT_HELP
 
@@ -129,6 +138,7 @@ def run(
     db: str = DB_OPTION,
     fmt: str = FORMAT,
     output: Path = typer.Option(None, "--output", "-o", help="write the table here instead of stdout"),
+    dtype: str = DTYPE_OPTION,
 ) -> None:
     """Run quality probes on a model; store every result as it arrives; print the table."""
     from results.compare_render import FORMATS
@@ -139,6 +149,12 @@ def run(
         fail(f"cannot write {output}: the folder {output.parent} does not exist; nothing was run")
     settings = settings_from_flags(flags)
     _check_model(settings.model)
+    from rich.console import Console
+
+    try:  # stored in the run's settings: a probe table says what it was measured in
+        settings = settings.model_copy(update={"dtype": choose_measuring_dtype(Console(stderr=True), dtype, None)})
+    except ValueError as exc:
+        fail(f"{exc}; nothing was run")
     from measure.processes import resolve_processes
 
     processes = resolve_processes(processes)

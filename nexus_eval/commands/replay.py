@@ -16,7 +16,15 @@ from __future__ import annotations
 
 import typer
 
-from nexus_eval.commands._common import DB_OPTION, PROCESSES, csv_list, fail, read_db
+from nexus_eval.commands._common import (
+    DB_OPTION,
+    DTYPE_OPTION,
+    PROCESSES,
+    choose_measuring_dtype,
+    csv_list,
+    fail,
+    read_db,
+)
 
 REDO_OPTION = typer.Option(
     False, "--redo", help="measure again replays already stored ok (default: run only those not stored ok yet)"
@@ -53,6 +61,7 @@ def replay(
     processes: int = PROCESSES,
     tasks: str = typer.Option(None, "--tasks", help="comma-separated task ids or globs (default: every task)"),
     redo: bool = REDO_OPTION,
+    dtype: str = DTYPE_OPTION,
     db: str = DB_OPTION,
 ) -> None:
     """Teacher-force the job's dense episodes through each method's cache; store NLL and top-1 per replay."""
@@ -60,8 +69,10 @@ def replay(
 
     from measure.replay import plan_replays
 
+    console = Console(stderr=True, highlight=False)
     database = read_db(db)
     try:
+        chosen = choose_measuring_dtype(console, dtype, device)
         plan = plan_replays(
             database,
             job,
@@ -75,10 +86,10 @@ def replay(
             method_params=_method_params(method_params) if method_params else None,
             chunked=not token_by_token,
             redo=redo,
+            dtype=chosen,
         )
     except (LookupError, ValueError) as exc:
         fail(str(exc))
-    console = Console(stderr=True, highlight=False)
     for episode_id, task_id, why in plan.missing:
         console.print(f"[yellow]not replayed:[/yellow] dense episode {episode_id} ({task_id}): {why}")
     if not plan.items and not plan.done:
@@ -197,17 +208,17 @@ def _table(summary, stored: int = 0):  # type: ignore[no-untyped-def]
     from rich.markup import escape
     from rich.table import Table
 
-    from results.compare_render import REPLAY_HEADER, replay_text
-    from results.replay_stats import REPLAY_CAPTION
+    from results.compare_render import REPLAY_HEADER, replay_text, several_dtypes
+    from results.replay_stats import replay_caption
 
     counts = ", ".join(
         [f"{n} {status}" for status, n in summary.counts.items() if n] + ([f"{stored} stored before"] if stored else [])
     )
-    table = Table(title=f"replay {summary.job_id}: {counts or 'nothing ran'}", caption=REPLAY_CAPTION)
+    table = Table(title=f"replay {summary.job_id}: {counts or 'nothing ran'}", caption=replay_caption(summary.cells))
     for i, name in enumerate(REPLAY_HEADER):
         table.add_column(name, justify="left" if i < 4 else "right")
     for cell in summary.cells:  # escaped: a variant's label, nexus[head_scores=per_head], is not rich markup
-        table.add_row(*(escape(v) for v in replay_text(cell)))
+        table.add_row(*(escape(v) for v in replay_text(cell, several_dtypes(summary.cells))))
     return table
 
 

@@ -25,7 +25,7 @@ from results.stats import bootstrap_mean_ci, mcnemar_paired, wilson_interval
 
 # "--workers": the older spelling of --processes, kept accepted for existing scripts (tested here on purpose)
 CELLS = ["--lengths", "256", "--variants", "dense,snapkv", "--densities", "0.5", "--workers", "1"]
-ARGS = ["--model", "tiny", "--samples", "2", *CELLS]
+ARGS = ["--model", "tiny", "--samples", "2", "--dtype", "float32", *CELLS]
 SETTINGS = ProbeSettings(model="tiny", samples=2, lengths=(256,), variants=("dense", "snapkv"), densities=(0.5,))
 FORMATS = ("json", "csv", "tsv", "markdown", "table")
 
@@ -62,6 +62,24 @@ def probe_run(tmp_path_factory) -> Run:
     done = cli("probe", "run", *ARGS, "--db", str(db_path), "--format", "json")
     assert done.exit_code == 0, done.output
     return Run(db_path, json.loads(done.stdout)["run"]["id"], done.stdout, done.stderr)
+
+
+def test_auto_measures_in_the_dtype_this_machine_computes_fastest_and_the_run_stores_it(tmp_path):
+    from measure.measuring_dtype import choose_dtype
+
+    db_path = tmp_path / "results.db"
+    one = ["--model", "tiny", "--samples", "1", "--probes", "nll", "--lengths", "256", "--variants", "dense"]
+    done = cli("probe", "run", *one, "--dtype", "auto", "--db", str(db_path), "--format", "json")
+    assert done.exit_code == 0, done.output
+    chosen = choose_dtype("auto", cuda=False)
+    assert f"measuring in {chosen.dtype} ({chosen.why})" in done.stderr
+    run, _ = stored(sqlite_url(db_path), json.loads(done.stdout)["run"]["id"])
+    assert (
+        run.settings["dtype"] == run.provenance["dtype"] == chosen.dtype
+    )  # asked and loaded: one, stored with the run
+    bad = cli("probe", "run", *one, "--dtype", "fp16", "--db", str(tmp_path / "other.db"))
+    assert bad.exit_code == 2 and "unknown dtype 'fp16'; use auto, float32, bfloat16" in bad.output
+    assert not (tmp_path / "other.db").exists()
 
 
 def test_the_cli_stores_exactly_what_run_probes_yields(probe_run):

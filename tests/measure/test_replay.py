@@ -184,7 +184,7 @@ def test_rerun_replaces_rows_and_token_by_token_matches_chunks(sqlite_db, host):
     for row in (r for r in new if r.method == "nexus"):
         assert row.id not in old and row.chunked is False
         before = next(o for o in old.values() if (o.episode_id, o.method) == (row.episode_id, "nexus"))
-        assert row.config_key == before.config_key == config_key(before.config)
+        assert row.config_key == before.config_key == config_key(before.config, None, before.dtype)
         assert row.nll_mean == pytest.approx(before.nll_mean, abs=1e-4) and row.top1 == before.top1
 
 
@@ -255,7 +255,8 @@ def test_cli_replays_and_prints_the_table(sqlite_db, host, monkeypatch):
 
     job_id, _ = make_job(sqlite_db, host.model)
     monkeypatch.setattr(agent_runner.loaded_models, "host_for", lambda spec: host)
-    args = ["replay", job_id, "--methods", "dense,snapkv", "--protocols", "full_context", "--db", sqlite_db.url]
+    args = ["replay", job_id, "--methods", "dense,snapkv", "--protocols", "full_context", "--dtype", "float32"]
+    args += ["--db", sqlite_db.url]
     result = CliRunner().invoke(app, args, env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
     assert "not replayed" in result.output and "t3" in result.output  # the episode without a stream is named

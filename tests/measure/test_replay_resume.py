@@ -37,7 +37,7 @@ def killed_after(k: int):
 
 
 def key(item) -> tuple:
-    return (item.episode_id, item.method, item.scope, item.protocol, config_key(item.eviction, item.model))
+    return (item.episode_id, item.method, item.scope, item.protocol, config_key(item.eviction, item.model, item.dtype))
 
 
 def stored(db) -> dict[tuple, Replay]:
@@ -115,6 +115,7 @@ def test_failed_skipped_and_otherwise_measured_rows_are_planned_again(sqlite_db,
             config=failed.eviction,
             status="failed",
             error="RuntimeError: out of memory",
+            dtype=failed.dtype,
         )
     plan = plan_replays(sqlite_db, job_id, methods=["snapkv"], protocols=["true_eviction", "full_context"])
     skipped = {key(r.item) for r in summary.results if r.status == "skipped"}  # t2's dense and snapkv
@@ -147,7 +148,8 @@ def test_cli_says_it_resumes_and_all_stored_still_prints_the_table(sqlite_db, ho
     replay_job(sqlite_db, job_id, host=host, methods=["dense"], protocols=["full_context"])  # 2 of 4 stored
     monkeypatch.setattr(agent_runner.loaded_models, "host_for", lambda spec: host)
     runner, env = CliRunner(), {"COLUMNS": "200"}
-    args = ["replay", job_id, "--methods", "dense,snapkv", "--protocols", "full_context", "--db", sqlite_db.url]
+    args = ["replay", job_id, "--methods", "dense,snapkv", "--protocols", "full_context", "--dtype", "float32"]
+    args += ["--db", sqlite_db.url]
 
     result = runner.invoke(app, args, env=env)
     assert result.exit_code == 0, result.output
@@ -200,7 +202,7 @@ def test_agent_case_resumes_its_replays_and_an_interrupted_one_names_the_command
     monkeypatch.setattr(nexus_eval.commands.service, "run_here", lambda plan, db, console: (sqlite_db, job_id))
     monkeypatch.setattr(agent_runner.loaded_models, "host_for", lambda spec: tiny)
     settings = ["--model", "tiny", "--methods", "dense,snapkv", "--scopes", "prefill_only"]
-    settings += ["--protocols", "full_context", "--densities", "0.2", "--db", sqlite_db.url]
+    settings += ["--protocols", "full_context", "--densities", "0.2", "--dtype", "float32", "--db", sqlite_db.url]
     args = ["agent-case", "--tasks", TASK, *settings, "--format", "json"]
     runner = CliRunner()
 

@@ -136,7 +136,8 @@ def test_a_variant_replay_gets_cells_of_its_own_in_compare(sqlite_db, host, monk
     job_id, _ = make_job(sqlite_db, host.model)
     replay_job(sqlite_db, job_id, methods=["nexus"], protocols=["full_context"], host=host)
     monkeypatch.setattr(agent_runner.loaded_models, "host_for", lambda spec: host)
-    args = ["replay", job_id, "--methods", "nexus", "--protocols", "full_context", "--db", sqlite_db.url]
+    args = ["replay", job_id, "--methods", "nexus", "--protocols", "full_context", "--dtype", "float32"]
+    args += ["--db", sqlite_db.url]
     result = CliRunner().invoke(app, [*args, "--method-params", json.dumps(PER_HEAD)], env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
     assert "2 ok" in result.output  # the dense baseline exists: only the variant ran

@@ -166,15 +166,19 @@ def trajectory(host64):
 @pytest.mark.parametrize(("method", "scope", "protocol"), _replay_matrix())
 @torch.no_grad()
 def test_replay_cells_batched_equal_each_cell_alone(host64, trajectory, method, scope, protocol):
-    """`replay_cells` of one method at three densities (and dense beside it) equals `replay_episode` of each alone:
-    every turn's per-token scores, events, what each layer holds, memory figures (peaks included) and spans."""
+    """`replay_cells` of one method at three densities, a second method at each density and dense beside them (each
+    density's rows a stack) equals `replay_episode` of each alone: every turn's per-token scores, events, what each
+    layer holds, memory figures (peaks included) and spans."""
     from measure.counterfactual import model_forward, replay_episode
     from measure.replay_cells import replay_cells
 
     turns, plans = trajectory[protocol]
     small = dict(window=8, block_size=8)
+    beside = "snapkv" if method != "snapkv" else "streaming_llm"
     evictions = [nexus.EvictionConfig(method="dense")] + [
-        nexus.EvictionConfig(method=method, scope=scope, density=d, **small) for d in (0.15, 0.3, 0.5)
+        nexus.EvictionConfig(method=m, scope=scope, density=d, **small)
+        for d in (0.15, 0.3, 0.5)
+        for m in (method, beside)
     ]
     together = replay_cells(host64.model, turns, evictions, protocol, actions=plans)
     forward = model_forward(host64.model, host64.device)
@@ -187,3 +191,29 @@ def test_replay_cells_batched_equal_each_cell_alone(host64, trajectory, method, 
             assert a.nll_mean == pytest.approx(b.nll_mean, abs=1e-9)
     if method != "dense":
         assert any(t.eviction_events for t in together[1].turns)
+
+
+@torch.no_grad()
+def test_replay_cells_stack_rows_by_scope_and_density_so_each_row_is_fed_the_chunks_it_would_be_alone(
+    host64, trajectory
+):
+    """Rows of other densities or scopes are stacks of their own: a row's completion is split only at its own stack's
+    decode-time events, so it takes the forwards it would alone (one stack of every row would split each row's feed
+    at every other row's events too)."""
+    from measure.counterfactual import model_forward, replay_episode
+    from measure.replay_cells import replay_cells, stack_groups
+
+    turns, plans = trajectory["true_eviction"]
+    small = dict(window=8, block_size=8)
+    evictions = [nexus.EvictionConfig(method="dense")] + [
+        nexus.EvictionConfig(method=m, scope=sc, density=d, **small)
+        for sc in ("prefill_only", "prefill_decode")
+        for d in (0.15, 0.3)
+        for m in ("snapkv", "nexus")
+    ]
+    assert stack_groups(evictions) == [[0], [1, 2], [3, 4], [5, 6], [7, 8]]
+    together = replay_cells(host64.model, turns, evictions, "true_eviction", actions=plans)
+    forward = model_forward(host64.model, host64.device)
+    for eviction, got in zip(evictions, together, strict=True):
+        alone = replay_episode(forward, host64.model.config, turns, eviction, "true_eviction", actions=plans)
+        assert [t.chunks for t in got.turns] == [t.chunks for t in alone.turns], (eviction.scope, eviction.density)
