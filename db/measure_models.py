@@ -73,7 +73,7 @@ class Replay(Base):
     model: Mapped[str | None] = mapped_column(String(200))
     action: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
-    # the dtype the measuring model ran in (agent_runner.config.MEASURING_DTYPES: float32 | bfloat16; part of
+    # the dtype the measuring model ran in (agent_runner.measuring_dtypes.MEASURING_DTYPES: float32 | bfloat16; part of
     # config_key beside ``model``); NULL for a row stored before it was recorded: "not recorded", never guessed
     dtype: Mapped[str | None] = mapped_column(String(16))
 

@@ -179,15 +179,22 @@ class StackedLayer(CacheLayerMixin):
     def attention_mask(self, query: torch.Tensor, additive: bool) -> torch.Tensor:
         """[N, 1 or Hq, q, longest]: each row attends to its held slots only, its q new tokens causally."""
         q = query.shape[2]
-        pos = self.pos[:, :, : self.longest]  # [N, Hkv, P]
+        longest = self.longest
+        pos = self.pos[:, :, :longest]  # [N, Hkv, P]
         if not self.ragged:
             pos = pos[:, :1]  # every head of a row holds the same slots
-        held = pos >= 0
         if q == 1:  # at a decode step every held token is earlier than the new one
-            allowed = held.unsqueeze(2)
+            allowed = (pos >= 0).unsqueeze(2)
+        elif not self.ragged:
+            # a row that is not ragged holds its slots as a prefix (eviction compacts it), its q new tokens last:
+            # new token i sees the slots before length - q + i + 1. One comparison of [P] against [N, q], where
+            # held & (position <= query position) builds three [N, q, P] tensors a layer
+            step = torch.arange(1, q + 1, device=pos.device).view(1, 1, q, 1)
+            limit = (self._lengths_t - q).view(-1, 1, 1, 1) + step
+            allowed = torch.arange(longest, device=pos.device).view(1, 1, 1, -1) < limit  # [N, 1, q, P]
         else:
             qpos = self._n_seen_t.view(-1, 1, 1, 1) - q + torch.arange(q, device=pos.device).view(1, 1, q, 1)
-            allowed = held.unsqueeze(2) & (pos.unsqueeze(2) <= qpos)  # [N, H, q, P]
+            allowed = (pos >= 0).unsqueeze(2) & (pos.unsqueeze(2) <= qpos)  # [N, H, q, P]
         if self.ragged:
             allowed = allowed.repeat_interleave(query.shape[1] // allowed.shape[1], dim=1)
         if additive:

@@ -136,8 +136,8 @@ def _turn_facts(turn) -> dict:
     return out
 
 
-#: how many of the matrix's other 38 cells a run measures (~7 s each): every cell over runs, a printed seed a run
-REPLAY_CELLS_PER_RUN = 8
+#: how many of the matrix's other 38 cells a run measures (~12 s each): every cell over runs, a printed seed a run
+REPLAY_CELLS_PER_RUN = 4
 
 
 def _replay_matrix():

@@ -2,11 +2,11 @@
 
 Revision ID: 0011
 Revises: 0010
-Create Date: 2026-12-07 09:00:00.000000
+Create Date: 2026-12-06 13:00:00.000000
 
 The measuring model of a replay (the source's own, or the one a text trajectory is rendered into) runs in a named
-dtype, ``float32`` or ``bfloat16`` (``agent_runner.config.MEASURING_DTYPES``), and a number measured in one is never
-paired with one measured in the other:
+dtype, ``float32`` or ``bfloat16`` (``agent_runner.measuring_dtypes.MEASURING_DTYPES``), and a number measured in
+one is never paired with one measured in the other:
 
 - ``replays.dtype``: the dtype the row was measured in. It is part of the row's ``config_key`` (beside ``model``), so
   a float32 and a bfloat16 replay of one configuration keep a row each. Rows stored before it was recorded get NULL
