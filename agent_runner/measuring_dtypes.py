@@ -9,3 +9,10 @@ Which one a run takes (``auto``: what this machine computes fastest) is ``measur
 MEASURING_DTYPES: tuple[str, ...] = ("float32", "bfloat16")
 #: the dtype a measurement called from code runs in unless told (the CLI's ``--dtype auto`` chooses per machine)
 REFERENCE_DTYPE = "float32"
+
+
+def check_measuring_dtype(dtype: str) -> str:
+    """``dtype`` if a measuring model may run in it; ValueError naming ``MEASURING_DTYPES`` otherwise."""
+    if dtype not in MEASURING_DTYPES:
+        raise ValueError(f"unknown measuring dtype {dtype!r}; use {', '.join(MEASURING_DTYPES)}")
+    return dtype

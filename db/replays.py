@@ -25,7 +25,7 @@ from typing import Any
 from sqlalchemy import Row, delete, select
 from sqlalchemy.orm import Session
 
-from agent_runner.measuring_dtypes import MEASURING_DTYPES
+from agent_runner.measuring_dtypes import check_measuring_dtype
 from db.connection import begin_write
 from db.measure_models import Replay, ReplayStatus
 from db.models import AGENT_EXIT_STATUSES, GRADE_STATUSES, Episode, Turn, utcnow
@@ -83,8 +83,8 @@ def record_replay(
     dtype the measuring model ran in (one of ``MEASURING_DTYPES``; None: not recorded); part of the key, so only the
     row of the same dtype is replaced."""
     ReplayStatus(status)  # a typo is an error here, not a CHECK failure halfway through a batch
-    if dtype is not None and dtype not in MEASURING_DTYPES:
-        raise ValueError(f"unknown measuring dtype {dtype!r}; use one of {', '.join(MEASURING_DTYPES)} (or None)")
+    if dtype is not None:
+        check_measuring_dtype(dtype)
     begin_write(session)
     key = config_key(config, model, dtype)
     session.execute(

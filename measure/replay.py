@@ -34,7 +34,7 @@ from typing import Any
 from pydantic import TypeAdapter, ValidationError
 
 from agent_runner.config import ModelSpec, check_protocol
-from agent_runner.measuring_dtypes import MEASURING_DTYPES, REFERENCE_DTYPE
+from agent_runner.measuring_dtypes import REFERENCE_DTYPE, check_measuring_dtype
 from db import Database, job_rows
 from db import store as db_store
 from db.models import ACTIVE_STATUSES
@@ -141,8 +141,7 @@ def plan_replays(
     or a job without dense episodes. Loads no model; imports no torch unless ``method_params`` is given (its
     policies are built to check the values)."""
     check_replay_settings(methods, scopes, protocols, densities)
-    if dtype not in MEASURING_DTYPES:
-        raise ValueError(f"unknown measuring dtype {dtype!r}; use {', '.join(MEASURING_DTYPES)}")
+    check_measuring_dtype(dtype)
     with db.session() as s:
         job = job_rows.get_job(s, job_id)
         methods = list(methods or (job.config or {}).get("methods") or [])

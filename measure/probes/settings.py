@@ -23,7 +23,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from agent_runner.config import PROTOCOLS, SMOLLM2, check_protocol
-from agent_runner.measuring_dtypes import MEASURING_DTYPES, REFERENCE_DTYPE
+from agent_runner.measuring_dtypes import REFERENCE_DTYPE, check_measuring_dtype
 from nexus.config import EVICTION_DEFAULTS
 from nexus.methods import SCOPES, check_method, check_scope
 from nexus.presets import PRESETS
@@ -87,9 +87,7 @@ class ProbeSettings(BaseModel):
     @field_validator("dtype")
     @classmethod
     def _dtype(cls, value: str) -> str:
-        if value not in MEASURING_DTYPES:
-            raise ValueError(f"unknown dtype {value!r}; use {', '.join(MEASURING_DTYPES)}")
-        return value
+        return check_measuring_dtype(value)
 
     @field_validator("probes")
     @classmethod
