@@ -43,7 +43,7 @@ from jobs.episode_config import stored_episode_spec
 from jobs.spec import JobSpec
 from jobs.variants import job_spec_for
 from measure.replay_run import Progress, ReplayItem, ReplayPlan, ReplayResult, ReplaySummary, run_plan
-from nexus.config import EvictionConfig
+from nexus.config import EvictionConfig, keyed
 from nexus.methods import DENSE, check_method, check_scope
 
 __all__ = [
@@ -190,7 +190,7 @@ def plan_replays(
                 wanted += [(DENSE, scopes[0], p) for p in protocols if (episode.id, p) not in have_dense]
             for method, scope, protocol in wanted:
                 for at in [spec] if method == DENSE else specs:  # dense keeps every token: the job's own settings
-                    config = _EVICTION.dump_python(at.eviction_config(method, scope, episode.seed), mode="json")
+                    config = keyed(_EVICTION.dump_python(at.eviction_config(method, scope, episode.seed), mode="json"))
                     item = ReplayItem(episode.id, episode.task_id, method, scope, protocol, config, model, dtype)
                     key = (episode.id, method, scope, protocol, config_key(config, model, dtype))
                     (plan.done if not redo and key in done else plan.items).append(item)

@@ -25,11 +25,13 @@ import torch
 from transformers.cache_utils import Cache
 
 from nexus.budget import appends_before_decode_event, prefill_budget, should_evict
+from nexus.candidates import select_newest_turn
 from nexus.config import EvictionConfig
 from nexus.layer_buffers import EvictableLayer
 from nexus.memory import KVMemory, KVMeter
 from nexus.policies.base import LayerView
 from nexus.policies.reservoir import event_generator
+from nexus.segments import Segment, check_segments
 
 #: the EvictableCache whose `update` ran last in this context; the attention function reads it
 ACTIVE_CACHE: contextvars.ContextVar[EvictableCache | None] = contextvars.ContextVar("nexus_cache", default=None)
@@ -47,6 +49,8 @@ class EvictionEvent:
     tokens_after: int = 0
     seconds: float = 0.0
     per_layer: dict[int, tuple[int, int]] = field(default_factory=dict)  # layer -> (before, after)
+    #: under candidates: newest_turn, turns whose share was below the method's floor and kept their newest entries
+    recency_fallbacks: int = 0
 
 
 class EvictableCache(Cache):
@@ -68,6 +72,18 @@ class EvictableCache(Cache):
         self._returned: dict[int, torch.Tensor] = {}
         #: "decode" while a multi-token feed stands for tokens the model decoded (teacher forcing, replay)
         self.phase_override: str | None = None
+        self._segments: tuple[Segment, ...] = ()
+
+    # -- what the host says the stream holds (nexus.segments) --------------------------------------------------
+    @property
+    def segments(self) -> tuple[Segment, ...]:
+        """What each stretch of the logical positions is, as the host last set it (every policy's view carries
+        it); () when nobody did. Set it before the forward that feeds the positions it describes."""
+        return self._segments
+
+    @segments.setter
+    def segments(self, value) -> None:
+        self._segments = check_segments(value)
 
     # -- the transformers Cache API -------------------------------------------------------------------------
     def update(self, key_states, value_states, layer_idx: int, *args, **kwargs):
@@ -93,6 +109,7 @@ class EvictableCache(Cache):
 
     def reset(self) -> None:
         super().reset()
+        self._segments = ()
         self.events.clear()
         self._returned.clear()
         self.meter.reset_peaks()  # empty: a new window at zero
@@ -157,7 +174,7 @@ class EvictableCache(Cache):
         """Tokens that can be decoded before some layer's next decode-time eviction (that event fires after the
         last of them, exactly as it would one token at a time); None when no decode eviction will come."""
         cfg = self.config
-        if not cfg.evicts or cfg.scope != "prefill_decode":
+        if not cfg.evicts or cfg.scope != "prefill_decode" or self._content_budget(0) is not None:
             return None
         room = [
             appends_before_decode_event(budget=layer.budget, slack=cfg.slack, occupancy=layer.occupancy)
@@ -214,11 +231,17 @@ class EvictableCache(Cache):
                 policy.observe(self._view(layer, scaling, phase), query[:, :, start:] if start else query, new_pos)
             if on_observed is not None:
                 on_observed(layer.state)
-        if phase == "prefill" or layer.budget is None:
+        content = self._content_budget(layer.n_seen)
+        if content is not None:  # set by what the stream holds, at every forward (Policy.content_budget)
+            layer.budget = content
+        elif phase == "prefill" or layer.budget is None:
             base = prefill_budget(cfg, layer.n_seen)
             layer.budget = policy.layer_budget(base, layer_idx, self.num_layers, layer.length, cfg.window)
         if should_evict(cfg, phase=phase, occupancy=layer.occupancy, budget=layer.budget):
             self._evict(layer, scaling, phase)
+
+    def _content_budget(self, logical_length: int) -> int | None:
+        return self.config.policy.content_budget(self._segments, logical_length)
 
     def _view(
         self, layer: EvictableLayer, scaling: float, phase: str, generator: torch.Generator | None = None
@@ -241,6 +264,7 @@ class EvictableCache(Cache):
             phase=phase,
             generator=generator,
             state=layer.state,
+            segments=self._segments,
         )
 
     def _evict(self, layer: EvictableLayer, scaling: float, phase: str) -> None:
@@ -252,9 +276,15 @@ class EvictableCache(Cache):
         before = layer.length
         # a CPU generator per (seed, layer, logical length): see nexus/policies/reservoir.py for the rule
         generator = event_generator(self.config.seed, layer.layer_idx, layer.n_seen)
-        idx = self.config.policy.select(self._view(layer, scaling, phase, generator))
+        view = self._view(layer, scaling, phase, generator)
+        fallbacks = 0
+        if self.config.candidates == "newest_turn":
+            idx, fallbacks = select_newest_turn(self.config.policy, view, layer)
+        else:
+            idx = self.config.policy.select(view)
         layer.keep(idx, slack=self.config.slack if self.config.scope == "prefill_decode" else None)
         layer.events += 1
+        layer.last_event_length = layer.n_seen
         ev = self.events[-1] if self.events else None
         if ev is None or ev.logical_length != layer.n_seen or ev.phase != phase or layer.layer_idx in ev.per_layer:
             ev = EvictionEvent(index=len(self.events), phase=phase, logical_length=layer.n_seen)
@@ -263,6 +293,7 @@ class EvictableCache(Cache):
         ev.tokens_before += before
         ev.tokens_after += layer.length
         ev.per_layer[layer.layer_idx] = (before, layer.length)
+        ev.recency_fallbacks += fallbacks
         if cuda:
             torch.cuda.synchronize(layer.device)
         ev.seconds += time.perf_counter() - t0

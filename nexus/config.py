@@ -16,6 +16,9 @@ from typing import TYPE_CHECKING, Any
 from nexus.methods import SCOPES, check_method, check_scope
 from nexus.presets import DEFAULT_PRESET
 
+#: what an eviction event may choose among (``EvictionConfig.candidates``), the published behaviour first
+CANDIDATES: tuple[str, ...] = ("all", "newest_turn")
+
 if TYPE_CHECKING:
     from nexus.policies.base import Policy
 
@@ -36,6 +39,9 @@ class EvictionConfig:
     slack_blocks:  under prefill_decode a layer may grow to budget + slack_blocks * block_size before it is
                    evicted back down to the budget; this amortises the per-event cost.
     seed:          seeds every random choice (Nexus reservoir) together with the layer and event number.
+    candidates:    which held entries an event may evict: "all" (every method's published behaviour) or
+                   "newest_turn" (only what arrived since the cache's previous compression; earlier turns' kept
+                   entries stay as they are, FlowKV's isolated per-turn compression; see `nexus.candidates`).
     method_params: the method's own hyperparameters (e.g. `walk_steps=3` for nexus), validated by it.
 
     ``EvictionConfig(method="nexus", walk_steps=3)``: keywords that are not fields go to ``method_params``.
@@ -52,6 +58,7 @@ class EvictionConfig:
     window: int = 16
     slack_blocks: int = 1
     seed: int = 0
+    candidates: str = "all"
     method_params: dict[str, Any] = field(default_factory=dict)
 
     # for pydantic models that hold one: a key that is not a field is an error, not silently dropped
@@ -87,6 +94,8 @@ class EvictionConfig:
             raise ValueError(f"budget_tokens must be a positive integer or None, got {budget!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise ValueError(f"seed must be an integer, got {self.seed!r}")
+        if self.candidates not in CANDIDATES:
+            raise ValueError(f"candidates must be one of {', '.join(CANDIDATES)}, got {self.candidates!r}")
         if not isinstance(self.method_params, dict):
             raise ValueError(f"method_params must be a mapping, got {self.method_params!r}")
 
@@ -132,6 +141,18 @@ class EvictionConfig:
         return hash(tuple(sorted((k, repr(v)) for k, v in self.to_dict().items())))
 
 
+_NO_DEFAULT = object()
+#: shared fields added after rows were keyed by their configs, with the default every earlier row ran with
+ADDED_SINCE_KEYED: MappingProxyType[str, Any] = MappingProxyType({"candidates": "all"})
+
+
+def keyed(dumped: dict[str, Any]) -> dict[str, Any]:
+    """An ``EvictionConfig`` dump (``to_dict`` or pydantic's) without the fields of :data:`ADDED_SINCE_KEYED`
+    while they hold their default: what a stored row records and keys (a replay's ``config_key``), so rows stored
+    before such a field existed keep their keys, and a row that ran with the default reads as they do."""
+    return {k: v for k, v in dumped.items() if ADDED_SINCE_KEYED.get(k, _NO_DEFAULT) != v}
+
+
 #: the fields every method shares (a job sets them once for all its methods)
 SHARED_FIELDS: tuple[str, ...] = tuple(
     f.name for f in fields(EvictionConfig) if f.name not in ("method", "scope", "seed", "method_params")
@@ -143,4 +164,4 @@ EVICTION_DEFAULTS: MappingProxyType[str, Any] = MappingProxyType(
     {f.name: f.default for f in fields(EvictionConfig) if f.default is not MISSING}
 )
 
-__all__ = ["EVICTION_DEFAULTS", "SCOPES", "SHARED_FIELDS", "EvictionConfig"]
+__all__ = ["ADDED_SINCE_KEYED", "CANDIDATES", "EVICTION_DEFAULTS", "SCOPES", "SHARED_FIELDS", "EvictionConfig", "keyed"]

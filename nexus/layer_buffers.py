@@ -80,6 +80,8 @@ class EvictableLayer(CacheLayerMixin):
         self.ragged = False  # some KV heads hold fewer tokens than the padded length
         self.budget: int | None = None
         self.events = 0
+        self.last_event_length = 0  # logical length at this layer's last eviction event (0: none yet)
+        self.turn_start = 0  # first logical position of the turn being compressed (`nexus.candidates`)
         self.state: dict[str, Any] = {}
         self._q: torch.Tensor | None = None  # ring of the last W queries [B, Hq, W, D]
         self._q_pos: torch.Tensor | None = None  # [W] logical positions, -1 = empty

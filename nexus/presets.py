@@ -44,7 +44,7 @@ PRESETS: tuple[str, ...] = ("paper", "reference", "kvcache_factory")
 DEFAULT_PRESET = "paper"
 
 #: EvictionConfig fields a method may set for itself (the others are the job's: method, scope, density, seed)
-PER_METHOD_SHARED_FIELDS: tuple[str, ...] = ("window", "block_size", "slack_blocks", "budget_tokens")
+PER_METHOD_SHARED_FIELDS: tuple[str, ...] = ("window", "block_size", "slack_blocks", "budget_tokens", "candidates")
 
 #: the arithmetic a default may use besides a plain literal (``chunk_elements: int = 2**27``)
 _ARITHMETIC = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Pow: operator.pow}

@@ -21,6 +21,8 @@ from typing import Any, ClassVar
 
 import torch
 
+from nexus.segments import Segment
+
 NEG_INF = float("-inf")
 
 
@@ -82,6 +84,8 @@ class LayerView:
     phase: str  # "prefill" | "decode"
     generator: torch.Generator | None = None
     state: dict[str, Any] = field(default_factory=dict)
+    #: what each stretch of logical positions is (`nexus.segments`), as the host last set it; () when unknown
+    segments: tuple[Segment, ...] = ()
 
     @property
     def valid(self) -> torch.Tensor:
@@ -126,6 +130,12 @@ class Policy:
     def layer_budget(self, budget: int, layer_idx: int, num_layers: int, length: int, window: int) -> int:
         """Per-layer budget from the base budget (PyramidKV overrides). `length` = physical slots now."""
         return budget
+
+    def content_budget(self, segments: tuple[Segment, ...], logical_length: int) -> int | None:
+        """A budget set by what the stream holds rather than by its length (the paper rule of
+        `observation_masking`: everything but the observations older than the newest M), or None (the density
+        rule). When set, the cache applies it at every forward, so nothing decoded ever triggers an event."""
+        return None
 
     def observe(self, view: LayerView, new_queries: torch.Tensor, new_positions: torch.Tensor) -> None:
         """Update per-conversation state in `view.state` with this forward's queries [B, Hq, q, D]."""
@@ -241,3 +251,10 @@ def sort_with_padding(idx: torch.Tensor) -> torch.Tensor:
     big = torch.iinfo(idx.dtype).max
     s = idx.masked_fill(idx < 0, big).sort(dim=-1).values
     return s.masked_fill(s == big, -1)
+
+
+def mask_to_indices(mask: torch.Tensor) -> torch.Tensor:
+    """[..., P] bool -> ascending slot indices [..., max kept], -1 padded (one host sync for the width)."""
+    idx = torch.arange(mask.shape[-1], device=mask.device).expand_as(mask).masked_fill(~mask, -1)
+    width = max(int(mask.sum(-1).max()), 1) if mask.numel() else 1
+    return sort_with_padding(idx)[..., :width]

@@ -78,8 +78,8 @@ from nexus.policies.base import (
     check_int,
     check_number,
     group_queries,
+    mask_to_indices,
     recent_slots,
-    sort_with_padding,
 )
 from nexus.policies.reservoir import descending_ranks, draw_uniforms, reservoir_log_priorities, select_top
 
@@ -247,13 +247,6 @@ def share_blocks(free: torch.Tensor, block_size: int) -> torch.Tensor:
     base = free // block_size
     extra = free.sum(-1, keepdim=True) // block_size - base.sum(-1, keepdim=True)
     return base + (descending_ranks(free % block_size) < extra).long()
-
-
-def mask_to_indices(mask: torch.Tensor) -> torch.Tensor:
-    """[..., P] bool -> ascending slot indices [..., max kept], -1 padded (one host sync for the width)."""
-    idx = torch.arange(mask.shape[-1], device=mask.device).expand_as(mask).masked_fill(~mask, -1)
-    width = max(int(mask.sum(-1).max()), 1) if mask.numel() else 1
-    return sort_with_padding(idx)[..., :width]
 
 
 @register("nexus", order=8)

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import nexus
+from tests.nexus.unlabelled import evicting
 from tests.tiny_models import tiny_qwen3
 
 SMALL = dict(density=0.25, window=8, block_size=8)
@@ -53,7 +54,7 @@ def model():
 @pytest.mark.parametrize(("method", "scope"), _matrix())
 @torch.no_grad()
 def test_stacked_rows_equal_each_row_alone(model, method, scope):
-    cfg = nexus.EvictionConfig(method=method, scope=scope, **SMALL)
+    cfg = nexus.EvictionConfig(method=method, scope=scope, **SMALL, **evicting(method))
     gen = torch.Generator().manual_seed(3)
     prompts = [torch.randint(0, 1000, (1, n), generator=gen) for n in (211, 97, 160, 64)]
     steps = 40
@@ -179,7 +180,10 @@ def test_stacked_multi_token_feeds_equal_each_row_alone(model, method, scope):
     prompt = torch.randint(0, 1000, (1, 150), generator=gen)
     turns = [(torch.randint(0, 1000, (1, n), generator=gen), torch.randint(0, 1000, (1, 37), generator=gen))
              for n in (61, 23)]  # fmt: skip
-    cfgs = [nexus.EvictionConfig(method=method, scope=scope, **{**SMALL, "density": d}) for d in (0.25, 0.4, 0.6)]
+    cfgs = [
+        nexus.EvictionConfig(method=method, scope=scope, **{**SMALL, **evicting(method), "density": d})
+        for d in (0.25, 0.4, 0.6)
+    ]
     alone = [_alone_turns(model, cfg, prompt, turns) for cfg in cfgs]
 
     caches = [nexus.EvictableCache(model.config, cfg) for cfg in cfgs]

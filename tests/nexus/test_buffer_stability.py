@@ -17,6 +17,7 @@ import torch
 import nexus
 from nexus.attention import cache_kwarg
 from nexus.methods import DENSE, METHODS
+from tests.nexus.unlabelled import evicting
 from tests.tiny_models import tiny_qwen3
 
 EVICTING = [m for m in METHODS if m != DENSE]
@@ -30,7 +31,13 @@ def model():
 def _decode(model, method: str, steps: int = 160, slack_blocks: int = 1):
     # window 8 / block 8 keep Nexus's min_budget (56) under 20% of a 400-token prompt (budget 80)
     cfg = nexus.EvictionConfig(
-        method=method, scope="prefill_decode", density=0.2, window=8, block_size=8, slack_blocks=slack_blocks
+        method=method,
+        scope="prefill_decode",
+        density=0.2,
+        window=8,
+        block_size=8,
+        slack_blocks=slack_blocks,
+        **evicting(method),
     )
     cache = nexus.EvictableCache(model.config, cfg)
     ids = torch.randint(0, 1000, (1, 400 + steps), generator=torch.Generator().manual_seed(5))

@@ -12,12 +12,13 @@ import torch
 
 import nexus
 from nexus.testing import StreamRecorder, masked_reference_logits
+from tests.nexus.unlabelled import evicting
 
 SMALL = dict(density=0.3, window=4, block_size=4)
 
 
 def _run(model, method, scope, batch=1, seed=1, **extra):
-    cfg = nexus.EvictionConfig(method=method, scope=scope, **{**SMALL, **extra})
+    cfg = nexus.EvictionConfig(method=method, scope=scope, **{**SMALL, **evicting(method), **extra})
     cache = nexus.EvictableCache(model.config, cfg)
     rec = StreamRecorder(model, cache)
     ids = torch.randint(0, 1000, (batch, 170), generator=torch.Generator().manual_seed(seed))

@@ -10,6 +10,7 @@ import nexus
 from nexus.attention import cache_kwarg
 from nexus.layer_buffers import grown_capacity
 from nexus.memory import KVMemory
+from tests.nexus.unlabelled import evicting
 from tests.tiny_models import tiny_qwen3
 
 SMALL = dict(density=0.25, window=8, block_size=8)
@@ -41,7 +42,7 @@ def _feed(model, cache, ids):
 
 @pytest.mark.parametrize("method", nexus.METHODS)
 def test_held_counts_valid_entries_and_allocated_the_buffers(model, method):
-    cfg = nexus.EvictionConfig(method=method, scope="prefill_decode", **SMALL)
+    cfg = nexus.EvictionConfig(method=method, scope="prefill_decode", **SMALL, **evicting(method))
     cache = nexus.EvictableCache(model.config, cfg)
     assert cache.memory() == KVMemory(0, 0, 0, 0)
     ids = torch.randint(0, 1000, (1, PROMPT + 24), generator=torch.Generator().manual_seed(1))
@@ -65,7 +66,7 @@ def test_held_counts_valid_entries_and_allocated_the_buffers(model, method):
 def test_a_prefills_peak_is_each_layer_full_while_the_earlier_ones_have_evicted(model, method):
     """The peak of one prefill from an empty cache, recomputed from its eviction event in layer order: after
     layer i appends it holds `before` slots while layers < i hold what they kept and layers > i hold nothing."""
-    cfg = nexus.EvictionConfig(method=method, scope="prefill_only", **SMALL)
+    cfg = nexus.EvictionConfig(method=method, scope="prefill_only", **SMALL, **evicting(method))
     cache = nexus.EvictableCache(model.config, cfg)
     _feed(model, cache, torch.randint(0, 1000, (1, PROMPT), generator=torch.Generator().manual_seed(2)))
     per_layer = cache.events[-1].per_layer if cache.events else {}

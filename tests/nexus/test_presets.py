@@ -51,6 +51,12 @@ PAPER_PRESET = {
     "streaming_llm": {"n_sink": 4},
     "nexus": _NEXUS,
     "ada_nexus": {**_ADA, **_NEXUS},
+    # The Complexity Trap (arXiv 2508.21433): the latest M = 10 observations kept, SWE-agent's placeholder
+    "observation_masking": {
+        "rule": "latest",
+        "keep_latest": 10,
+        "placeholder": "Old environment output: ({lines} lines omitted)",
+    },
 }
 
 

@@ -8,6 +8,7 @@ import torch
 import nexus
 from nexus.attention import cache_kwarg
 from nexus.shared_prefill import record_prefill
+from tests.nexus.unlabelled import evicting
 
 SMALL = dict(density=0.3, window=4, block_size=4, seed=3)
 
@@ -17,7 +18,7 @@ SMALL = dict(density=0.3, window=4, block_size=4, seed=3)
 def test_replayed_prefill_equals_real_prefill(model64, method, scope):
     ids = torch.randint(0, 1000, (2, 90), generator=torch.Generator().manual_seed(7))
     follow = torch.randint(0, 1000, (2, 12), generator=torch.Generator().manual_seed(8))
-    cfg = nexus.EvictionConfig(method=method, scope=scope, **SMALL)
+    cfg = nexus.EvictionConfig(method=method, scope=scope, **SMALL, **evicting(method))
     kw = cache_kwarg(model64)
 
     real = nexus.EvictableCache(model64.config, cfg)
@@ -53,7 +54,7 @@ def test_a_prefill_extending_an_earlier_recording_equals_a_whole_prefill(model64
     for (qa, ka, va, _), (qb, kb, vb, _) in zip(extended.layers, whole.layers, strict=True):
         for a, b in ((qa, qb), (ka, kb), (va, vb)):
             torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
-    cfg = nexus.EvictionConfig(method=method, **SMALL)
+    cfg = nexus.EvictionConfig(method=method, **SMALL, **evicting(method))
     a, b = extended.cache_for(cfg), whole.cache_for(cfg)
     assert all(torch.equal(a.retained_positions(i), b.retained_positions(i)) for i in range(a.num_layers))
     # a recording of other ids is not reused (nothing shared: a whole prefill)
