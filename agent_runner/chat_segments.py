@@ -18,10 +18,15 @@ the rendered text into pieces tokenised apart).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, NamedTuple
 
 from nexus.segments import Segment
+
+if TYPE_CHECKING:
+    from nexus.config import EvictionConfig
 
 _ROLES = ("system", "user", "assistant")
 
@@ -41,12 +46,40 @@ class ChatMarkers:
             raise ValueError("the tokenizer has no <|im_start|> / <|im_end|>: its chat template is not ChatML")
         return cls(ids[0], ids[1], {r: tokenizer.encode(r, add_special_tokens=False) for r in _ROLES})
 
+    @classmethod
+    def of_chatml(cls, tokenizer) -> ChatMarkers | None:
+        """``of(tokenizer)``, or None for a chat template that is not ChatML: its caches are told no segments (every
+        position ``other``), and nothing fails for it."""
+        try:
+            return cls.of(tokenizer)
+        except ValueError:
+            return None
+
     def role_at(self, ids: Sequence[int], at: int) -> str | None:
         """The role of the message opening at ``at`` (``ids[at]`` is ``<|im_start|>``), None if unknown."""
         for role, role_ids in self.roles.items():
             if list(ids[at + 1 : at + 1 + len(role_ids)]) == role_ids:
                 return role
         return None
+
+
+class TextMasking(NamedTuple):
+    """The paper's text-level rule as one setting applies it (``observation_masking``'s)."""
+
+    keep_latest: int
+    placeholder: str
+
+
+def text_masking(eviction: EvictionConfig, protocol: str) -> TextMasking | None:
+    """The text-level masking a setting applies under ``protocol``: ``observation_masking``'s paper rule (``latest``)
+    under full context, where every turn re-renders the history (the hf backend renders it masked, a replay or a
+    probe feeds those rows the masked ids); None for every other setting, which is fed the history as it is
+    (observation_masking under true eviction, or with rule ``budget``, is a KV method like the others). The one
+    place this is decided."""
+    if protocol != "full_context" or eviction.method != "observation_masking":
+        return None
+    policy = eviction.policy
+    return TextMasking(policy.keep_latest, policy.placeholder) if policy.rule == "latest" else None
 
 
 def _messages(ids: Sequence[int], markers: ChatMarkers) -> list[tuple[int, str]]:
@@ -77,6 +110,11 @@ def chat_segments(ids: Sequence[int], markers: ChatMarkers, masked: Collection[i
     return tuple(out)
 
 
+def _is_placeholder(content: str, placeholder: str) -> bool:
+    """Whether ``content`` is ``placeholder`` with some line count."""
+    return re.fullmatch(re.escape(placeholder).replace(re.escape("{lines}"), r"\d+"), content) is not None
+
+
 @dataclass(frozen=True)
 class MaskedStream:
     ids: list[int]
@@ -99,7 +137,9 @@ def mask_observations(
     ids: Sequence[int], tokenizer, markers: ChatMarkers, *, keep_latest: int, placeholder: str
 ) -> MaskedStream:
     """``ids`` with every observation older than the newest ``keep_latest`` replaced by ``placeholder``
-    (``{lines}``: the observation's line count). The task (user message 0) is never an observation."""
+    (``{lines}``: the observation's line count, as ``str.splitlines`` counts). The task (user message 0) is never an
+    observation; a message that already reads as the placeholder (a stored full-context stream of this method) is
+    marked masked and left as it is, so masking twice changes nothing."""
     found = _messages(ids, markers)
     users = [(n, start) for n, (start, role) in enumerate(found) if role == "user"]
     observations = users[1:]
@@ -116,11 +156,13 @@ def mask_observations(
             continue
         text = tokenizer.decode(ids[start + 1 : close], skip_special_tokens=False)
         content = text.split("\n", 1)[1] if "\n" in text else ""
-        lines = content.count("\n") + 1 if content else 0
+        masked.add(users.index((n, start)))
+        if _is_placeholder(content, placeholder):  # masked already (a stored full-context stream): as it is
+            continue
+        lines = len(content.splitlines())
         new = tokenizer.encode("user\n" + placeholder.format(lines=lines), add_special_tokens=False)
         out += ids[at : start + 1] + new
         replaced.append((start + 1, close, len(new)))
         at = close
-        masked.add(users.index((n, start)))
     out += ids[at:]
     return MaskedStream(out, frozenset(masked), tuple(replaced))

@@ -11,6 +11,11 @@ completion tokens that were fed back (every generated token but the last, which 
 with). Under true eviction `keep` is always the whole previous stream; a full-context run re-renders the
 history, so `keep` stops where the re-rendering first differs.
 
+Turn segments (``nexus.segments``): a caller that knows the tokenizer gives each turn's cache the segments of the
+turn's context (``turn_segments``: its ChatML messages) before the forward that feeds them, as the hf backend
+does live, so a method that reads them (``observation_masking``, ``candidates: newest_turn``) decides as it would
+in the episode; without them every position is ``other``.
+
 Protocols of the replay:
   true_eviction  one cache for the whole stream: turn 0's context is prefilled, each later turn's `append` is
                  prefilled onto it (requires a stream that only ever appends), completions are decoded.
@@ -31,6 +36,7 @@ import torch
 from pydantic import BaseModel
 
 import nexus
+from agent_runner.chat_segments import ChatMarkers, chat_segments
 from agent_runner.config import check_protocol
 from agent_runner.records import LayerStats, TurnTokens
 from measure.action_scores import (
@@ -42,6 +48,7 @@ from measure.action_scores import (
     snapshot_points,
     summarize,
 )
+from nexus.segments import Segment
 
 #: chunks are capped so the [chunk, vocab] logits stay small (any split between events is exact)
 MAX_CHUNK = 256
@@ -97,6 +104,12 @@ def contexts(turns: list[TurnTokens]) -> list[list[int]]:
     return out
 
 
+def turn_segments(turns: list[TurnTokens], markers: ChatMarkers) -> list[tuple[Segment, ...]]:
+    """Each turn's context as ``nexus.segments`` (its ChatML messages; the last, the assistant header, left open so
+    the turn's generated tokens join it): what the cache is told before the forward that feeds the turn."""
+    return [chat_segments(ctx, markers) for ctx in contexts(turns)]
+
+
 def read_index(j: int) -> int:
     """The feed index before which the cache predicting generated token j is read (see ``teacher_force``)."""
     return max(j - 1, 0)
@@ -128,9 +141,12 @@ def teacher_force(
     chunked: bool = True,
     marks: Mapping[int, Sequence[int]] | None = None,
     snapshot: Callable[[int, int, nexus.EvictableCache], None] | None = None,
+    segments: Sequence[Sequence[Segment]] | None = None,
 ) -> Iterator[tuple[int, nexus.EvictableCache, torch.Tensor, list[int], int]]:
     """Yield (turn index, cache, logits [n, V], the n stored tokens they predict, forwards) per turn.
 
+    ``segments[t]``: turn t's context as ``nexus.segments`` (``turn_segments``), given to the cache before the
+    forward that feeds it (None: the cache is told nothing, every position is ``other``).
     ``marks[t]``: generated-token indices j of turn t whose predicting cache ``snapshot(t, read_index(j), cache)``
     reads: the cache after the prefill for j <= 1, else just before generated[j - 1] is fed (a chunk never
     spans a mark, and any split between eviction events is exact)."""
@@ -152,6 +168,8 @@ def teacher_force(
                     "continuation, so it cannot be replayed under true_eviction; replay it under full_context"
                 )
             feed = list(turn.append)
+        if segments is not None:
+            cache.segments = segments[t]  # before the prefill: its event reads them
         cache.reset_peaks()  # the turn's peaks, from before its prefill
         first = forward(cache, feed, False)  # the prompt's last position predicts the first token
         logits, forwards = decode_rest(
@@ -276,13 +294,16 @@ def replay_episode(
     *,
     chunked: bool = True,
     actions: Sequence[Sequence[PlannedSpan]] | None = None,
+    segments: Sequence[Sequence[Segment]] | None = None,
 ) -> ReplayScore:
     """Score one stored trajectory under `eviction` and `protocol` (see the module docstring). ``actions``: the
-    spans of each turn's call (``measure.action_scores.plan_spans``), scored span by span too."""
+    spans of each turn's call (``measure.action_scores.plan_spans``), scored span by span too. ``segments``: each
+    turn's context as ``nexus.segments`` (``turn_segments``; None: none, as a host without a tokenizer)."""
     scorer = Scorer(eviction, protocol, turns, chunked, actions)
     stream = teacher_force(
-        forward, model_config, turns, eviction, protocol, chunked=chunked, marks=scorer.marks, snapshot=scorer.snapshot
-    )
+        forward, model_config, turns, eviction, protocol, chunked=chunked, marks=scorer.marks,
+        snapshot=scorer.snapshot, segments=segments,
+    )  # fmt: skip
     while True:
         start = time.perf_counter()
         try:

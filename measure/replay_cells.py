@@ -15,6 +15,12 @@ tokens at the same logical positions: only what each cache keeps differs. ``repl
    where any of its rows' next decode-time event falls and where a copy's source is read (``Scorer.snapshot``),
    scored chunk by chunk so no [n, vocab] logits of a whole turn are kept.
 
+Each cache is told the turn's segments (``nexus.segments``) before the forward that feeds the turn: a shared
+prefill's caches as they are built from the recording (``RecordedPrefill.cache_for``), a true-eviction row before
+its turn's appended tokens. Every row of a call is fed the same stream, so the paper's text-level observation
+masking (full context, rule latest), whose history differs, is replayed in a call of its own on the stream
+``mask_turns`` gives (``agent_runner.chat_segments.text_masking`` says which settings are).
+
 Each row's score equals ``replay_episode``'s for that setting alone (``tests/measure/test_stacked_cells.py``,
 every method x scope x protocol, fp64): per-token NLL and top-1, events, what each layer holds, memory figures
 and span scores. What differs is bookkeeping: ``chunks`` counts the forwards of the row's stack, and ``seconds``
@@ -23,17 +29,21 @@ is the turn's time split over every row.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
 import nexus
+from agent_runner.chat_segments import ChatMarkers, MaskedStream, chat_segments, mask_observations
 from agent_runner.config import check_protocol
 from agent_runner.records import TurnTokens
 from measure.action_scores import PlannedSpan
 from measure.counterfactual import MAX_CHUNK, ReplayError, ReplayScore, Scorer, contexts, read_index, token_scores
 from measure.stacked_cells import TOKENS_PER_FORWARD, Rows
+from nexus.segments import Segment
 from nexus.shared_prefill import record_prefill
 
 
@@ -46,9 +56,12 @@ def replay_cells(
     *,
     chunked: bool = True,
     actions: Sequence[Sequence[PlannedSpan]] | None = None,
+    segments: Sequence[Sequence[Segment]] | None = None,
 ) -> list[ReplayScore]:
     """One ``ReplayScore`` per eviction setting, in order, each equal to ``replay_episode(...)`` of that setting alone
-    (see the module docstring). ``ReplayError`` when the stream cannot be replayed under ``protocol``."""
+    (see the module docstring). ``segments``: each turn's context as ``nexus.segments``
+    (``measure.counterfactual.turn_segments``; None: the caches are told none). ``ReplayError`` when the stream
+    cannot be replayed under ``protocol``."""
     try:
         check_protocol(protocol)
     except ValueError as exc:
@@ -62,12 +75,13 @@ def replay_cells(
         if not turn.generated:  # a turn that stopped before generating (context full): nothing to score
             continue
         started = time.perf_counter()
+        told = segments[t] if segments is not None else ()  # set before the forward that feeds the turn
         shared = caches is None or protocol == "full_context"
         if shared:
             # a prefill from an empty cache: recorded once, every setting's cache built from it
             ids = torch.as_tensor(ctxs[t], dtype=torch.long, device=device).view(1, -1)
             recorded = record_prefill(model, ids, logits_to_keep=1, reuse=recorded)
-            caches = [recorded.cache_for(s.eviction) for s in scorers]
+            caches = [recorded.cache_for(s.eviction, told) for s in scorers]
         elif turn.keep != fed:
             raise ReplayError(
                 f"turn {t} re-renders the history (keeps {turn.keep} of {fed} tokens): its stream is not a "
@@ -77,6 +91,8 @@ def replay_cells(
         for group in groups:  # each group a stack of its own: its rows' events fall together
             if not shared:
                 for i in group:
+                    if segments is not None:
+                        caches[i].segments = told
                     caches[i].reset_peaks()  # the turn's peaks, from before its prefill
             rows = Rows(model, [caches[i] for i in group])
             if shared:
@@ -103,6 +119,58 @@ def replay_cells(
     for score in results:  # each row's share of the batch's time, like its turns' (not the batch's whole time)
         score.seconds = sum(t.seconds for t in score.turns)
     return results
+
+
+@dataclass(frozen=True)
+class MaskedTurns:
+    """A trajectory as the text-level observation masking feeds it (``mask_turns``): its turns, each turn's
+    segments and its calls' spans."""
+
+    turns: list[TurnTokens]
+    segments: list[tuple[Segment, ...]]
+    actions: list[list[PlannedSpan]] | None = None
+
+
+def reads_segments(eviction: nexus.EvictionConfig) -> bool:
+    """Whether ``eviction`` decides by the turn segments: a cache told none would run it as another method."""
+    return eviction.method == "observation_masking" or eviction.candidates == "newest_turn"
+
+
+def mask_turns(
+    turns: list[TurnTokens],
+    actions: Sequence[Sequence[PlannedSpan]] | None,
+    tokenizer,
+    markers: ChatMarkers,
+    *,
+    keep_latest: int,
+    placeholder: str,
+) -> MaskedTurns:
+    """Every turn's context with the observations older than its newest ``keep_latest`` replaced by ``placeholder``
+    (``agent_runner.chat_segments.mask_observations``), fed whole (``keep`` 0: under full context each turn is a
+    fresh prefill anyway), its segments marking those messages ``masked``.
+
+    A copy's source moves with the masking. A source masked away becomes an empty range where its message now
+    holds the placeholder: the span still counts as a copy, its source held 0% (``held_share`` of no positions)
+    and its distance measured to where the source was; nothing else in the action scores changes."""
+    out = MaskedTurns([], [], [] if actions is not None else None)
+    for t, (turn, ctx) in enumerate(zip(turns, contexts(turns), strict=True)):
+        masked = mask_observations(ctx, tokenizer, markers, keep_latest=keep_latest, placeholder=placeholder)
+        out.turns.append(TurnTokens(keep=0, append=masked.ids, generated=turn.generated))
+        out.segments.append(chat_segments(masked.ids, markers, masked.masked))
+        if out.actions is not None:
+            out.actions.append([_moved(p, masked) for p in actions[t]])
+    return out
+
+
+def _moved(planned: PlannedSpan, masked: MaskedStream) -> PlannedSpan:
+    if planned.source is None:
+        return planned
+    source = masked.moved(*planned.source)
+    if source is None:  # masked away: an empty range at its message's placeholder
+        start, end = planned.source
+        at = next(masked.moved(a, a) for a, b, _ in masked.replaced if start < b and end > a)
+        source = (at[0], at[0])
+    return dataclasses.replace(planned, source=source)
 
 
 def stack_groups(evictions: Sequence[nexus.EvictionConfig]) -> list[list[int]]:

@@ -5,6 +5,12 @@ source episode and protocol at a time (its stream, or its text rendered into the
 the group is a row of one stack (``measure.replay_cells``: shared dense prefills where exact, then the rows
 fed together, each equal to its replay alone). Each item's row is stored as its group finishes.
 
+Every cache is told each turn's segments (its ChatML messages, read with the host's tokenizer) before the forward
+that feeds the turn, as the hf backend tells it live: ``observation_masking`` and ``candidates: newest_turn``
+decide by them (a row of those without segments is ``skipped``, saying why). ``observation_masking`` with the
+paper's rule under full context is the text-level method: its rows are fed the history with old observations
+replaced by the placeholder (``measure.replay_cells.mask_turns``), a stream of their own.
+
 Every planned replay ends as a row: ``ok`` with its scores, ``skipped`` when the stream cannot be replayed
 that way (a ``ReplayError``, e.g. a full_context stream under true_eviction), ``failed`` with the error for
 anything else.
@@ -167,7 +173,7 @@ def _run_group(chunked: bool, state: tuple, group: list[ReplayItem], emit) -> No
     result. ``state``: (database, loaded host, the sources read so far per episode)."""
     db, host, sources = state
     source = _source(sources.setdefault(group[0].episode_id, {}), db, group[0], host)
-    for item, outcome in zip(group, _score_cells(group, source, host.model, chunked), strict=True):
+    for item, outcome in zip(group, _score_cells(group, source, host, chunked), strict=True):
         emit(_store(db, item, *outcome, chunked=chunked))
 
 
@@ -181,12 +187,17 @@ def _open_share(url: str, model: ModelSpec) -> tuple:
 
 @dataclass
 class _Source:
-    """What one source episode is replayed from: its turns' token streams, and for a text trajectory the spans of
-    each turn's call (``measure.action_scores.plan_spans``); or the error that says why it cannot be."""
+    """What one source episode is replayed from: its turns' token streams, each turn's segments
+    (``measure.counterfactual.turn_segments``, read with the host's tokenizer; None: none, ``unsegmented`` says why)
+    and for a text trajectory the spans of each turn's call (``measure.action_scores.plan_spans``); or the error
+    that says why it cannot be."""
 
     turns: list[Any] | None = None
     actions: list[Any] | None = None
     error: Exception | None = None
+    segments: list[Any] | None = None
+    markers: Any = None  # the tokenizer's ChatMarkers (what the text-level masking needs), None without segments
+    unsegmented: str = "the host has no tokenizer"
 
 
 def _source(sources: dict[str | None, _Source], db: Database, item: ReplayItem, host: Any) -> _Source:
@@ -199,7 +210,32 @@ def _source(sources: dict[str | None, _Source], db: Database, item: ReplayItem, 
 
 def _load_source(db: Database, item: ReplayItem, host: Any) -> _Source:
     """The stored stream of ``item``'s episode, or (``item.model``) its text rendered into ``host``'s model under
-    ``item.protocol``; a source that cannot be read becomes the error stored on each of its rows."""
+    ``item.protocol``, with its turns' segments; a source that cannot be read becomes the error stored on each of
+    its rows."""
+    return _segmented(_read_source(db, item, host), host.tokenizer)
+
+
+def _segmented(source: _Source, tokenizer: Any) -> _Source:
+    """``source`` with each turn's segments, read from its ChatML ids with ``tokenizer`` (as the hf backend tells
+    the cache live); a host without a tokenizer, or whose chat template is not ChatML, gives none."""
+    from agent_runner.chat_segments import ChatMarkers
+    from measure.counterfactual import ReplayError, turn_segments
+
+    if source.error is not None or tokenizer is None:
+        return source
+    try:
+        source.markers = ChatMarkers.of(tokenizer)
+    except ValueError as exc:
+        source.unsegmented = str(exc)
+        return source
+    try:
+        source.segments = turn_segments(source.turns, source.markers)
+    except ReplayError as exc:  # a stream whose turns do not chain: every row would fail the same way
+        return _Source(error=exc)
+    return source
+
+
+def _read_source(db: Database, item: ReplayItem, host: Any) -> _Source:
     from agent_runner.records import TurnTokens
 
     if item.model is None:
@@ -236,31 +272,46 @@ def _failure(exc: Exception) -> Outcome:
     return "failed", f"{type(exc).__name__}: {exc}\n" + "".join(traceback.format_exception(exc)).strip(), {}
 
 
-def _score_cells(items: list[ReplayItem], source: _Source, model: Any, chunked: bool) -> list[Outcome]:
+def _score_cells(items: list[ReplayItem], source: _Source, host: Any, chunked: bool) -> list[Outcome]:
     """Replay items of one source and protocol together (``measure.replay_cells``): every setting a row of one
-    stack, each equal to its replay alone. Never raises: a bad setting fails its own row; a stream that cannot be
-    replayed under the protocol is every row's ``skipped``, any other error every row's ``failed``."""
-    from measure.replay_cells import replay_cells
+    stack, each equal to its replay alone. The paper's text-level observation masking (full context, rule latest)
+    is fed the masked history instead (``measure.replay_cells.mask_turns``): its rows are a call of their own per
+    masking, results back in the items' order. Never raises: a bad setting fails its own row; a stream that
+    cannot be replayed under the protocol is every row of its call ``skipped``, any other error ``failed``."""
+    from agent_runner.chat_segments import text_masking
+    from measure.counterfactual import ReplayError
+    from measure.replay_cells import mask_turns, reads_segments, replay_cells
 
     t0 = time.perf_counter()
     outcomes: list[Outcome | None] = [None] * len(items)
-    evictions = {}
+    streams: dict[Any, dict[int, EvictionConfig]] = {}  # None: the source stream
     for k, item in enumerate(items):
         try:
             if source.error is not None:
                 raise source.error
-            evictions[k] = EvictionConfig(**item.eviction)  # builds the policy: a bad parameter fails this row only
+            eviction = EvictionConfig(**item.eviction)  # builds the policy: a bad parameter fails this row only
+            if source.segments is None and reads_segments(eviction):
+                raise ReplayError(
+                    f"{item.method} decides by the turns' segments, which this stream cannot give: {source.unsegmented}"
+                )
+            streams.setdefault(text_masking(eviction, item.protocol), {})[k] = eviction
         except Exception as exc:  # noqa: BLE001 - stored as the row's error, never swallowed
             outcomes[k] = _failure(exc)
-    if evictions:
+    for masking, evictions in streams.items():
+        turns, segments, actions = source.turns, source.segments, source.actions
         try:
+            if masking is not None:
+                keep_latest, placeholder = masking
+                masked = mask_turns(turns, actions, host.tokenizer, source.markers, keep_latest=keep_latest,
+                                    placeholder=placeholder)  # fmt: skip
+                turns, segments, actions = masked.turns, masked.segments, masked.actions
             scores = replay_cells(
-                model, source.turns, list(evictions.values()), items[0].protocol, chunked=chunked,
-                actions=source.actions,
+                host.model, turns, list(evictions.values()), items[0].protocol, chunked=chunked, actions=actions,
+                segments=segments,
             )  # fmt: skip
             for k, score in zip(evictions, scores, strict=True):
                 outcomes[k] = ("ok", None, score.model_dump(mode="json"))
-        except Exception as exc:  # noqa: BLE001 - every row of the batch carries the error
+        except Exception as exc:  # noqa: BLE001 - every row of the call carries the error
             failed = _failure(exc)
             for k in evictions:
                 outcomes[k] = (failed[0], failed[1], {"seconds": time.perf_counter() - t0})

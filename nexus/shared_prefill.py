@@ -41,6 +41,7 @@ history it starts with.
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,6 +50,7 @@ import torch
 from nexus.attention import cache_kwarg
 from nexus.cache import EvictableCache
 from nexus.config import EvictionConfig
+from nexus.segments import Segment
 
 
 class _RecordingCache(EvictableCache):
@@ -89,9 +91,11 @@ class RecordedPrefill:
     def length(self) -> int:
         return self.layers[0][1].shape[2]
 
-    def cache_for(self, config: EvictionConfig) -> EvictableCache:
-        """The cache a prefill of the same ids with `config` leaves (see the module docstring)."""
+    def cache_for(self, config: EvictionConfig, segments: Sequence[Segment] = ()) -> EvictableCache:
+        """The cache a prefill of the same ids with `config` leaves (see the module docstring), told the stream's
+        `segments` (``nexus.segments``) before it, as a host sets them before a real prefill."""
         cache = EvictableCache(self.model_config, config)
+        cache.segments = segments  # before the replayed `after_attention` calls: their events read them
         policy = config.policy
         shared = policy.evicts and policy.observes and _hashable(policy)
         for layer_idx, (queries, keys, values, scaling) in enumerate(self.layers):

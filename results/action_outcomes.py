@@ -56,6 +56,8 @@ class SpanSums:
     new_top1_sum: float = 0.0
     new_nll_sum: float = 0.0
     unlocated: int = 0  # copy spans whose source was not in the context (no distance)
+    held_bytes_sum: float = 0.0  # sum over replays of each one's mean KV bytes held after a turn
+    held_bytes_replays: int = 0  # replays in that sum
     # bucket -> [scored tokens, top-1 sum, spans]
     by_distance: dict[str, list[float]] = field(default_factory=dict)
 
@@ -72,6 +74,8 @@ class SpanSums:
             "new_top1_sum",
             "new_nll_sum",
             "unlocated",
+            "held_bytes_sum",
+            "held_bytes_replays",
         ):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for bucket, values in other.by_distance.items():
@@ -106,6 +110,9 @@ def pool_of(action: Mapping[str, Any], turns: Sequence[Mapping[str, Any]] | None
     """One replay's sums from its ``action`` (``ActionSummary`` dump) and its ``turns`` (for each copy span's
     distance and held share; without them the held share is ``action.copy_held`` weighted by its copy spans)."""
     pool = SpanSums()
+    held = [t["kv_held_bytes"] for t in turns or () if isinstance(t, Mapping) and t.get("kv_held_bytes") is not None]
+    if held:  # the memory the copies were scored at: a method that keeps more may copy better for it alone
+        pool.held_bytes_sum, pool.held_bytes_replays = sum(held) / len(held), 1
     tokens = int(_get(action.get("tokens"), "copy") or 0)
     top1, nll = _get(action.get("top1"), "copy"), _get(action.get("nll"), "copy")
     if tokens and top1 is not None and nll is not None:

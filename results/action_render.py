@@ -58,7 +58,7 @@ def cell_unit_text(cell: ActionCell | DistanceCell) -> str:
 
 def cell_lines(cell: ActionCell | None) -> list[str]:
     """One action cell as text lines: copy top-1 with its interval (or why none), ΔNLL vs dense, exact with the
-    span and task counts, and the tests with the tasks they rest on."""
+    span and task counts, the KV held a turn, and the tests with the tasks they rest on."""
     if cell is None:
         return ["-"]
     if cell.paired == 0:
@@ -77,6 +77,8 @@ def cell_lines(cell: ActionCell | None) -> list[str]:
     exact = "" if cell.copy_exact is None else f"exact {pct(cell.copy_exact)}, "
     unpaired = f", {cell.unpaired} unpaired" if cell.unpaired else ""
     lines.append(f"{exact}{cell.spans} spans, {cell.tasks} tasks{unpaired}")
+    if cell.kv_held_bytes is not None:  # the memory the copies were scored at, beside them
+        lines.append(f"KV held {cell.kv_held_bytes / 1e6:.1f} MB a turn")
     tests = [
         f"p={p:.3g} vs {name} ({n} tasks)"
         for p, name, n in (

@@ -76,6 +76,9 @@ class ActionCell:
     tasks_vs_snapkv: int = 0
     test_vs_snapkv: str | None = None
     spans_unlocated: int = 0  # copy spans whose source was not in the context: in no distance bucket
+    #: the KV held: per replay the mean over its turns of the bytes held after each turn, per task then mean over
+    #: tasks (equal memory is what makes two cells comparable: observation_masking's paper rule keeps what it keeps)
+    kv_held_bytes: float | None = None
 
     @property
     def too_few_for_interval(self) -> bool:
@@ -205,6 +208,9 @@ def summarize_cell(
     cell.copy_held = _mean([p.held_sum / p.held_spans for p in tasks.values() if p.held_spans])
     cell.new_top1 = _mean([p.new_top1_sum / p.new_tokens for p in tasks.values() if p.new_tokens])
     cell.new_nll = _mean([p.new_nll_sum / p.new_tokens for p in tasks.values() if p.new_tokens])
+    cell.kv_held_bytes = _mean(
+        [p.held_bytes_sum / p.held_bytes_replays for p in tasks.values() if p.held_bytes_replays]
+    )
     if method != DENSE:
         cell.p_vs_dense, cell.tasks_vs_dense, cell.test_vs_dense = _paired_difference(
             mine, {o.episode_id: d for o, d in paired}, seed=seed

@@ -172,6 +172,7 @@ ACTION_FIELDS = [
     "p_vs_snapkv",
     "tasks_vs_snapkv",
     "spans_unlocated",
+    "kv_held_bytes",
 ]
 
 

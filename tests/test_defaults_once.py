@@ -97,7 +97,7 @@ def test_the_job_spec_reads_the_library_defaults():
         [EVICTION_DEFAULTS["seed"]],
     )
     assert spec.eviction == {k: v for k, v in EVICTION_DEFAULTS.items() if k in spec.eviction}
-    assert set(spec.eviction) == {"budget_tokens", "block_size", "window", "slack_blocks"}
+    assert set(spec.eviction) == {"budget_tokens", "block_size", "window", "slack_blocks", "candidates"}
     shown = spec.to_yaml()
     assert f"density: {EVICTION_DEFAULTS['density']}" in shown and f"window: {EVICTION_DEFAULTS['window']}" in shown
 

@@ -20,6 +20,15 @@ turn's context is the previous stream's first `keep` tokens + `append`, and `gen
 (the stop token included). Counterfactual replay (measure/counterfactual.py) feeds exactly that stream, and
 so does `complete(..., forced_ids=...)` (`rerun --from-turn K`, agent_runner/backends/forced_prefix.py): a
 stored turn's `generated` ids fed token by token, with the generator drawing as it did when they were sampled.
+
+Before each prefill the cache is told what every position of the context holds (`nexus.segments`: the system
+prompt, the task, each assistant turn, each observation; `agent_runner.chat_segments`), read from the ChatML ids
+of the whole context the cache holds after the feed; a policy that reads them (`observation_masking`, or
+`candidates: newest_turn`) decides by them, every other policy ignores them. Under full context with
+`observation_masking`'s paper rule (`latest`), the paper's own text-level method is applied: the rendered history
+has every observation older than the newest `keep_latest` replaced by the placeholder before it is fed, so the
+stored stream (`TurnTokens`) is exactly what was fed, and those messages are marked `masked`, which the KV rule
+leaves alone.
 """
 
 from __future__ import annotations
@@ -31,6 +40,7 @@ import torch
 
 import nexus
 from agent_runner.backends import ModelError
+from agent_runner.chat_segments import ChatMarkers, chat_segments, mask_observations, text_masking
 from agent_runner.chat_stream import ChatStream
 from agent_runner.config import ModelSpec, ProtocolName, SamplingConfig, check_protocol
 from agent_runner.engine import DecodeEngine, TurnDecoder, TurnTiming, forward_last, sync
@@ -78,6 +88,8 @@ class HFBackend:
         self._stop = set(host.stop_token_ids)
         self.chat = ChatStream(host.tokenizer)
         self._im_end = self.chat.im_end
+        self._markers = ChatMarkers.of_chatml(host.tokenizer)
+        self._masking = text_masking(eviction, protocol)
         self.seed: int | None = None  # set by reset: the episode's seed, applied once per episode
         self.generator: torch.Generator | None = None
         self.cache: nexus.EvictableCache | None = None
@@ -109,7 +121,7 @@ class HFBackend:
             raise RuntimeError("HFBackend.reset(seed=...) comes first: the episode's seed is applied by Agent.run")
         fresh = self.protocol == "full_context" or self.cache is None
         try:
-            feed, mismatch, keep = self._feed(messages, fresh=fresh)
+            feed, mismatch, keep, masked = self._feed(messages, fresh=fresh)
             stored = TurnTokens(keep=keep, append=self.stream[keep:], generated=[])
         except ValueError as exc:
             raise ModelError(f"hf backend: {exc}") from exc
@@ -131,6 +143,8 @@ class HFBackend:
         if fresh:
             self.cache = None  # free the last turn's buffers before the new prefill allocates its own
             self.cache = nexus.EvictableCache(self.host.model.config, self.eviction)
+        # what every position of the context holds, set before the forward that feeds it (nexus.segments)
+        self.cache.segments = chat_segments(self.stream, self._markers, masked) if self._markers else ()
         forced = None
         if forced_text is not None:
             forced = self.host.tokenizer.encode(forced_text, add_special_tokens=False) + [self._im_end]
@@ -165,9 +179,24 @@ class HFBackend:
     def _pending(self) -> int | None:
         return self.chat.pending
 
-    def _feed(self, messages: list[Message], *, fresh: bool) -> tuple[list[int], bool, int]:
-        """See ``ChatStream.feed`` (one place for the backend and the replay of text trajectories)."""
-        return self.chat.feed(messages, fresh=fresh)
+    def _feed(self, messages: list[Message], *, fresh: bool) -> tuple[list[int], bool, int, frozenset[int]]:
+        """``ChatStream.feed`` (one place for the backend and the replay of text trajectories), and the user
+        messages (0: the task) it masked. Under the text-level masking (``text_masking``) the freshly rendered
+        stream has its old observations replaced by the placeholder: the stream becomes the masked ids, which are
+        what is fed, and ``keep`` is counted against them."""
+        previous = list(self.chat.stream) if self._masking is not None else []
+        feed, mismatch, keep = self.chat.feed(messages, fresh=fresh)
+        if self._masking is None or self._markers is None:  # under full context only: every call is fresh
+            return feed, mismatch, keep, frozenset()
+        masked = mask_observations(
+            feed,
+            self.host.tokenizer,
+            self._markers,
+            keep_latest=self._masking.keep_latest,
+            placeholder=self._masking.placeholder,
+        )
+        self.chat.stream = list(masked.ids)
+        return list(masked.ids), mismatch, _shared_prefix(previous, masked.ids), masked.masked
 
     # -- the decode loop --------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -227,3 +256,8 @@ class HFBackend:
             info=CompletionInfo(budget=cache.budget(0), forced_agreed=decoder.agreed if draw_forced else None),
         )
         return completion, tokens
+
+
+def _shared_prefix(a: list[int], b: list[int]) -> int:
+    """How many leading tokens ``a`` and ``b`` share (``TurnTokens.keep`` of a re-rendered context)."""
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))

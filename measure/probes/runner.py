@@ -12,6 +12,12 @@
    agent's reply as decoded tokens, then the question as a second prefill, which evicts again), score the exact
    target by teacher forcing on copies of the caches, then answer greedily, each row its own tokens.
 
+The probes render chat conversations, so every cache is told the segments of what it is fed (``nexus.segments``:
+its ChatML messages) before the prefill that feeds them, as the hf backend tells it live; ``observation_masking``
+and ``candidates: newest_turn`` decide by them. Under full context observation_masking's paper rule is the
+text-level method: a sample whose conversation has observations to mask (later_turn) is prefilled with them
+masked, a recording of its own (``_feed``).
+
 Greedy decoding (not the agent's temperature 1): a probe asks whether the kept cache still holds the fact,
 and sampling noise would only widen every interval. Eviction's own random choices (Nexus's reservoir) use
 the sample's seed (``sample_seed``), so cells of one sample share every draw they can.
@@ -21,17 +27,20 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
 
+from agent_runner.chat_segments import ChatMarkers, chat_segments, mask_observations, text_masking
 from measure.probes.samples import Sample, build_sample
 from measure.probes.settings import ProbeResult, ProbeSettings, parse_variant
+from measure.replay_cells import reads_segments
 from measure.stacked_cells import Rows, greedy
 from nexus.cache import EvictableCache
 from nexus.config import EvictionConfig
-from nexus.shared_prefill import record_prefill
+from nexus.segments import Segment
+from nexus.shared_prefill import RecordedPrefill, record_prefill
 
 #: most cells answering greedily in one stack: the samples of a batch are chosen so their cells fit
 ANSWER_ROWS = 64
@@ -75,18 +84,76 @@ class _Prepared:
     scorers: list[EvictableCache]
 
 
-def _prepare(host, sample: Sample, cells: list[tuple[EvictionConfig, str]], recorded: dict) -> _Prepared:
-    """Each cell's cache from its protocol's recorded prefill; later_turn's true-eviction rows carried through the
-    reply and the question (rows of one stack: the same tokens); the exact target scored on copies."""
+@dataclass
+class _Stream:
+    """What cells' caches are built from: the recorded prefill of the ids they are fed, and those ids' segments."""
+
+    recorded: RecordedPrefill
+    segments: tuple[Segment, ...] = ()
+
+
+#: a cell's stream: its protocol's ids, or (protocol, keep_latest, placeholder): them with old observations masked
+StreamKey = Hashable
+
+
+def _feed(host, sample: Sample, protocol: str, masking: tuple[int, str] | None, markers) -> tuple:
+    """(stream key, ids, their segments) a cell is prefilled with: its protocol's ids, told their ChatML messages
+    (``markers`` None: a tokenizer that is not ChatML, no segments). ``masking``: (keep_latest, placeholder) of
+    observation_masking's paper rule under full context, applied to the text
+    (``agent_runner.chat_segments.text_masking``): a sample whose conversation has observations to mask is fed the
+    masked ids, a stream of its own; one without any is fed its protocol's."""
+    ids = _prefill_ids(sample, protocol)
+    if markers is None:
+        return protocol, ids, ()
+    if masking is not None:
+        keep_latest, placeholder = masking
+        masked = mask_observations(ids, host.tokenizer, markers, keep_latest=keep_latest, placeholder=placeholder)
+        if masked.masked:
+            return (protocol, *masking), masked.ids, chat_segments(masked.ids, markers, masked.masked)
+    return protocol, ids, chat_segments(ids, markers)
+
+
+def _streams(host, sample: Sample, cells, markers, recorded: dict | None = None) -> tuple[list[StreamKey], dict]:
+    """Each cell's (config, protocol) stream key, and every stream recorded once, each extending the previous
+    recording where their ids share a prefix (the full-context history extends the first turn's). ``recorded``:
+    recordings already made, by protocol (``run_cell``'s)."""
+    keys, streams, feeds, previous = [], {}, {}, None
+    for config, protocol in cells:
+        masking = text_masking(config, protocol) if markers is not None else None
+        if (protocol, masking) not in feeds:
+            feeds[protocol, masking] = _feed(host, sample, protocol, masking, markers)
+        key, ids, segments = feeds[protocol, masking]
+        if key not in streams:
+            if recorded is not None and key in recorded:
+                streams[key] = _Stream(recorded[key], segments)
+            else:
+                tensor = torch.tensor([ids], device=host.device)
+                previous = record_prefill(host.model, tensor, logits_to_keep=1, reuse=previous)
+                streams[key] = _Stream(previous, segments)
+        keys.append(key)
+    return keys, streams
+
+
+def _prepare(host, sample: Sample, cells, keys: list[StreamKey], streams: dict, markers) -> _Prepared:
+    """Each cell's cache from its stream's recorded prefill, told the stream's segments; later_turn's true-eviction
+    rows carried through the reply and the question (rows of one stack: the same tokens), told the question
+    turn's segments before it; the exact target scored on copies."""
     model = host.model
-    caches = [recorded[protocol].cache_for(config) for config, protocol in cells]
-    last = torch.stack([recorded[protocol].logits[0, -1].float() for _, protocol in cells])
+    caches = [
+        streams[key].recorded.cache_for(config, streams[key].segments)
+        for (config, _), key in zip(cells, keys, strict=True)
+    ]
+    last = torch.stack([streams[key].recorded.logits[0, -1].float() for key in keys])
     carried = [
         i for i, (_, protocol) in enumerate(cells) if sample.probe == "later_turn" and protocol == "true_eviction"
     ]
     if carried:
         rows = Rows(model, [caches[i] for i in carried])
         rows.feed_decoded(sample.reply)  # the agent's reply, as decoded tokens
+        if markers is not None:  # the next turn's messages, before its prefill evicts
+            told = chat_segments(sample.prefill + sample.reply + sample.question, markers)
+            for i in carried:
+                caches[i].segments = told
         last[carried] = rows.forward(sample.question, all_logits=False).float()  # the next turn: a prefill (evicts)
         rows.release()
     prepared = _Prepared(sample, caches, last, [kept_fraction(c) for c in caches], [c.memory() for c in caches],
@@ -140,10 +207,13 @@ def _answer(host, prepared: list[_Prepared]) -> list[list[dict]]:
 @torch.no_grad()
 def run_cells(host, sample: Sample, cells: list[tuple[EvictionConfig, str]], recorded: dict) -> list[dict]:
     """The cells (config, protocol) of one sample, each cache built from its protocol's recorded prefill
-    (``recorded[protocol]``), fed together as rows of one stack (``measure.stacked_cells``; one cell: the cell
-    alone): per cell correct / nll / answer / cache numbers. Both protocols of later_turn end at the same
-    question, so after the true-eviction rows have been carried there, every row is scored and answers together."""
-    return _answer(host, [_prepare(host, sample, cells, recorded)])[0]
+    (``recorded[protocol]``; a cell fed masked ids records its own), fed together as rows of one stack
+    (``measure.stacked_cells``; one cell: the cell alone): per cell correct / nll / answer / cache numbers. Both
+    protocols of later_turn end at the same question, so after the true-eviction rows have been carried there,
+    every row is scored and answers together."""
+    markers = ChatMarkers.of_chatml(host.tokenizer)
+    keys, streams = _streams(host, sample, cells, markers, recorded)
+    return _answer(host, [_prepare(host, sample, cells, keys, streams, markers)])[0]
 
 
 def run_cell(host, sample: Sample, recorded, config: EvictionConfig, protocol: str) -> dict:
@@ -170,6 +240,13 @@ def run_probes(
     (several samples) as rows of one stack (False: each cell alone, the reference).
     `samples`: only these sample indices (one measuring process's share, ``measure.probes.parallel``)."""
     check_probe_settings(settings)
+    # no segments to tell: a setting that reads them would mean another
+    if ChatMarkers.of_chatml(host.tokenizer) is None:
+        for variant in settings.variants:
+            config = eviction_config(variant, settings.scopes[0], settings.densities[0], settings.seed, settings.preset)
+            if reads_segments(config):
+                raise ValueError(f"variant {variant!r} decides by the turn segments of a ChatML conversation, and "
+                                 "this model's chat template is not ChatML")  # fmt: skip
     indices = list(range(settings.samples) if samples is None else samples)
     for probe in settings.probes:
         cells = settings.cells(probe)
@@ -207,20 +284,21 @@ def _measure_samples(host, samples: list[Sample], cells, seeds: list[int], prese
     only. Batched, a sample's cells are rows of one stack, every cell of the batch answers in one stack, and a
     row's seconds are the batch's over its rows; alone, each cell is measured and timed by itself."""
     started = time.perf_counter()
+    markers = ChatMarkers.of_chatml(host.tokenizer)
     groups, prepared = [], []
     for sample, seed in zip(samples, seeds, strict=True):
-        recorded, previous = {}, None
         unique: dict[tuple, tuple[EvictionConfig, str]] = {}
         for variant, scope, protocol, density in cells:
-            if protocol not in recorded:
-                ids = torch.tensor([_prefill_ids(sample, protocol)], device=host.device)
-                recorded[protocol] = previous = record_prefill(host.model, ids, logits_to_keep=1, reuse=previous)
             config = eviction_config(variant, scope, density, seed, preset)
             unique.setdefault(_cell_key(config, variant, protocol), (config, protocol))
+        with torch.no_grad():
+            keys, streams = _streams(host, sample, list(unique.values()), markers)
+        key_of = dict(zip(unique, keys, strict=True))
         for group in [list(unique.items())] if batched else [[item] for item in unique.items()]:
             t0 = time.perf_counter()
             with torch.no_grad():
-                prepared.append(_prepare(host, sample, [cell for _, cell in group], recorded))
+                cells_of = [cell for _, cell in group]
+                prepared.append(_prepare(host, sample, cells_of, [key_of[k] for k, _ in group], streams, markers))
                 if not batched:  # alone: each cell answers by itself, timed by itself
                     (numbers,) = _answer(host, [prepared.pop()])
                     group = [(key, dict(numbers[0], seconds=time.perf_counter() - t0)) for key, _ in group]

@@ -5,7 +5,7 @@ Trap: Simple Observation Masking Is as Efficient as LLM Summarization for Agent 
 What SWE-agent-style scaffolds do instead of KV eviction: the latest M observations stay verbatim, older ones are
 replaced by a placeholder; the system prompt, the task and every assistant turn stay. It needs to know where each
 observation lies: the host's turn segments (``nexus.segments``, ``LayerView.segments``). Without segments nothing
-is an observation and the policy evicts by recency alone.
+is an observation: the paper's rule keeps everything, the budgeted one keeps the newest tokens.
 
 Two rules (``rule``):
   latest  the paper's: keep everything but the observations older than the newest ``keep_latest`` (M = 10, the
@@ -16,6 +16,7 @@ Two rules (``rule``):
           every density at equal memory: observations are dropped oldest first, token by token (the oldest one
           still held keeps its newest tokens), and only when no observation is left do assistant turns (oldest
           first), then the system prompt and task go. The last W tokens are always kept, as by every method.
+          Without segments (a host that says nothing) every position ranks alike: recency.
 
 Protocols: under true eviction this policy is the method (whole old observations leave the one cache). Under full
 context the paper's rule is applied to the text, as the paper does: the host renders the history with old
@@ -85,10 +86,14 @@ class ObservationMasking(Policy):
         return rank
 
     def select(self, view: LayerView) -> torch.Tensor:
-        """[B, Hkv, K] ascending slot indices: the top ``budget`` slots by (rank, position), the last W forced."""
+        """[B, Hkv, K] ascending slot indices: the top ``budget`` slots by (rank, position); rule budget forces the
+        last W."""
         positions = view.positions
         length = int(positions.max()) + 1 if positions.numel() else 0
         rank = self.ranks(view.segments, max(length, 1), positions.device)
         score = rank[positions.clamp_min(0)] * _RANK_SCALE + positions.float()
-        forced = recent_slots(positions, min(view.window, view.budget))
+        # rule latest keeps by kind alone (its budget is everything but the dropped observations): a forced window
+        # over a dropped observation's tail would push out as many older kept tokens instead
+        window = view.window if self.rule == "budget" else 0
+        forced = recent_slots(positions, min(window, view.budget))
         return keep_top(score, forced, view.valid, view.budget)

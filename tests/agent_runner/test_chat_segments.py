@@ -54,6 +54,10 @@ def test_masking_replaces_old_observations_as_the_template_would(tokenizer):
     shift = len(masked.ids) - len(ids)
     assert masked.moved(later.start, later.end) == (later.start + shift, later.end + shift)
     assert masked.moved(0, 5) == (0, 5)
+    twice = mask_observations(
+        masked.ids, tokenizer, markers, keep_latest=1, placeholder="Old environment output: ({lines} lines omitted)"
+    )
+    assert twice.ids == masked.ids and twice.masked == {1}  # masking a masked stream again changes nothing
     same = mask_observations(ids, tokenizer, markers, keep_latest=2, placeholder="x")
     assert same.ids == ids and not same.masked  # nothing older than the newest two
 

@@ -138,8 +138,14 @@ def test_every_method_and_scope_runs_on_real_weights(smollm2_host, method, scope
     base = nexus.prefill_budget(cfg, PROMPT_TOKENS)
     layers = range(cache.num_layers)
     budgets = [cache.budget(i) for i in layers]
+    # observation_masking's paper rule: a budget set by content, what the rule leaves (this prompt, all system
+    # prompt, holds no observation: all of it), applied at every forward; tests/agent_runner/
+    # test_turn_segments_episodes.py holds it (and its budgeted rule) on the agent's turns on this model
+    content = cfg.policy.content_budget(cache.segments, PROMPT_TOKENS)
     if method == "dense":
         budgets = [PROMPT_TOKENS] * cache.num_layers  # its budget is never applied: it keeps everything
+    elif content is not None:
+        assert budgets == [content] * cache.num_layers == [PROMPT_TOKENS] * cache.num_layers
     elif "pyramid" in method:
         # layer budgets fall from bottom to top; the reference floors the per-layer step, so over 30 layers the
         # mean is above `base` (132 for 120 here), never below it
@@ -155,7 +161,7 @@ def test_every_method_and_scope_runs_on_real_weights(smollm2_host, method, scope
         assert all(cache.occupancy(i) <= budgets[i] + room for i in layers)
     assert cache.logical_length == PROMPT_TOKENS + steps
     phases = {e.phase for e in cache.events}
-    if method == "dense":
+    if method == "dense" or content is not None:
         assert not phases and all(cache.physical_length(i) == cache.logical_length for i in layers)
     else:
         assert phases == ({"prefill", "decode"} if scope == "prefill_decode" else {"prefill"})

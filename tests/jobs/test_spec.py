@@ -180,7 +180,7 @@ def test_the_job_composes_the_runners_own_configs():
     fields = JobSpec.model_fields
     assert fields["model"].annotation == ModelSpec
     assert (fields["limits"].annotation, fields["sampling"].annotation) == (AgentConfig, SamplingConfig)
-    assert set(spec().eviction) == {"budget_tokens", "block_size", "window", "slack_blocks"}
+    assert set(spec().eviction) == {"budget_tokens", "block_size", "window", "slack_blocks", "candidates"}
     cfg = spec(methods=["nexus"], eviction={"window": 8}).eviction_config("nexus", "prefill_only", 4)
     assert isinstance(cfg, EvictionConfig)
     assert (cfg.method, cfg.scope, cfg.seed, cfg.window, cfg.block_size, cfg.density) == (

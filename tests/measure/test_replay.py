@@ -27,6 +27,7 @@ from db.models import Turn
 from db.replays import config_key
 from jobs.spec import JobSpec
 from measure.replay import plan_replays, replay_job
+from nexus.config import keyed
 from results.compare import compare_jobs
 from results.compare_csv import REPLAY_COLUMNS
 from results.compare_render import render
@@ -143,7 +144,8 @@ def test_replay_job_stores_rows_compare_shows_them(any_db, host):
         for protocol in ("true_eviction", "full_context"):
             row = rows[("t1", method, protocol)]
             assert row.status == "ok" and sum(t["eviction_events"] for t in row.turns) > 0
-            assert row.config == live[method]
+            # as stored and keyed: a shared field at the default every older row ran with is left out (nexus.config)
+            assert row.config == keyed(live[method])
     skipped = rows[("t2", "nexus", "true_eviction")]
     assert skipped.status == "skipped" and "full_context" in skipped.error and skipped.nll_mean is None
     assert rows[("t2", "nexus", "full_context")].status == "ok"

@@ -43,11 +43,22 @@ def _probe_matrix():
     ]
 
 
+#: method -> the settings it evicts with on these short conversations (the others: their defaults): the paper's
+#: observation masking keeps the newest 10 observations, and a probe or the trajectory below has two or three
+LABELLED: dict[str, dict] = {"observation_masking": {"keep_latest": 1}}
+
+
+def _variant(method: str) -> str:
+    """``method`` as a probe variant, with its :data:`LABELLED` settings."""
+    params = LABELLED.get(method)
+    return f"{method}({', '.join(f'{k}={v}' for k, v in params.items())})" if params else method
+
+
 @pytest.mark.parametrize("method", _probe_matrix())
 @torch.no_grad()
 def test_probe_cells_batched_equal_each_cell_alone(host64, method):
     """A method x scope x protocol (nexus's beside dense), all three probes: batched == alone, result by result."""
-    variants = ("dense", method) if method == "nexus" else (method,)
+    variants = ("dense", method) if method == "nexus" else (_variant(method),)
     settings = ProbeSettings(
         model="tiny", samples=1, lengths=(256,), densities=(0.3,), variants=variants,
         scopes=tuple(nexus.SCOPES), protocols=("true_eviction", "full_context"),
@@ -152,14 +163,17 @@ def _replay_matrix():
 @pytest.fixture(scope="module")
 def trajectory(host64):
     """A text trajectory rendered into the tiny model's stream, with its planned spans (copies read mid-turn)."""
+    from agent_runner.chat_segments import ChatMarkers
     from agent_runner.chat_stream import render_trajectory
     from measure.action_scores import plan_spans
+    from measure.counterfactual import turn_segments
     from tests.measure.test_text_replay import conversation
 
     out = {}
     for protocol in ("true_eviction", "full_context"):
         rendered = render_trajectory(host64.tokenizer, conversation(filler=2), protocol)
-        out[protocol] = rendered.turns, plan_spans(rendered)
+        segments = turn_segments(rendered.turns, ChatMarkers.of(host64.tokenizer))
+        out[protocol] = rendered.turns, plan_spans(rendered), segments
     return out
 
 
@@ -172,18 +186,20 @@ def test_replay_cells_batched_equal_each_cell_alone(host64, trajectory, method, 
     from measure.counterfactual import model_forward, replay_episode
     from measure.replay_cells import replay_cells
 
-    turns, plans = trajectory[protocol]
+    turns, plans, segments = trajectory[protocol]
     small = dict(window=8, block_size=8)
     beside = "snapkv" if method != "snapkv" else "streaming_llm"
     evictions = [nexus.EvictionConfig(method="dense")] + [
-        nexus.EvictionConfig(method=m, scope=scope, density=d, **small)
+        nexus.EvictionConfig(method=m, scope=scope, density=d, **small, **LABELLED.get(m, {}))
         for d in (0.15, 0.3, 0.5)
         for m in (method, beside)
     ]
-    together = replay_cells(host64.model, turns, evictions, protocol, actions=plans)
+    together = replay_cells(host64.model, turns, evictions, protocol, actions=plans, segments=segments)
     forward = model_forward(host64.model, host64.device)
     for eviction, got in zip(evictions, together, strict=True):
-        alone = replay_episode(forward, host64.model.config, turns, eviction, protocol, actions=plans)
+        alone = replay_episode(
+            forward, host64.model.config, turns, eviction, protocol, actions=plans, segments=segments
+        )
         assert got.nll_mean == pytest.approx(alone.nll_mean, abs=1e-9) and got.top1 == alone.top1
         assert len(got.turns) == len(alone.turns) > 1
         for a, b in zip(got.turns, alone.turns, strict=True):
@@ -203,7 +219,7 @@ def test_replay_cells_stack_rows_by_scope_and_density_so_each_row_is_fed_the_chu
     from measure.counterfactual import model_forward, replay_episode
     from measure.replay_cells import replay_cells, stack_groups
 
-    turns, plans = trajectory["true_eviction"]
+    turns, plans, _ = trajectory["true_eviction"]
     small = dict(window=8, block_size=8)
     evictions = [nexus.EvictionConfig(method="dense")] + [
         nexus.EvictionConfig(method=m, scope=sc, density=d, **small)

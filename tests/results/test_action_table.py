@@ -354,3 +354,23 @@ def test_the_report_and_the_compare_page_show_the_action_table(sqlite_db, tmp_pa
             assert int(a["tasks"]) == entry["tasks"] and a["copy-top1-ci-low"] == ""
             assert a["p-vs-dense"] == ("" if entry["p_vs_dense"] is None else repr(entry["p_vs_dense"]))
         assert "too few for an interval" in html and "2K-4K tokens back" in html
+
+
+def test_each_cell_holds_the_kv_its_copies_were_scored_at(sqlite_db):
+    """Per replay the mean over turns of the bytes held after each turn; per task first, then over tasks."""
+    job, ids = expert_job(sqlite_db, ["t1", "t2"], seeds=(0, 1))
+    held = {("t1", 0): [100, 300], ("t1", 1): [400, 400], ("t2", 0): [1000, 1000], ("t2", 1): [1000, 1000]}
+    for (task, seed), episode in ids.items():
+        replay(sqlite_db, episode, "dense", [span(1.0)])
+        data = score([span(0.5)])
+        data["turns"] = [dict(data["turns"][0], index=i, kv_held_bytes=b) for i, b in enumerate(held[task, seed])]
+        with sqlite_db.session() as s:
+            record_replay(s, st.get_episode(s, episode), method="snapkv", scope=SCOPE, protocol=PROTOCOL, status="ok",
+                          model=MODEL, config={"method": "snapkv", "density": 0.2}, score=data)  # fmt: skip
+    with sqlite_db.session() as s:
+        table = compare_jobs(s, [job])
+    # t1: replays of 200 and 400 bytes a turn -> 300; t2: 1000; the cell: (300 + 1000) / 2
+    assert cell_of(table, "snapkv").kv_held_bytes == pytest.approx(650.0)
+    assert cell_of(table, "dense").kv_held_bytes is None  # its turns recorded none
+    assert "KV held 0.0 MB a turn" in render(table, "table", width=400)
+    assert json.loads(render(table, "json"))["action"][1]["kv_held_bytes"] == pytest.approx(650.0)
