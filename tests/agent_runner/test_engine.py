@@ -8,7 +8,6 @@ allocated and both peaks, nexus.memory) as when it runs alone on the solo path.
 
 from __future__ import annotations
 
-import threading
 import time
 
 import pytest
@@ -20,6 +19,7 @@ from agent_runner.backends.hf import HFBackend
 from agent_runner.engine import DecodeEngine, TurnDecoder
 from agent_runner.records import Message
 from agent_runner.sampling import SamplingConfig
+from tests.support.threads import run_together
 from tests.tiny_models import tiny_host64
 
 SMALL = dict(density=0.25, window=8, block_size=8)
@@ -91,21 +91,13 @@ def test_batched_episodes_equal_each_alone(host, monkeypatch, method, scope, pro
     LOGITS.clear()
     engine = DecodeEngine(host.model, host.device, max_rows=4)
     results: dict[int, tuple] = {}
-    errors: list[BaseException] = []
 
     def run(i: int) -> None:
-        try:
-            while engine.steps < EPISODES[i][2]:  # join once the others have decoded a few steps together
-                time.sleep(0.001)
-            results[i] = _episode(_backend(host, cfg, protocol, i, engine), i)
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the test thread
-            errors.append(exc)
+        while engine.steps < EPISODES[i][2]:  # join once the others have decoded a few steps together
+            time.sleep(0.001)
+        results[i] = _episode(_backend(host, cfg, protocol, i, engine), i)
 
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(EPISODES))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=300)
+    errors = run_together(run, [(i,) for i in range(len(EPISODES))])
     engine.close()
     assert not errors, errors
     for i, (comps, logits, events) in enumerate(alone):

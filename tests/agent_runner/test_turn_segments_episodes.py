@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import re
-import threading
 
 import pytest
 import torch
@@ -22,6 +21,7 @@ from agent_runner.model_host import render_chat
 from agent_runner.records import Message
 from agent_runner.sampling import SamplingConfig
 from nexus.candidates import shares
+from tests.support.threads import run_together
 from tests.tiny_models import tiny_host, tiny_host64
 
 SYSTEM = "You fix bugs in small Python projects. Call one tool per turn. " * 6
@@ -199,19 +199,11 @@ def test_batched_rows_equal_each_alone_and_hold_their_budget(settings, protocol)
     alone = [run(seed=s) for s in range(2)]
     engine = DecodeEngine(host.model, host.device, max_rows=2)
     batched: dict[int, tuple] = {}
-    errors: list[BaseException] = []
 
     def thread(seed):
-        try:
-            batched[seed] = run(engine, seed)
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the test thread
-            errors.append(exc)
+        batched[seed] = run(engine, seed)
 
-    threads = [threading.Thread(target=thread, args=(s,)) for s in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=300)
+    errors = run_together(thread, [(s,) for s in range(2)])
     engine.close()
     assert not errors, errors
     for seed, (comps, events, backend) in enumerate(alone):
