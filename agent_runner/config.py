@@ -55,6 +55,23 @@ DenseRendering = Literal["identical", "no_model", "differs", "unknown"]
 SHARED_DENSE: frozenset[str] = frozenset({"identical", "no_model"})
 #: backends with no model: what they do does not depend on how a history is rendered
 NO_MODEL_BACKENDS: frozenset[str] = frozenset({"oracle", "expert"})
+#: backends that run dense reference runs only: they hold no cache an eviction method could act on (``expert``
+#: derives each action from the gold patch, ``openai``'s server keeps its own cache), and a run labelled with a
+#: method would be a dense run under a false name. ``oracle`` and ``hf`` run every method (the oracle ignores it:
+#: a pipeline check).
+DENSE_ONLY_BACKENDS: frozenset[str] = frozenset({"expert", "openai"})
+
+
+def check_backend_method(backend: str, method: str) -> None:
+    """The one rule of which backend runs which method: ValueError naming both and what would run, when
+    ``backend`` is dense-only (:data:`DENSE_ONLY_BACKENDS`) and ``method`` evicts. A job is refused at submit
+    (``jobs.spec.JobSpec.check_backend_methods``); a run is refused before any container
+    (``agent_runner.loaded_models.backend_for``)."""
+    if backend in DENSE_ONLY_BACKENDS and method != "dense":
+        raise ValueError(
+            f"backend {backend!r} runs dense reference runs only, not {method!r}: use methods [dense] with it (its "
+            "dense runs can be replayed under each method: nexus-eval replay), or backend hf for eviction methods"
+        )
 
 
 class _Config(BaseModel):
@@ -245,13 +262,14 @@ class EpisodeSpec(_Config):
         check_openai_fields(self.openai)
         return self
 
-    def grade_config(self, job: str = "grade", episode: str | None = None, ceilings=None):
-        """The grading settings this episode asks for (``grading.GradeConfig``); ``job`` and ``episode``
-        label the grading container (the service's ids, so a gone grader's container can be found and reaped);
-        ``ceilings``: the operator's ``env.tasks.ceilings.GradingCeilings`` (None: the defaults)."""
+    def grade_config(self, job: str = "grade", episode: str | None = None, ceilings=None, worker: str | None = None):
+        """The grading settings this episode asks for (``grading.GradeConfig``); ``job``, ``episode`` and ``worker``
+        (the grade claim's holder) label the grading container (the service's ids, so a gone or superseded
+        grader's container can be found and reaped); ``ceilings``: the operator's
+        ``env.tasks.ceilings.GradingCeilings`` (None: the defaults)."""
         from env.grading import GradeConfig
 
-        config = GradeConfig(r2e_swebench_route=self.grade_route, job=job, episode=episode)
+        config = GradeConfig(r2e_swebench_route=self.grade_route, job=job, episode=episode, worker=worker)
         return config if ceilings is None else config.model_copy(update={"ceilings": ceilings})
 
     def task_source(self) -> dict[str, str | None]:

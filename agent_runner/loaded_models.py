@@ -11,7 +11,7 @@ import threading
 from typing import TYPE_CHECKING
 
 from agent_runner.backends import Model, make_backend
-from agent_runner.config import EpisodeSpec, ModelSpec
+from agent_runner.config import EpisodeSpec, ModelSpec, check_backend_method
 from agent_runner.model_host import ModelHost, load_host
 
 if TYPE_CHECKING:
@@ -55,15 +55,12 @@ def backend_for(spec: EpisodeSpec, task: Task | None = None, *, episodes_per_gpu
     with up to `episodes_per_gpu` - 1 other episodes' turns (a multi-episode worker; agent_runner/engine.py).
     The hf backend starts seeded with ``spec.seed``; the episode runner resets every backend with it too."""
     _ = spec.eviction.policy  # the method's own parameters, even for backends that ignore the cache
+    check_backend_method(spec.backend, spec.eviction.method)  # a stored job from before submit refused it
     if spec.backend == "oracle":
         return make_backend("oracle", task=task)
     if spec.backend == "expert":
-        if spec.eviction.method != "dense":
-            raise ValueError("the expert backend serves dense reference runs only (method=dense)")
         return make_backend("expert", task=task, config=spec.expert)
     if spec.backend == "openai":
-        if spec.eviction.method != "dense":
-            raise ValueError("the openai backend serves dense reference runs only (method=dense)")
         settings = {"max_tokens": spec.sampling.max_new_tokens, "temperature": spec.sampling.temperature}
         return make_backend("openai", **{**spec.openai, **settings})
     from agent_runner.backends.hf import HFBackend

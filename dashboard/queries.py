@@ -22,7 +22,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from dashboard.list_queries import JOBS, BadListParameter, Listing, ListQuery, filtered_jobs
-from db import episode_lists, job_rows, liveness
+from db import episode_lists, job_rows, worker_rows
 from db import store as db_store
 from db.attempt_roles import apart_text
 from db.job_status import JobSummary, summarize, summarize_jobs
@@ -95,7 +95,7 @@ class WorkerView:
 
     name: str
     queues: str
-    state: str  # ok | paused (db.models.WorkerState)
+    state: str  # ok | paused | gone (db.models.WorkerState)
     since: datetime  # in this state since
     seen_ago_s: float
     detail: str | None
@@ -103,6 +103,10 @@ class WorkerView:
     @property
     def paused(self) -> bool:
         return self.state == "paused"
+
+    @property
+    def gone(self) -> bool:
+        return self.state == "gone"
 
 
 def _job_row(session: Session, job: Any, summary: JobSummary | None = None) -> JobRow:
@@ -123,9 +127,11 @@ def list_jobs(session: Session, *, limit: int = 100, query: ListQuery | None = N
 
 
 def recent_workers(session: Session, *, within_s: float, now: datetime | None = None) -> list[WorkerView]:
-    """The workers that reported in the last ``within_s`` seconds (``db.liveness.recent_workers``), by name."""
+    """The workers that reported in the last ``within_s`` seconds, and those marked gone in the last hour
+    (``db.worker_rows.recent_workers``), by name."""
     now = now or utcnow()
-    rows = sorted(liveness.recent_workers(session, within_s=within_s, now=now), key=lambda r: r.name)
+    rows = worker_rows.recent_workers(session, within_s=within_s, now=now, gone_within_s=worker_rows.GONE_LISTED_S)
+    rows = sorted(rows, key=lambda r: r.name)
     return [
         WorkerView(r.name, r.queues, r.state, r.state_since, max(0.0, (now - r.seen_at).total_seconds()), r.detail)
         for r in rows

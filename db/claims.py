@@ -23,8 +23,6 @@ takes the job's lock before an episode's (:func:`lock_job`, :func:`lock_episode_
 
 from __future__ import annotations
 
-import os
-import socket
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -46,6 +44,7 @@ from db.models import (
     Turn,
     utcnow,
 )
+from db.process_identity import local_worker_is_dead, worker_identity
 
 #: the statuses in which a claim holds a row: a run, or the grading of an agent exit
 HELD_STATUSES = ("running", *sorted(AGENT_EXIT_STATUSES))
@@ -67,29 +66,6 @@ class Claim:
     attempt: int
     celery_task_id: str | None = None
     took_over_from: str | None = None  # the dead/stale worker whose run this claim replaced
-
-
-def worker_identity() -> str:
-    """``hostname/pid`` of this process: what ``episodes.worker`` records."""
-    return f"{socket.gethostname()}/{os.getpid()}"
-
-
-def local_worker_is_dead(worker: str) -> bool:
-    """True only when ``worker`` ("hostname/pid") ran on this host and that pid is gone.
-
-    Workers on other hosts are never judged dead here (use ``stale_after_s`` for them). A reused pid
-    reads as alive, which errs on the side of not taking over.
-    """
-    host, _, pid_text = worker.rpartition("/")
-    if host != socket.gethostname() or not pid_text.isdigit():
-        return False
-    try:
-        os.kill(int(pid_text), 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
 
 
 def expire_loaded(session: Session, episode_ids: set[str] | None = None) -> None:

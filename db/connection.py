@@ -12,6 +12,11 @@ Only the verbs that store new work create or migrate (:func:`connect`); every ve
 with ``db.availability.open_existing``, which creates nothing and refuses a database that is missing, down, or at
 another schema.
 
+PostgreSQL connections are held to ``db.session_bounds.SessionBounds``: every one gives up connecting after a timeout
+and keeps TCP keepalives on both ends; a worker's (``WORKER_BOUNDS``) also has the server end a session left idle
+inside a transaction and cancel a statement that runs too long, so a worker host cut off while it holds the job
+lock cannot keep it for longer than that (issue 48).
+
 SQLite is opened in WAL mode with a busy timeout and foreign keys on. Write transactions in
 :mod:`db.job_rows`/:mod:`db.store`/:mod:`db.claims` start with ``BEGIN IMMEDIATE`` (see :func:`begin_write`) so
 two workers racing for the same episode serialize at the start of the transaction instead of failing on a lock
@@ -32,6 +37,7 @@ from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
+from db.session_bounds import CONNECTION_BOUNDS, SessionBounds
 from db.urls import masked
 
 DEFAULT_DB_PATH = Path("runs") / "nexus-eval.db"
@@ -87,8 +93,9 @@ def _install_sqlite_hooks(engine: Engine) -> None:
         conn.exec_driver_sql(f"BEGIN {mode}")
 
 
-def make_engine(url: str | None = None, *, echo: bool = False) -> Engine:
-    """An Engine for ``url`` (default: :func:`default_url`); creates a SQLite file's parent folder."""
+def make_engine(url: str | None = None, *, echo: bool = False, bounds: SessionBounds = CONNECTION_BOUNDS) -> Engine:
+    """An Engine for ``url`` (default: :func:`default_url`); creates a SQLite file's parent folder. A PostgreSQL
+    engine's connections are held to ``bounds``."""
     url = url or default_url()
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
@@ -103,7 +110,7 @@ def make_engine(url: str | None = None, *, echo: bool = False) -> Engine:
         )
     if parsed.get_backend_name() == "postgresql" and parsed.get_driver_name() == "":
         parsed = parsed.set(drivername="postgresql+psycopg")
-    return create_engine(parsed, echo=echo, pool_pre_ping=True)
+    return create_engine(parsed, echo=echo, pool_pre_ping=True, connect_args=bounds.connect_args(parsed))
 
 
 def begin_write(session: Session) -> None:
@@ -217,9 +224,12 @@ class Database:
         self.engine.dispose()
 
 
-def connect(url: str | None = None, *, upgrade: bool = True, echo: bool = False) -> Database:
+def connect(
+    url: str | None = None, *, upgrade: bool = True, echo: bool = False, bounds: SessionBounds = CONNECTION_BOUNDS
+) -> Database:
     """Open the database at ``url`` (default: :func:`default_url`), migrating it to head first unless
-    ``upgrade=False``."""
+    ``upgrade=False`` (the migration on a connection of its own, without session timeouts). PostgreSQL connections
+    are held to ``bounds`` (a worker's: ``db.session_bounds.WORKER_BOUNDS``)."""
     url = url or default_url()
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite" and parsed.database in (None, "", ":memory:"):
@@ -227,7 +237,7 @@ def connect(url: str | None = None, *, upgrade: bool = True, echo: bool = False)
         raise ValueError(
             f"in-memory SQLite ({masked(url)!r}) is not supported; give a file, e.g. {sqlite_url('nexus-eval.db')}"
         )
-    engine = make_engine(url, echo=echo)
+    engine = make_engine(url, echo=echo, bounds=bounds)
     if upgrade and not _at_head(engine):
         migrate(url)
     return Database(url=url, engine=engine, sessions=sessionmaker(engine, expire_on_commit=False))

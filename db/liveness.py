@@ -3,8 +3,8 @@
 An episode is *held* while a worker runs it (``running``, under its run claim, see :mod:`db.claims`) or grades
 it (an agent exit such as ``submitted`` with ``claim_token`` set: a grade claim). The holder beats
 ``heartbeat_at`` every few seconds from a thread of its own (``workers.faults.heartbeat``), whatever the episode
-is doing. A holder is **gone** when its heartbeat is older than ``stale_after_s`` or, on the same host, its
-process no longer exists. Then:
+is doing. A holder is **gone** when its heartbeat is older than ``stale_after_s`` or, seen from the same kernel boot
+and pid namespace (``db.process_identity``), its process no longer exists. Then:
 
 - a run is :func:`release`-d: the row goes back to ``queued`` with its claim cleared (the gone worker can no
   longer write) and its partial turns deleted, and the caller sends it again;
@@ -16,8 +16,8 @@ what a broker may have lost without anyone holding it (``queued`` rows, agent ex
 nobody has started): ``nexus-eval resume`` and the embedded worker at start send those again; a duplicate
 message finds no claim and does nothing.
 
-The ``workers`` table holds each worker's own report (:func:`report_worker`), read by ``doctor`` and the
-dashboard. Like :mod:`db.claims`, functions write in the caller's session and do not commit.
+The ``workers`` table (each worker's own report, and who is gone) is :mod:`db.worker_rows`. Like :mod:`db.claims`,
+functions write in the caller's session and do not commit.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import delete, or_, select, update
 from sqlalchemy.orm import Session
 
-from db.claims import Claim, expire_loaded, local_worker_is_dead, lock_job, worker_identity
+from db.claims import Claim, expire_loaded, lock_job
 from db.connection import begin_write
 from db.finishing import turn_totals
 from db.job_status import job_grades, refresh_job_status
@@ -41,11 +41,10 @@ from db.models import (
     Job,
     JobStatus,
     Turn,
-    WorkerRow,
-    WorkerState,
     is_interactive,
     utcnow,
 )
+from db.process_identity import local_worker_is_dead, worker_identity
 
 IsDead = Callable[[str], bool]
 
@@ -115,6 +114,8 @@ def _release(session: Session, episode_id: str, gone: Callable[[Episode], bool],
         values["finished_at"] = utcnow()
     elif running:
         values["status"] = EpisodeStatus.queued.value  # `worker` stays: the next claim reports the takeover
+    else:  # the caller sends the grade again now: the sweeper's re-send of unstarted grades waits a bound from here
+        values["grade_sent_at"] = utcnow()
     swapped = session.execute(
         update(Episode)
         .where(Episode.id == episode_id, Episode.status == row.status, Episode.claim_token == row.claim_token)
@@ -227,33 +228,43 @@ def unsent(session: Session, job_ids: list[str], *, sent_before: bool = False) -
     return found
 
 
-def unfinished_jobs(session: Session) -> list[str]:
-    """Jobs that are neither done nor cancelled (oldest first)."""
-    query = select(Job.id).where(Job.status.not_in([JobStatus.done, JobStatus.cancelled])).order_by(Job.created_at)
+def due_grades(session: Session, *, after_s: float, now: datetime | None = None) -> list[str]:
+    """Agent exits of unfinished jobs that grade, which nobody is grading (no grade claim) and whose grade was
+    neither handed off (``finished_at``) nor sent again (``grade_sent_at``) in the last ``after_s`` seconds: a
+    grade message the broker may have lost. Oldest first. Send each only if :func:`take_due_grade` gives it."""
+    cutoff = (now or utcnow()) - timedelta(seconds=after_s)
+    unfinished = select(Job).where(Job.status.not_in([JobStatus.done, JobStatus.cancelled]))
+    grading = [job.id for job in session.execute(unfinished).scalars() if job_grades(job)]
+    if not grading:
+        return []
+    query = select(Episode.id).where(Episode.job_id.in_(grading), *_due(cutoff)).order_by(Episode.finished_at)
     return list(session.execute(query).scalars())
 
 
-def report_worker(
-    session: Session, name: str, *, queues: str, state: str, detail: str | None = None, now: datetime | None = None
-) -> WorkerRow:
-    """Insert or update a worker's own row (``state``: ``ok`` or ``paused``)."""
+def _due(cutoff: datetime) -> tuple:
+    """The conditions of an agent exit whose grade is due to be sent again (:func:`due_grades`)."""
+    last_sent = or_(
+        Episode.grade_sent_at < cutoff,
+        Episode.grade_sent_at.is_(None) & or_(Episode.finished_at.is_(None), Episode.finished_at < cutoff),
+    )
+    return Episode.status.in_(sorted(AGENT_EXIT_STATUSES)), Episode.claim_token.is_(None), last_sent
+
+
+def take_due_grade(session: Session, episode_id: str, *, after_s: float, now: datetime | None = None) -> bool:
+    """Note that ``episode_id``'s grade is being sent again now, if it is still due (:func:`due_grades`): a
+    compare-and-swap, so of several sweepers one sends it, once per ``after_s``. ``False``: not due (any more)."""
     now = now or utcnow()
-    state = WorkerState(state).value
-    row = session.get(WorkerRow, name, populate_existing=True)
-    if row is None:
-        row = WorkerRow(name=name, queues=queues, state=state, started_at=now, seen_at=now, state_since=now)
-        session.add(row)
-    else:
-        if row.state != state:
-            row.state_since = now
-        row.queues, row.state, row.seen_at = queues, state, now
-    row.detail = detail
-    session.flush()
-    return row
+    swapped = session.execute(
+        update(Episode)
+        .where(Episode.id == episode_id, *_due(now - timedelta(seconds=after_s)))
+        .values(grade_sent_at=now)
+        .execution_options(synchronize_session=False)
+    )
+    expire_loaded(session, {episode_id})
+    return swapped.rowcount == 1
 
 
-def recent_workers(session: Session, *, within_s: float, now: datetime | None = None) -> list[WorkerRow]:
-    """Workers that reported within ``within_s`` seconds, newest report first."""
-    cutoff = (now or utcnow()) - timedelta(seconds=within_s)
-    query = select(WorkerRow).where(WorkerRow.seen_at >= cutoff).order_by(WorkerRow.seen_at.desc())
+def unfinished_jobs(session: Session) -> list[str]:
+    """Jobs that are neither done nor cancelled (oldest first)."""
+    query = select(Job.id).where(Job.status.not_in([JobStatus.done, JobStatus.cancelled])).order_by(Job.created_at)
     return list(session.execute(query).scalars())

@@ -243,11 +243,14 @@ class Episode(Base):
     mean_kv_held_bytes: Mapped[float | None] = mapped_column(Float)
     kept_fraction: Mapped[float | None] = mapped_column(Float)
 
-    worker: Mapped[str | None] = mapped_column(String(200))  # "hostname/pid" of the current claim
+    worker: Mapped[str | None] = mapped_column(String(200))  # "hostname/pid/kernel" of the claim (db.process_identity)
     claim_token: Mapped[str | None] = mapped_column(String(32))
     heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     n_claims: Mapped[int] = mapped_column(Integer, default=0)  # > 1 means a dead worker's run was taken over
     celery_task_id: Mapped[str | None] = mapped_column(String(64))
+    # an agent exit's grade sent again by a sweeper (nobody had started it for Liveness.grade_resend_s): when, so it
+    # is sent once per that bound (db.liveness.take_due_grade; revision 0012)
+    grade_sent_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
     config: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)  # the full merged episode config
     result: Mapped[dict[str, Any] | None] = mapped_column(JSONType)  # extra result fields (grade report...)
@@ -328,16 +331,18 @@ class Turn(Base):
 class WorkerState(StrEnum):
     ok = "ok"  # taking episodes
     paused = "paused"  # not taking episodes: the Docker engine does not answer (``detail`` says why)
+    gone = "gone"  # silent past Liveness.worker_gone_after_s: marked by another worker's sweep (db.liveness)
 
 
 class WorkerRow(Base):
     """One worker process as it last reported itself (``workers.faults.sweeper``): what ``doctor`` and the dashboard
-    show. A row whose ``seen_at`` is older than a few sweeps belongs to a worker that is gone."""
+    show. A row whose ``seen_at`` is older than the liveness bound belongs to a worker that is gone: a sweeper marks
+    it ``gone`` (``db.liveness.mark_gone_workers``), and its next report, if any, sets it back."""
 
     __tablename__ = "workers"
     __table_args__ = (CheckConstraint(in_check("state", WorkerState), name="ck_workers_state"),)
 
-    name: Mapped[str] = mapped_column(String(200), primary_key=True)  # "hostname/pid" of the main process
+    name: Mapped[str] = mapped_column(String(200), primary_key=True)  # "hostname/pid/kernel" of the main process
     queues: Mapped[str] = mapped_column(String(200))
     state: Mapped[str] = mapped_column(String(16), default=WorkerState.ok.value)
     detail: Mapped[str | None] = mapped_column(Text)  # why it is paused; what its last sweep recovered

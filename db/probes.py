@@ -25,11 +25,11 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from db.claims import local_worker_is_dead
 from db.connection import begin_write
 from db.job_rows import by_id_or_prefix
 from db.measure_models import ProbeResultRow, ProbeRun, ProbeRunStatus
 from db.models import utcnow
+from db.process_identity import local_worker_is_dead
 
 #: the fields of ``measure.probes.ProbeResult``, one column each (a test holds the two equal)
 RESULT_FIELDS = (
@@ -104,8 +104,8 @@ def finish_probe_run(session: Session, run_id: str, status: str, *, error: str |
 
 
 def orphaned_probe_runs(session: Session, *, is_dead: Callable[[str], bool] = local_worker_is_dead) -> list[ProbeRun]:
-    """The pending or running runs whose process (``provenance["process"]``, "hostname/pid") ran on this host and is
-    gone: killed, or the machine restarted, before it could record why. Reads only (``probe show`` / ``list`` say
+    """The pending or running runs whose process (``provenance["process"]``, ``db.process_identity``) ran in this pid
+    namespace and is gone: killed before it could record why. Reads only (``probe show`` / ``list`` say
     so; ``probe run`` marks them, :func:`fail_orphaned_probe_runs`). Runs of other hosts, and runs stored before the
     process was recorded, are left out (nothing here can tell whether they still run)."""
     open_runs = session.execute(

@@ -15,7 +15,7 @@ from celery import Celery
 from db import Database, job_rows
 from db import store as db_store
 from db.liveness import unsent
-from jobs.queue import EPISODE_TASK, GRADE_TASK, get_app
+from jobs.queue import EPISODE_TASK, GRADE_TASK, get_app, send
 
 log = logging.getLogger(__name__)
 #: how a job's ``error`` begins while some of its episodes are stored but unsent (``resume`` clears it)
@@ -25,7 +25,7 @@ UNSENT_NOTE = "not all episodes were sent"
 def enqueue_episode(db: Database, episode_id: str, *, app: Celery | None = None) -> str:
     """Send one episode to the ``gpu`` queue and remember the Celery task id on its row.
     ``app``: the process's app by default (``jobs.queue.get_app``)."""
-    sent = (app or get_app()).send_task(EPISODE_TASK, (episode_id,), retry=True)
+    sent = send(app or get_app(), EPISODE_TASK, (episode_id,))
     with db.session() as s:
         db_store.assign_celery_task(s, episode_id, sent.id)
     return sent.id
@@ -40,7 +40,7 @@ def enqueue_pending(db: Database, job_id: str, *, app: Celery | None = None) -> 
     for episode_id in todo.runs:
         enqueue_episode(db, episode_id, app=app)
     for episode_id in todo.grades:
-        app.send_task(GRADE_TASK, (episode_id,), retry=True)
+        send(app, GRADE_TASK, (episode_id,))
     return {"episodes": len(todo.runs), "grades": len(todo.grades)}
 
 

@@ -58,12 +58,24 @@ class Liveness:
                    crashed worker's episode restarts within about 3 minutes, sweep included).
     sweep_s:       each worker looks for stranded episodes this often.
     db_retry_s:    a database call is retried this long before the message is requeued.
+    grade_resend_s: an agent exit that nobody has started grading this long after it finished (or after its
+                   grade was last sent) has its grade sent again by a sweeper, once per this many seconds: a
+                   hand-off the broker lost is found. Long enough that a grade waiting in a busy ``grade``
+                   queue is rarely sent twice (a duplicate finds it claimed or graded and does nothing), and above
+                   the hand-off's own retries through a broker outage (``jobs.queue.publish_window_s``, 117 s).
     """
 
     heartbeat_s: float = 15.0
     stale_after_s: float = 150.0
     sweep_s: float = 30.0
     db_retry_s: float = 120.0
+    grade_resend_s: float = 600.0
+
+    @property
+    def worker_gone_after_s(self) -> float:
+        """A worker whose row in the ``workers`` table (written every sweep) is older than this is marked gone:
+        the holders' bound, and never under 3 sweeps (what ``doctor`` counts as present)."""
+        return max(self.stale_after_s, 3 * self.sweep_s)
 
 
 LIVENESS = Liveness()
@@ -93,6 +105,7 @@ _VARIABLES = {
     "heartbeat_s": "NEXUS_EVAL_HEARTBEAT",
     "sweep_s": "NEXUS_EVAL_SWEEP",
     "db_retry_s": "NEXUS_EVAL_DB_RETRY",
+    "grade_resend_s": "NEXUS_EVAL_GRADE_RESEND",
     "docker_wait_s": "NEXUS_EVAL_DOCKER_WAIT",
 }
 #: the operator's grading ceilings (``env.tasks.ceilings.GradingCeilings`` fields) and their variables
@@ -147,6 +160,9 @@ class ServiceSettings(BaseModel):
     sweep_s: float = Field(LIVENESS.sweep_s, gt=0, description="how often each worker looks for stranded episodes")
     db_retry_s: float = Field(
         LIVENESS.db_retry_s, gt=0, description="how long a database call is retried before the message is requeued"
+    )
+    grade_resend_s: float = Field(
+        LIVENESS.grade_resend_s, gt=0, description="an agent exit whose grade nobody started this long is sent again"
     )
     docker_wait_s: float = Field(
         300.0, gt=0, description="how long a task waits for Docker before it requeues its message"
@@ -245,10 +261,10 @@ class ServiceSettings(BaseModel):
         """The settings from ``NEXUS_EVAL_*`` variables (``environ``, default ``os.environ``: the one place
         they are read), then ``overrides`` (a command's flags: ``db_url``, ``episodes_per_gpu``, ``device``)
         on top; every value validated. The variables: BROKER, RESULT_BACKEND, DB, EPISODES_PER_GPU, DEVICE,
-        SOFT_TIME_LIMIT, HARD_TIME_LIMIT, VISIBILITY_TIMEOUT, STALE_AFTER, HEARTBEAT, SWEEP, DB_RETRY, DOCKER_WAIT,
-        INFRA_RETRIES (docs/service.md, "Faults"); OPENAI_KEY_ENVS, OPENAI_HOSTS (comma-separated names or globs;
-        unset or empty: the defaults); GRADING_MAX_MEMORY, GRADING_MAX_PIDS, GRADING_MAX_CPUS, GRADING_MAX_TIMEOUT,
-        GRADING_NETWORK (the grading ceilings; unset: the defaults)."""
+        SOFT_TIME_LIMIT, HARD_TIME_LIMIT, VISIBILITY_TIMEOUT, STALE_AFTER, HEARTBEAT, SWEEP, DB_RETRY, GRADE_RESEND,
+        DOCKER_WAIT, INFRA_RETRIES (docs/service.md, "Faults"); OPENAI_KEY_ENVS, OPENAI_HOSTS (comma-separated names
+        or globs; unset or empty: the defaults); GRADING_MAX_MEMORY, GRADING_MAX_PIDS, GRADING_MAX_CPUS,
+        GRADING_MAX_TIMEOUT, GRADING_NETWORK (the grading ceilings; unset: the defaults)."""
         env = os.environ if environ is None else environ
         values: dict[str, object] = {field: env.get(var) or None for field, var in _TEXT_VARIABLES.items()}
         values["db_url"] = default_url(env)
@@ -283,7 +299,7 @@ class ServiceSettings(BaseModel):
 
     @property
     def liveness(self) -> Liveness:
-        return Liveness(self.heartbeat_s, self.stale_after_s, self.sweep_s, self.db_retry_s)
+        return Liveness(self.heartbeat_s, self.stale_after_s, self.sweep_s, self.db_retry_s, self.grade_resend_s)
 
     @property
     def embedded(self) -> bool:

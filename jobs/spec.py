@@ -58,6 +58,7 @@ from agent_runner.config import (
     ProtocolName,
     SamplingConfig,
     ScopeName,
+    check_backend_method,
     check_openai_fields,
     legacy_agent_fields,
 )
@@ -253,6 +254,22 @@ class JobSpec(BaseModel):
                 errors.append((f"method_params.{method}", str(exc)))
         if errors:
             raise JobSpecError(source, errors)
+
+    def check_backend_methods(self, *, source: str = "<spec>") -> None:
+        """Refuse a job whose backend cannot run one of its methods (``agent_runner.config.check_backend_method``:
+        ``expert`` and ``openai`` run dense only): ``JobSpecError`` naming ``methods``, what was refused and what
+        would run. Every submission is checked here (``jobs.submit.plan_job``), before anything is stored.
+
+        Not a validator of the spec itself: a stored job is read back whatever it held (``from_stored``), and a
+        replay extends an expert job's spec to the methods it replays its dense runs under (``jobs.variants``)."""
+        refused = []
+        for method in self.methods:
+            try:
+                check_backend_method(self.backend, method)
+            except ValueError as exc:
+                refused.append(("methods", str(exc)))
+        if refused:
+            raise JobSpecError(source, refused)
 
     def openai_config(self) -> OpenAIConfig:
         """``backend=openai``: the endpoint settings as the backend reads them (pydantic's ValidationError when

@@ -62,9 +62,11 @@ class PlannedJob:
     keys: tuple[EpisodeKey, ...]
 
 
-def plan_job(spec: JobSpec, tasks: list[Task]) -> PlannedJob:
-    """``spec`` over its loaded ``tasks``, planned (``JobSpecError`` for a bad selection, before anything is stored);
-    the planned spec (:func:`plan_spec`) is what is stored."""
+def plan_job(spec: JobSpec, tasks: list[Task], *, source: str = "<spec>") -> PlannedJob:
+    """``spec`` over its loaded ``tasks``, planned (``JobSpecError`` naming ``source`` for a method its backend cannot
+    run, ``JobSpec.check_backend_methods``, or a bad selection, before anything is stored); the planned spec
+    (:func:`plan_spec`) is what is stored."""
+    spec.check_backend_methods(source=source)
     spec = plan_spec(spec)
     return PlannedJob(spec=spec, tasks=tuple(tasks), keys=tuple(plan_episodes(spec, tasks)))
 

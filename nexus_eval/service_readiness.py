@@ -129,21 +129,24 @@ def workers_after_database(
     from sqlalchemy.orm import Session
 
     from db.connection import make_engine
-    from db.liveness import recent_workers
     from db.models import WorkerState, utcnow
+    from db.worker_rows import GONE_LISTED_S, recent_workers
 
     now = now or utcnow()
     engine = make_engine(readable)
     try:
         with Session(engine) as s:
-            rows = sorted(recent_workers(s, within_s=within_s, now=now), key=lambda r: r.name)
+            listed = recent_workers(s, within_s=within_s, now=now, gone_within_s=GONE_LISTED_S)
+            listed = sorted(listed, key=lambda r: r.name)
     except Exception as exc:  # the database went away since its row: say so, never raise
         return Check("workers", False, False, f"cannot read it: {type(exc).__name__}: {exc}".splitlines()[0])
     finally:
         engine.dispose()
     window = f"{within_s:g} s"
+    rows = [r for r in listed if r.state != WorkerState.gone]
+    gone = "".join(f"; {r.name} gone since {_clock(r.state_since, now)} ({r.queues})" for r in listed if r not in rows)
     if not rows:
-        return Check("workers", False, False, f"no worker has reported in the last {window}", start)
+        return Check("workers", False, False, f"no worker has reported in the last {window}{gone}", start)
     parts = []
     for r in rows:
         if r.state == WorkerState.paused:
@@ -151,7 +154,7 @@ def workers_after_database(
         else:
             parts.append(f"{r.name} ok ({r.queues})")
     paused = [r for r in rows if r.state == WorkerState.paused]
-    detail = f"{len(rows)} worker{'s' if len(rows) > 1 else ''} seen in the last {window}: " + "; ".join(parts)
+    detail = f"{len(rows)} worker{'s' if len(rows) > 1 else ''} seen in the last {window}: " + "; ".join(parts) + gone
     if paused:
         one = len(paused) == 1
         fix = f"start the Docker engine on {'that host' if one else 'their hosts'} (`{SETUP}`); " + (
@@ -169,8 +172,8 @@ def queue_workers(db_url: str, queue: str, *, within_s: float | None = None, now
     from sqlalchemy.orm import Session
 
     from db.connection import make_engine
-    from db.liveness import recent_workers
     from db.models import WorkerState, utcnow
+    from db.worker_rows import recent_workers
 
     within_s = sweep_window_s() if within_s is None else within_s
     found: dict = {"ok": [], "paused": []}
@@ -187,7 +190,7 @@ def queue_workers(db_url: str, queue: str, *, within_s: float | None = None, now
     except Exception:  # the caller says "unknown"
         return None
     for row in sorted(rows, key=lambda r: r.name):
-        if queue in [q.strip() for q in (row.queues or "").split(",")]:
+        if row.state != WorkerState.gone and queue in [q.strip() for q in (row.queues or "").split(",")]:
             found["paused" if row.state == WorkerState.paused else "ok"].append(row.name)
     return found
 

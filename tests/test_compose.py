@@ -103,3 +103,16 @@ def test_the_image_build_context_leaves_out_databases_history_and_secrets(tmp_pa
     included = set(exclude_paths(str(tmp_path), patterns, dockerfile="docker/worker.Dockerfile"))
     assert set(keep) <= included
     assert not included & set(drop), sorted(included & set(drop))
+
+
+def test_postgres_keepalives_match_every_connection_s_own():
+    """The server-wide keepalives are the ones each of our connections sets for its session (defined once, in
+    ``db.session_bounds.SessionBounds``); the session timeouts stay per worker connection, never server-wide (a reader
+    streams rows inside a transaction while it prints them)."""
+    from db.session_bounds import CONNECTION_BOUNDS
+
+    command = SERVICES["postgres"]["command"]
+    assert command[0] == "postgres" and command[1::2] == ["-c"] * (len(command) // 2)
+    server = dict(setting.split("=", 1) for setting in command[2::2])
+    assert server == CONNECTION_BOUNDS.server_settings()
+    assert "idle_in_transaction_session_timeout" not in server and "statement_timeout" not in server

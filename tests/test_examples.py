@@ -28,6 +28,7 @@ def test_the_readme_lists_every_example():
 def test_every_job_file_validates(path):
     spec = JobSpec.from_yaml(path)
     spec.check_with_library(source=str(path))  # every method's settings, by building its policy
+    spec.check_backend_methods(source=str(path))  # its backend runs each of its methods (what submit refuses)
     assert spec.name  # each example names itself, so its jobs are findable in `nexus-eval status`
 
 

@@ -35,9 +35,10 @@ from agent_runner.status import status_of
 from db import Database, connect
 from db import store as db_store
 from db.models import EpisodeStatus
+from db.session_bounds import WORKER_BOUNDS
 from env.tasks.task_cache import TaskCache
 from jobs.control import enqueue_episode
-from jobs.queue import EPISODE_TASK, GRADE_TASK, PING_TASK, RESUME_TASK, get_app
+from jobs.queue import EPISODE_TASK, GRADE_TASK, PING_TASK, RESUME_TASK, get_app, send
 from workers.execution import EpisodeHooks, WorkerContext, execute_episode
 from workers.faults.db_retry import DatabaseStillDown, retrying
 from workers.faults.docker_gate import DockerDown, docker_down, wait_for_docker
@@ -61,11 +62,12 @@ def _tasks(app: Celery) -> TaskCache:
 
 
 def database(app: Celery) -> Database:
-    """This process's connection to ``app``'s results database, migrated on first use."""
+    """This process's connection to ``app``'s results database, migrated on first use; on PostgreSQL held to the
+    worker's session bounds (``db.session_bounds.WORKER_BOUNDS``: a host cut off mid-transaction loses its locks)."""
     url = app.conf.nexus_settings.db_url
     with _DB_LOCK:
         if url not in _DB:
-            _DB[url] = connect(url)
+            _DB[url] = connect(url, bounds=WORKER_BOUNDS)
         return _DB[url]
 
 
@@ -82,7 +84,9 @@ def _progress_reporter(task: Task):
 def _senders(app: Celery) -> dict[str, Any]:
     return {
         "send_run": lambda episode_id: enqueue_episode(database(app), episode_id, app=app),
-        "send_grade": lambda episode_id: app.send_task(GRADE_TASK, (episode_id,), retry=True),
+        # the grade hand-off: an outage of the broker is ridden out here (jobs.queue.send); a hand-off lost anyway
+        # is sent again by the sweeper (workers.faults.recovery.resend_due_grades)
+        "send_grade": lambda episode_id: send(app, GRADE_TASK, (episode_id,)),
     }
 
 
@@ -150,7 +154,7 @@ def episode_task(self: Task, episode_id: str) -> dict[str, Any]:
     except (DockerDown, DatabaseStillDown) as exc:
         raise _requeue(f"episode {episode_id}", exc) from exc
     if outcome.needs_grade:
-        self.app.send_task(GRADE_TASK, (episode_id,), retry=True)
+        _senders(self.app)["send_grade"](episode_id)
     if outcome.written and outcome.status == EpisodeStatus.infra_failure:
         _after_infra_failure(self.app, episode_id)
     return {

@@ -25,6 +25,7 @@ from db import Database
 from db import store as db_store
 from db.liveness import give_back
 from db.models import AGENT_EXIT_STATUSES
+from env.sandbox.config import EPISODE_LABEL, WORKER_LABEL
 from env.tasks.task_cache import TaskCache
 from jobs.episode_config import stored_episode_spec
 from jobs.settings import LIVENESS, Liveness
@@ -183,7 +184,9 @@ def execute_episode(
 
         spec = stored_episode_spec(config, device=worker.device)
         check_episode_endpoint(spec, worker.allowed)
-        labels = {**hooks.labels, "nexus-eval.job": job_id, "nexus-eval.episode": episode_id}
+        # the claim's holder labels the container: once another process holds the episode (a takeover, on any
+        # host) or nobody does, this host's sweeps remove it (workers.faults.recovery.reap_finished_containers)
+        labels = {**hooks.labels, "nexus-eval.job": job_id, EPISODE_LABEL: episode_id, WORKER_LABEL: claim.worker}
         with Heartbeat(db, claim, every_s=liveness.heartbeat_s):
             task = (worker.tasks or TaskCache()).task(spec)
             # the host's model: with episodes_per_gpu > 1 its turns go through the process's batched engine

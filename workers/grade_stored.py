@@ -84,7 +84,7 @@ def grade_stored_episode(
             spec = EpisodeSpec.model_validate(config)
             tasks = worker.tasks or TaskCache()
             # the labels find a gone grader's box; the ceilings are the operator's, as when the task was loaded
-            labels = spec.grade_config(job=job_id, episode=episode_id, ceilings=tasks.ceilings)
+            labels = spec.grade_config(job=job_id, episode=episode_id, ceilings=tasks.ceilings, worker=claim.worker)
             graded = grade(tasks.task(spec), patch, config=labels)
         except Exception as exc:  # grading infrastructure broke: recorded, the agent's patch stays for a regrade
             graded, failure = None, f"grading failed: {type(exc).__name__}: {exc}"

@@ -31,7 +31,7 @@ from env.grading import hostlog, official, r2e
 from env.grading.hostlog import LOG_HEADER
 from env.grading.official import patch_files
 from env.grading.r2e import export_patch_filtered, parse_r2e_pytest
-from env.sandbox.config import SandboxConfig, SandboxError
+from env.sandbox.config import WORKER_LABEL, SandboxConfig, SandboxError
 from env.sandbox.container import Sandbox
 from env.sandbox.output import FILE_OUTPUT_HEAD_BYTES, FILE_OUTPUT_TAIL_BYTES
 from env.tasks.ceilings import DEFAULT_CEILINGS, GradingCeilings, GradingLimitError, check_limits
@@ -79,6 +79,9 @@ class GradeConfig(BaseModel):
     )
     job: str = "grade"
     episode: str | None = Field(None, description="the episode graded (labels the container); None: grade-<task>")
+    worker: str | None = Field(
+        None, description="the process holding the grade's claim (labels the container: reaped once it holds no more)"
+    )
 
 
 class GradeResult(BaseModel):
@@ -167,7 +170,7 @@ def _grade(task, patch: str | None, config: GradeConfig) -> GradeResult:
             config=sandbox_config,
             job=config.job,
             episode=config.episode or f"grade-{task.instance_id}",
-            labels={"nexus-eval.role": "grade"},
+            labels={"nexus-eval.role": "grade", **({WORKER_LABEL: config.worker} if config.worker else {})},
         ) as box:
             kwargs = {"timeout_s": timeout, "apply_timeout_s": config.apply_timeout_s}
             if route == "swebench":

@@ -35,6 +35,11 @@ SANDBOX_PATH = ":".join(
 )
 IMAGE_ENV = "image"  # SandboxConfig.path: keep the image's own environment
 LABEL_PREFIX = "nexus-eval"
+#: the episode a container serves (``episode_labels``), and the process whose claim it serves: the service's
+#: ``hostname/pid/kernel`` identity (``db.process_identity``). A host reaps a container whose episode another
+#: process holds now, or nobody (``workers.faults.recovery.reap_finished_containers``).
+EPISODE_LABEL = f"{LABEL_PREFIX}.episode"
+WORKER_LABEL = f"{LABEL_PREFIX}.worker"
 # No file in a container grows past this (ulimit fsize): a runaway print or write cannot fill the engine's disk
 # on a storage driver without per-container quotas (overlay2 on ext4). SWE-bench repositories and their test
 # artifacts stay far below it.
@@ -122,7 +127,7 @@ class SandboxConfig(BaseModel):
 def episode_labels(job: str, episode: str, ttl_s: int) -> dict[str, str]:
     return {
         f"{LABEL_PREFIX}.job": job,
-        f"{LABEL_PREFIX}.episode": episode,
+        EPISODE_LABEL: episode,
         f"{LABEL_PREFIX}.created": str(int(time.time())),
         f"{LABEL_PREFIX}.ttl": str(ttl_s),
     }

@@ -15,8 +15,8 @@ from collections.abc import Callable
 from typing import Any
 
 from agent_runner.config import ModelSpec
-from db.claims import worker_identity
 from db.probes import add_result, finish_probe_run, start_probe_run
+from db.process_identity import worker_identity
 from db.provenance import git_revision, package_versions
 
 
@@ -33,7 +33,7 @@ def provenance(threads: int, processes: int) -> dict[str, Any]:
     from measure.probes import fingerprint
 
     return {
-        "process": worker_identity(),  # "hostname/pid": a later start marks the run failed if this process is gone
+        "process": worker_identity(),  # a later start of this boot and pid namespace marks the run failed if gone
         "corpus": fingerprint(),
         "packages": package_versions(("nexus-eval", "torch", "transformers")),
         "git_revision": git_revision(),

@@ -248,7 +248,8 @@ def load_job(file: Path | None, overrides: dict[str, Any], *, what: str, model_c
 
     spec = job_from_flags(file, overrides, what=what, model_check=model_check)
     try:
-        return plan_job(spec, load_job_tasks(spec, service_settings().grading_ceilings))
+        tasks = load_job_tasks(spec, service_settings().grading_ceilings)
+        return plan_job(spec, tasks, source=str(file or "<defaults>"))
     except JobSpecError as exc:
         fail(f"{exc}\n{what}")
 

@@ -226,7 +226,7 @@ def status(
     db: str = DB_OPTION,
     watch: bool = typer.Option(False, "--watch", help="redraw until the job is finished"),
 ) -> None:
-    """Show one job's progress table, or a list of the newest jobs."""
+    """Show one job's progress table, or a list of the newest jobs and of the workers (gone ones included)."""
     # both read counts (a GROUP BY, or the jobs' stored counts), never a job's episode rows: a 12,800-episode job's
     # table reads in tens of milliseconds, cheap enough for --watch to redraw it every second
     from rich.console import Console
@@ -251,12 +251,36 @@ def status(
                 created = f"{row.created_at:%Y-%m-%d %H:%M}"
                 table.add_row(row.id, row.name or "", row.status, created, str(summary.total), str(summary.finished))
         console.print(table)
+        console.print(_workers_table(database))
         return
     job_id = job_id_of(database, job)
     if watch:
         watch_job(database, job_id, console)
     else:
         console.print(progress_table(database, job_id))
+
+
+def _workers_table(database):  # noqa: ANN202 - a rich Table or a line, imported lazily
+    """The workers that reported in the last 3 sweeps and those marked gone in the last hour (``db.worker_rows``),
+    as the dashboard lists them."""
+    from rich.table import Table
+
+    from db.models import utcnow
+    from db.worker_rows import GONE_LISTED_S, recent_workers
+    from nexus_eval.service_readiness import sweep_window_s
+
+    now, window = utcnow(), sweep_window_s()
+    with database.session() as s:
+        rows = sorted(recent_workers(s, within_s=window, now=now, gone_within_s=GONE_LISTED_S), key=lambda r: r.name)
+    if not rows:
+        return f"no worker has reported in the last {window:g} s: `nexus-eval worker` starts one"
+    table = Table(title="workers")
+    for col in ("worker", "queues", "state", "since", "last seen", "detail"):
+        table.add_column(col)
+    for r in rows:
+        seen = f"{max(0.0, (now - r.seen_at).total_seconds()):.0f} s ago"
+        table.add_row(r.name, r.queues, r.state, f"{r.state_since:%Y-%m-%d %H:%M:%S} UTC", seen, r.detail or "")
+    return table
 
 
 def cancel(job: str = typer.Argument(..., help="job id (prefix)"), db: str = DB_OPTION) -> None:

@@ -110,7 +110,7 @@ def test_planning_with_a_template_that_renders_alike_reuses_one_dense(minimal_mo
     assert dense == [("prefill_only", "true_eviction")] and spec.dense_rendering == "identical"
     oracle, dense = _dense_protocols({"name": "tiny"}, backend="oracle")
     assert dense == [("prefill_only", "true_eviction")] and oracle.dense_rendering == "no_model"
-    openai, dense = _dense_protocols({"name": "tiny"}, backend="openai", openai={"model": "m"})
+    openai, dense = _dense_protocols({"name": "tiny"}, backend="openai", openai={"model": "m"}, methods=["dense"])
     assert dense == [("prefill_only", "true_eviction"), ("prefill_only", "full_context")]
     # dense_per_cell keeps its meaning: every scope x protocol cell, nothing to check
     per_cell, dense = _dense_protocols({"name": minimal_model}, dense_per_cell=True)

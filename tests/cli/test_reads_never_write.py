@@ -146,7 +146,7 @@ def _submit(tmp_path, db_url: str, monkeypatch):
 
 
 def test_submit_says_whether_a_worker_listens_and_how_to_start_one(tmp_path, monkeypatch):
-    from db.liveness import report_worker
+    from db.worker_rows import report_worker
     from nexus_eval.commands.service import who_runs_it
 
     url = sqlite_url(tmp_path / "nexus-eval.db")

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from db import sqlite_url
-from db.liveness import report_worker
+from db.worker_rows import report_worker
 from nexus_eval import readiness, service_readiness
 from nexus_eval.readiness_check import Check
 from tests.support.db_fixtures import sqlite_db_fixture  # noqa: F401  (fixture)
@@ -108,3 +108,41 @@ def test_doctor_shows_the_row_and_it_does_not_decide_the_exit_code(sqlite_db, mo
     assert "workers" in result.output and "optional-missing" in result.output
     assert "h/1 paused since" in result.output and "connection refused" in result.output
     assert "ready:" in result.output
+
+
+def _gone(db, name: str, *, at) -> None:
+    from db.worker_rows import mark_gone_workers
+
+    with db.session() as s:
+        mark_gone_workers(s, silent_s=150, now=at)
+
+
+def test_a_gone_worker_is_named_by_doctor_and_listed_by_status(sqlite_db, monkeypatch):
+    from typer.testing import CliRunner
+
+    from db.models import utcnow
+    from nexus_eval.cli import app
+
+    report(sqlite_db, "lost-host/7/k", at=NOW - timedelta(seconds=400))
+    _gone(sqlite_db, "lost-host/7/k", at=PAUSED_AT)
+    row = check(sqlite_db)
+    assert not row.ok and row.detail == (
+        "no worker has reported in the last 90 s; lost-host/7/k gone since 12:01:03 UTC (gpu)"
+    )
+    report(sqlite_db, "alive/1")
+    row = check(sqlite_db)
+    assert row.ok
+    assert row.detail == "1 worker seen in the last 90 s: alive/1 ok (gpu); lost-host/7/k gone since 12:01:03 UTC (gpu)"
+
+    monkeypatch.delenv("NEXUS_EVAL_SWEEP", raising=False)
+    monkeypatch.setenv("COLUMNS", "200")  # rich draws the table that wide: one line per worker
+    now = utcnow()
+    report(sqlite_db, "live-host/2/k", at=now)
+    report(sqlite_db, "dead-host/3/k", at=now - timedelta(seconds=300))
+    _gone(sqlite_db, "dead-host/3/k", at=now - timedelta(seconds=100))
+    listed = CliRunner().invoke(app, ["status", "--db", sqlite_db.url])
+    assert listed.exit_code == 0, listed.output
+    lines = {line.split()[1]: line for line in listed.stdout.splitlines() if "-host/" in line}
+    assert set(lines) == {"live-host/2/k", "dead-host/3/k"}  # lost-host went long ago
+    assert " ok " in lines["live-host/2/k"] and " gone " in lines["dead-host/3/k"]
+    assert "no report for over 150 s" in lines["dead-host/3/k"]

@@ -1,5 +1,5 @@
 """The jobs page's Workers section (FastAPI's TestClient, no browser): the workers that reported in the last 3
-sweeps, as the sweepers write them (``db.liveness.report_worker``), paused ones marked with their reason."""
+sweeps, as the sweepers write them (``db.worker_rows.report_worker``), paused ones marked with their reason."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from fastapi.testclient import TestClient
 
 from dashboard.app import create_app
 from db import connect, sqlite_url
-from db.liveness import report_worker
 from db.models import utcnow
+from db.worker_rows import report_worker
 
 DOWN = "the Docker engine at unix:///var/run/docker.sock does not answer: <connection refused>"
 
@@ -57,3 +57,20 @@ def test_paused_worker_is_marked_with_its_reason(db):
     assert "gone/9" not in page and "old news" not in page  # seen 300 s ago: outside the 90 s window
     row = page[page.index('data-worker="grade-host/456"') :].split("</tr>")[0]
     assert "<td>grade</td>" in row and " s ago</td>" in row
+
+
+def test_a_gone_worker_is_listed_as_gone_for_an_hour(db):
+    from db.worker_rows import mark_gone_workers
+
+    now = utcnow()
+    with db.session() as s:
+        report_worker(s, "live-host/1/k", queues="gpu", state="ok", now=now)
+        report_worker(s, "lost-host/2/k", queues="gpu", state="ok", now=now - timedelta(seconds=400))
+        report_worker(s, "long-gone/3/k", queues="gpu", state="ok", now=now - timedelta(hours=3))
+        mark_gone_workers(s, silent_s=150, now=now - timedelta(hours=2))  # long-gone went two hours ago
+        mark_gone_workers(s, silent_s=150, now=now - timedelta(seconds=200))  # lost-host a moment ago
+    page = jobs_page(db)
+    assert '<tr data-worker="lost-host/2/k" data-state="gone" class="gone">' in page
+    assert '<span class="status st-gone">gone</span>' in page and "no report for over 150 s" in page
+    assert '<tr data-worker="live-host/1/k" data-state="ok">' in page
+    assert "long-gone/3/k" not in page  # gone for over an hour: the row stays in the table, off the list

@@ -12,8 +12,8 @@ import pytest
 
 from db import Episode, Turn, job_rows
 from db import store as st
-from db.claims import local_worker_is_dead, worker_identity
 from db.models import utcnow
+from db.process_identity import local_worker_is_dead, worker_identity
 from tests.support.db_fixtures import any_db_fixture, sqlite_db_fixture  # noqa: F401  (fixtures)
 
 
@@ -178,10 +178,12 @@ def test_takeover_after_stale_heartbeat(sqlite_db):
 def test_local_worker_is_dead():
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     proc.wait()
-    host = worker_identity().rpartition("/")[0]
-    assert local_worker_is_dead(f"{host}/{proc.pid}") is True
+    host, _, kernel = worker_identity().split("/")
+    assert local_worker_is_dead(f"{host}/{proc.pid}/{kernel}") is True
     assert local_worker_is_dead(worker_identity()) is False
-    assert local_worker_is_dead(f"not-{host}/{proc.pid}") is False
+    assert local_worker_is_dead(f"{host}/{proc.pid}") is False  # stored before the kernel part: never by its pid
+    # the hostname decides nothing: another UTS name in this pid namespace (a network-namespace host) is this table
+    assert local_worker_is_dead(f"not-{host}/{proc.pid}/{kernel}") is True
 
 
 def test_fail_running_episode(sqlite_db):

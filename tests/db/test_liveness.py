@@ -20,14 +20,13 @@ from db.liveness import (
     claim_grade,
     give_back,
     holder_gone,
-    recent_workers,
     release,
-    report_worker,
     stranded,
     unfinished_jobs,
     unsent,
 )
 from db.models import Episode, Job, Turn, utcnow
+from db.worker_rows import recent_workers, report_worker
 from tests.db.test_db_store import Key, _run_to
 from tests.support.db_fixtures import sqlite_db_fixture  # noqa: F401  (fixtures)
 from workers.faults.heartbeat import Heartbeat

@@ -199,7 +199,7 @@ def _poll(condition, timeout: float, what: str, on_timeout) -> None:
 def _paused(db) -> list[str]:
     """The details of the workers that report themselves paused (what doctor and the dashboard show)."""
     try:
-        from db.liveness import recent_workers
+        from db.worker_rows import recent_workers
     except ImportError:  # a version without worker rows (the test is then failing anyway)
         return []
     with db.session() as s:

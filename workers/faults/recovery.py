@@ -4,10 +4,13 @@ The database is the source of truth; a broker message only starts work. After a 
 outage, some rows wait for a message that will never come. This module finds them and sends them again:
 
 - :func:`sweep` (every worker, every ``sweep_s``, on every broker): episodes whose holder is gone (heartbeat
-  older than ``stale_after_s``, or a dead process on this host; ``db.liveness``) are handed back and sent
-  again, runs to ``gpu`` and grades to ``grade``, and containers of episodes that are no longer running are
-  removed. With the embedded SQLite broker, which never redelivers a message its consumer took, the first
-  sweep of a worker also sends every unsent row of every unfinished job (:func:`recover_at_start`).
+  older than ``stale_after_s``, or a dead process of this pid namespace; ``db.liveness``) are handed back and
+  sent again, runs to ``gpu`` and grades to ``grade``, and this host's containers that their run or grade no
+  longer holds (finished, handed back, or taken over by another process on any host) are removed. With the
+  embedded SQLite broker, which never redelivers a message its consumer took, the first sweep of a worker also
+  sends every unsent row of every unfinished job (:func:`recover_at_start`). And on every broker, an agent exit
+  whose grade nobody started for ``grade_resend_s`` has its grade sent again, once per that bound
+  (:func:`resend_due_grades`): a hand-off the broker lost (issue 48) no longer leaves its job running.
 - :func:`resume_job` (``nexus-eval resume JOB``): the same for one job, plus its ``queued`` rows and agent
   exits awaiting a grade nobody started; then the job's status is recomputed from its episodes.
 - :func:`retry_infra_failure`: an ``infra_failure`` is followed by a new attempt (the failed one is kept, so
@@ -31,8 +34,9 @@ from db import store as db_store
 from db.claims import lock_job
 from db.connection import begin_write
 from db.job_status import refresh_job_status
-from db.liveness import release, stranded, unfinished_jobs, unsent
+from db.liveness import due_grades, release, stranded, take_due_grade, unfinished_jobs, unsent
 from db.models import AGENT_EXIT_STATUSES, AttemptDriver, Episode, EpisodeStatus, JobStatus
+from env.sandbox.config import EPISODE_LABEL, WORKER_LABEL
 from jobs.control import UNSENT_NOTE
 from jobs.settings import Liveness
 
@@ -52,11 +56,13 @@ class Recovered:
     grades: list[str] = field(default_factory=list)  # grades handed back and sent again
     sent_runs: list[str] = field(default_factory=list)  # unsent queued rows sent
     sent_grades: list[str] = field(default_factory=list)  # unstarted grades sent
+    resent_grades: list[str] = field(default_factory=list)  # grades nobody started for grade_resend_s, sent again
     ended: list[str] = field(default_factory=list)  # interactive reruns whose process is gone: infra_failure
     containers: int = 0  # containers removed
 
     def __bool__(self) -> bool:
-        return bool(self.runs or self.grades or self.sent_runs or self.sent_grades or self.ended or self.containers)
+        sent = self.sent_runs or self.sent_grades or self.resent_grades
+        return bool(self.runs or self.grades or sent or self.ended or self.containers)
 
     def describe(self) -> str:
         parts = [
@@ -64,6 +70,7 @@ class Recovered:
             (len(self.grades), "grade(s) taken over"),
             (len(self.sent_runs), "queued run(s) sent again (a duplicate is a no-op)"),
             (len(self.sent_grades), "unstarted grade(s) sent again"),
+            (len(self.resent_grades), "grade(s) nobody started sent again"),
             (len(self.ended), "interactive rerun(s) ended"),
             (self.containers, "container(s) removed"),
         ]
@@ -116,12 +123,30 @@ def sweep(
     docker_up: bool = True,
 ) -> Recovered:
     """One sweep over every job: hand back and resend what a gone holder left, and (when Docker answers)
-    remove the containers of episodes that are no longer running."""
+    remove the containers their episodes' holders no longer hold (:func:`reap_finished_containers`)."""
     out = Recovered()
     _hand_back(db, liveness, None, out, send_run, send_grade)
+    resend_due_grades(db, liveness, out, send_grade)
     if docker_up:
         out.containers += reap_finished_containers(db)
     return out
+
+
+def resend_due_grades(db: Database, liveness: Liveness, out: Recovered, send_grade: Send) -> None:
+    """Send again the grade of every agent exit nobody has started grading for ``liveness.grade_resend_s`` since it
+    finished or its grade was last sent (``db.liveness.due_grades``): its hand-off may have been lost with the
+    broker. Each is taken by a compare-and-swap first, so of all the sweepers one sends it, once per bound; a grade
+    that is claimed, graded or sent within the bound is left alone (a duplicate would only find it claimed)."""
+    with db.session() as s:
+        due = due_grades(s, after_s=liveness.grade_resend_s)
+    for episode_id in due:
+        with db.session() as s:
+            taken = take_due_grade(s, episode_id, after_s=liveness.grade_resend_s)
+        if taken:
+            after = liveness.grade_resend_s
+            log.warning("episode %s: no grade started %.0f s after its hand-off; sent again", episode_id, after)
+            send_grade(episode_id)
+            out.resent_grades.append(episode_id)
 
 
 def recover_at_start(
@@ -207,21 +232,45 @@ def reap_episode_containers(db: Database, episode_id: str) -> int:
 
 
 def reap_finished_containers(db: Database) -> int:
-    """Remove the containers of this database's episodes that nobody holds (left behind when Docker
-    restarted under a run, or when a worker died): not running, not being graded. Containers of episodes this
-    database does not know (another deployment, an ad-hoc grade) are left alone."""
+    """Remove the containers (on this host's Docker daemon) of this database's episodes that their run or grade
+    no longer holds: nobody holds the episode (not running, not being graded), or another process does (the
+    container's ``nexus-eval.worker`` label names a claim that was taken over, on this host or another:
+    :func:`lost_containers`). Each host's worker does this at its start (its first sweep) and every sweep, so a
+    host that died and restarted, or that never saw its claim go, removes what it left. Containers of episodes
+    this database does not know (another deployment, an ad-hoc grade) are left alone."""
     try:
         import docker
         from env.sandbox.reaping import remove_containers
 
         client = docker.from_env(timeout=30)
-        boxes = client.containers.list(all=True, ignore_removed=True, filters={"label": "nexus-eval.episode"})
-        ids = {box.labels.get("nexus-eval.episode") for box in boxes}
+        boxes = client.containers.list(all=True, ignore_removed=True, filters={"label": EPISODE_LABEL})
+        ids = {box.labels.get(EPISODE_LABEL) for box in boxes}
         with db.session() as s:
-            rows = s.execute(select(Episode.id, Episode.status, Episode.claim_token).where(Episode.id.in_(ids)))
-            # held: running, or an agent exit being graded (its grading box, and the agent's until then)
-            known = {i: status == "running" or (status in AGENT_EXIT_STATUSES and token) for i, status, token in rows}
-        return remove_containers([box for box in boxes if known.get(box.labels.get("nexus-eval.episode")) is False])
+            rows = s.execute(
+                select(Episode.id, Episode.status, Episode.claim_token, Episode.worker).where(Episode.id.in_(ids))
+            )
+            # held: running, or an agent exit being graded (its grading box); the holder is the claim's process
+            holders = {
+                i: worker if status == "running" or (status in AGENT_EXIT_STATUSES and token) else None
+                for i, status, token, worker in rows
+            }
+        return remove_containers(lost_containers(boxes, holders))
     except Exception as exc:  # Docker went away mid-sweep: the next sweep tries again
         log.warning("could not remove finished episodes' containers: %s", exc)
         return 0
+
+
+def lost_containers(boxes: list, holders: dict[str, str | None]) -> list:
+    """The ``boxes`` whose episode (known to the database: a key of ``holders``, mapped to the process holding it,
+    None when nobody does) is no longer held for them: nobody holds it, or the box's ``nexus-eval.worker`` label
+    names another process than the holder. A box without that label (made before labels named the holder) is kept
+    while anyone holds its episode; a box of an episode ``holders`` does not know is kept."""
+    lost = []
+    for box in boxes:
+        episode = box.labels.get(EPISODE_LABEL)
+        if episode not in holders:
+            continue
+        holder, made_for = holders[episode], box.labels.get(WORKER_LABEL)
+        if holder is None or (made_for is not None and made_for != holder):
+            lost.append(box)
+    return lost

@@ -1,7 +1,8 @@
 """The sweeper: a thread in every worker's main process that keeps the service's promises after faults.
 
 Every ``sweep_s`` seconds it (1) asks Docker whether it answers and writes this worker's row in the
-``workers`` table (``ok``, or ``paused`` with the reason: ``doctor`` and the dashboard read it), and (2) runs
+``workers`` table (``ok``, or ``paused`` with the reason: ``doctor``, ``status`` and the dashboard read it) and marks
+``gone`` the rows of workers silent for ``Liveness.worker_gone_after_s`` (``db.worker_rows``), and (2) runs
 ``workers.faults.recovery.sweep``: episodes whose holder is gone are sent again, leftover containers removed. Its first
 sweep is ``recover_at_start`` (on the embedded broker it also resends what the killed worker had taken).
 
@@ -16,8 +17,9 @@ import threading
 from collections.abc import Callable
 
 from db import connect
-from db.claims import worker_identity
-from db.liveness import report_worker
+from db.process_identity import worker_identity
+from db.session_bounds import WORKER_BOUNDS
+from db.worker_rows import mark_gone_workers, report_worker
 from jobs.settings import Liveness
 from workers.faults.recovery import Send, recover_at_start, sweep
 
@@ -45,11 +47,15 @@ class Sweeper(threading.Thread):
         self.sweeps = 0
 
     def sweep_once(self) -> None:
-        db = connect(self.db_url, upgrade=False)  # the tasks migrate; a sweep before that fails and is retried
+        # the tasks migrate; a sweep before that fails and is retried
+        db = connect(self.db_url, upgrade=False, bounds=WORKER_BOUNDS)
         try:
             down = self.docker_check()
             with db.session() as s:
                 report_worker(s, self.name_in_db, queues=self.queues, state="paused" if down else "ok", detail=down)
+                gone = mark_gone_workers(s, silent_s=self.liveness.worker_gone_after_s)
+            if gone:
+                log.warning("workers gone (no report for %.0f s): %s", self.liveness.worker_gone_after_s, gone)
             senders = {"send_run": self.send_run, "send_grade": self.send_grade}
             if self.sweeps == 0:
                 done = recover_at_start(db, self.liveness, embedded=self.embedded, **senders)
