@@ -37,6 +37,7 @@ SETTINGS = (
     "nexus[candidates=newest_turn]",
     "ada_nexus",
     "observation_masking",
+    "observation_masking[keep_latest=3]",
     "observation_masking[rule=budget]",
 )
 EQUAL_MEMORY = "observation_masking[rule=budget]"

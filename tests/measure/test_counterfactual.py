@@ -17,6 +17,7 @@ from measure.counterfactual import (
     replay_episode,
     teacher_force,
 )
+from tests.nexus.unlabelled import evicting
 from tests.tiny_models import tiny_host64
 
 SMALL = dict(density=0.25, window=8, block_size=8)
@@ -88,7 +89,7 @@ def _matrix():
 
 @pytest.mark.parametrize(("method", "scope", "protocol"), _matrix())
 def test_chunked_replay_equals_token_by_token(host, streams, method, scope, protocol):
-    cfg = nexus.EvictionConfig(method=method, scope=scope, **SMALL)
+    cfg = nexus.EvictionConfig(method=method, scope=scope, **SMALL, **evicting(method))  # no segments told here
     forward = model_forward(host.model, host.device)
     runs = {}
     for chunked in (True, False):
