@@ -19,6 +19,7 @@ from sqlalchemy import func, select
 
 from db import store as db_store
 from db.models import Job, Turn
+from db.process_identity import local_pid
 from tests.conftest import docker_status, require
 from tests.support.db_fixtures import pg_db_fixture  # noqa: F401 - the pg_db fixture
 from tests.support.worker_fixtures import (
@@ -76,7 +77,7 @@ def test_sigkilled_worker_mid_episode_is_redelivered_with_exactly_one_result(pg_
         wait_until(first_turn_stored, 300, "the first turn", gpu.tail)
         with pg_db.session() as s:
             victim = db_store.get_episode(s, episode_id).worker
-        pid = int(victim.rsplit("/", 1)[1])
+        pid = local_pid(victim)  # hostname/pid/kernel: this host's
         assert pid in gpu.children()  # the pool process that holds the model and runs the episode
         subprocess.run(["kill", "-KILL", str(pid)], check=True)
         wait_until(lambda: job_done(pg_db, job_id), 300, f"job {job_id} after the kill", lambda: gpu.tail())

@@ -15,6 +15,7 @@ import pytest
 
 from agent_runner.episode import run_episode
 from db import store as db_store
+from db.process_identity import local_pid
 from jobs.episode_config import stored_episode_spec
 from tests.conftest import docker_status, require
 from tests.support.db_fixtures import pg_db_fixture  # noqa: F401 - the pg_db fixture
@@ -107,7 +108,7 @@ def test_killed_multi_episode_worker_leaves_one_result_per_episode(pg_db, tmp_pa
         wait_until(all_running_with_a_turn, 300, "four running episodes", first.tail)
         with pg_db.session() as s:
             victims = {r.worker for r in db_store.episodes_for_job(s, job_id, full=True)}
-        assert victims == {f"{os.uname().nodename}/{first.process.pid}"}  # all four in the one process
+        assert {local_pid(v) for v in victims} == {first.process.pid}  # all four in the one process, on this host
         os.killpg(first.process.pid, signal.SIGKILL)
         first.process.wait(10)
         second = _gpu_worker(env, tmp_path, "second")
