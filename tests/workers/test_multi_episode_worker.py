@@ -98,16 +98,24 @@ def test_killed_multi_episode_worker_leaves_one_result_per_episode(pg_db, tmp_pa
     grade = Worker(env, "grade,default", tmp_path / "grade.log", concurrency=2)
     second = None
     try:
-        job_id = _submit(_job(tmp_path, steps=6), env)
+        # twelve steps: the four episodes decode together for ~20 s, a wide window for the kill
+        job_id = _submit(_job(tmp_path, steps=12), env)
 
-        def all_running_with_a_turn() -> bool:
+        def running_with_a_turn() -> list:
             with pg_db.session() as s:
                 rows = db_store.episodes_for_job(s, job_id, full=True)
-                return len(rows) == 4 and all(r.status == "running" and r.turns for r in rows)
+                return [r for r in rows if r.status == "running" and r.turns]
 
-        wait_until(all_running_with_a_turn, 300, "four running episodes", first.tail)
-        with pg_db.session() as s:
-            victims = {r.worker for r in db_store.episodes_for_job(s, job_id, full=True)}
+        def evidence() -> str:  # an attempt that failed first (a container that did not start) is shown with its error
+            with pg_db.session() as s:
+                rows = db_store.episodes_for_job(s, job_id, full=True)
+                lines = [f"{r.id} {r.status} turns={len(r.turns)} error={r.error!r}" for r in rows]
+            return "\n".join(lines) + "\n" + first.tail()
+
+        wait_until(lambda: len(running_with_a_turn()) == 4, 300, "four running episodes", evidence)
+        running = running_with_a_turn()
+        victims = {r.worker for r in running}
+        killed = {r.id for r in running}
         assert {local_pid(v) for v in victims} == {first.process.pid}  # all four in the one process, on this host
         os.killpg(first.process.pid, signal.SIGKILL)
         first.process.wait(10)
@@ -120,9 +128,13 @@ def test_killed_multi_episode_worker_leaves_one_result_per_episode(pg_db, tmp_pa
             second.stop()
 
     with pg_db.session() as s:
-        rows = db_store.episodes_for_job(s, job_id, full=True)
-        assert len(rows) == 4  # redelivery made no second row
-        for row in rows:
+        rows = {r.id: r for r in db_store.episodes_for_job(s, job_id, full=True)}
+        newest = db_store.latest_attempts(s, [job_id])
+        assert len(newest) == 4  # one result per episode key: redelivery made no second row
+        for episode_id in killed:
+            row = rows[episode_id]
             assert row.n_claims == 2 and row.worker not in victims and row.result["took_over_from"] in victims
             assert row.status in {"resolved", "unresolved", "empty_patch", "patch_failed", "timeout"}
             assert len(row.turns) == row.n_turns  # the dead run's partial turns were replaced
+        # any other row is an attempt that failed before the kill and was retried as a new attempt
+        assert all(rows[i].status == "infra_failure" for i in set(rows) - killed)
