@@ -44,6 +44,24 @@ def start_worker(env: dict[str, str], queues: str, log: Path) -> subprocess.Pope
     return subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=open(log, "ab"), stderr=subprocess.STDOUT)  # noqa: SIM115
 
 
+def run_until_finished(db, spec, *, timeout: float, status: str, on_timeout, console: Console, app=None):
+    """Submit ``spec`` (planned over its tasks) and wait until the job has finished; (job id, episodes, seconds from
+    the submission). ``on_timeout()`` says where to look when it does not finish within ``timeout`` seconds."""
+    from jobs.submit import load_job_tasks, plan_job, submit
+    from workers.embedded import job_finished
+
+    plan = plan_job(spec, load_job_tasks(spec))
+    started = time.perf_counter()
+    job_id, n = submit(db, plan, app=app) if app is not None else submit(db, plan)
+    deadline = time.monotonic() + timeout
+    with console.status(status.format(job=job_id, n=n)):
+        while not job_finished(db, job_id):
+            if time.monotonic() > deadline:
+                raise SystemExit(f"job {job_id} did not finish in {timeout}s\n{on_timeout()}")
+            time.sleep(0.5)
+    return job_id, n, time.perf_counter() - started
+
+
 def per_episode(rows) -> list[dict]:
     """Timings per episode (seconds) from the stored rows; see the module docstring."""
     out, last_finish = [], {}
@@ -99,8 +117,6 @@ def main() -> None:
     from db import connect
     from db import store as db_store
     from jobs.spec import JobSpec
-    from jobs.submit import load_job_tasks, plan_job, submit
-    from workers.embedded import job_finished
 
     seeds = list(range(max(1, -(-args.episodes // len(TASKS)))))
     spec = JobSpec.from_dict(
@@ -121,21 +137,16 @@ def main() -> None:
     console = Console()
     try:
         time.sleep(3)  # let the workers connect before the clock starts
-        started = time.perf_counter()
-        job_id, n = submit(db, plan_job(spec, load_job_tasks(spec)))
-        deadline = time.monotonic() + args.timeout
-        with console.status(f"job {job_id}: {n} oracle episodes"):
-            while not job_finished(db, job_id):
-                if time.monotonic() > deadline:
-                    raise SystemExit(f"job {job_id} did not finish in {args.timeout}s; see {log}")
-                time.sleep(0.5)
-        total = time.perf_counter() - started
+        job_id, n, total = run_until_finished(
+            db, spec, timeout=args.timeout, status="job {job}: {n} oracle episodes", on_timeout=lambda: f"see {log}",
+            console=console,
+        )  # fmt: skip
     finally:
         for w in workers:
             w.terminate()
             w.wait(30)
     with db.session() as s:
-        rows = db_store.episodes_for_job(s, job_id)
+        rows = db_store.episodes_for_job(s, job_id, full=True)  # per_episode reads each row's result
         eps = per_episode(rows)
 
     keys = ("pickup_s", "db_s", "agent_s", "handoff_s", "grade_s", "wall_s")

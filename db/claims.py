@@ -150,6 +150,8 @@ def claim_episode(
             started_at=now,
             heartbeat_at=now,
             n_claims=Episode.n_claims + 1,
+            taken_by=None,  # the message it came in is no longer only taken: it is claimed (db.taken_messages)
+            taken_at=None,
         )
         .execution_options(synchronize_session=False)
     )

@@ -251,6 +251,11 @@ class Episode(Base):
     # an agent exit's grade sent again by a sweeper (nobody had started it for Liveness.grade_resend_s): when, so it
     # is sent once per that bound (db.liveness.take_due_grade; revision 0012)
     grade_sent_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # the worker ("hostname/pid/kernel" of its main process: its ``workers`` row) that took the message of this queued
+    # row and has not claimed it yet, and when; a sweeper sends the row again if that worker is gone (db.taken_messages;
+    # revision 0013). Cleared by the claim and whenever the row is sent again
+    taken_by: Mapped[str | None] = mapped_column(String(200))
+    taken_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
     config: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)  # the full merged episode config
     result: Mapped[dict[str, Any] | None] = mapped_column(JSONType)  # extra result fields (grade report...)

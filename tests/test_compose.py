@@ -116,3 +116,11 @@ def test_postgres_keepalives_match_every_connection_s_own():
     server = dict(setting.split("=", 1) for setting in command[2::2])
     assert server == CONNECTION_BOUNDS.server_settings()
     assert "idle_in_transaction_session_timeout" not in server and "statement_timeout" not in server
+
+
+def test_workers_name_their_nodes_as_the_multi_host_recipe_does():
+    """``QUEUE@%h`` (Celery expands ``%h`` to the host name), as the hosts of docs/service.md's recipe and of the test
+    bed (``tests.support.hosts``) name theirs: Flower and the logs tell the hosts apart by it."""
+    for service, queue in (("gpu-worker", "gpu"), ("grade-worker", "grade")):
+        command = SERVICES[service]["command"]
+        assert command[command.index("--hostname") + 1] == f"{queue}@%h"

@@ -10,7 +10,8 @@ cancelling a job.
 Faults (docs/service.md, "Faults"): each task waits for Docker before it takes an episode, retries
 its database calls, and requeues its message when either stays down (never acknowledged into nothing); an
 ``infra_failure`` is retried as a new attempt; every worker's main process runs a sweeper
-(``workers.faults.sweeper``) that sends again what a gone worker held.
+(``workers.faults.sweeper``) that sends again what a gone worker held. An episode task first marks its ``queued`` row
+as taken by this worker (``db.taken_messages``), so that a sweeper sends it again if the worker dies before its claim.
 
 The task arguments are ids only: the episode's config lives in its database row, so a message can never
 carry a stale copy. Each worker process opens the database once (lazily, after the fork) and loads each task
@@ -29,13 +30,15 @@ from typing import Any
 
 from celery import Celery, Task, shared_task
 from celery.exceptions import Reject, SoftTimeLimitExceeded, TimeLimitExceeded
-from celery.signals import worker_ready, worker_shutting_down
+from celery.signals import worker_init, worker_ready, worker_shutting_down
 
 from agent_runner.status import status_of
 from db import Database, connect
 from db import store as db_store
-from db.models import EpisodeStatus
+from db.models import EpisodeStatus, utcnow
+from db.process_identity import worker_identity
 from db.session_bounds import WORKER_BOUNDS
+from db.taken_messages import clear_taken, note_taken
 from env.tasks.task_cache import TaskCache
 from jobs.control import enqueue_episode
 from jobs.queue import EPISODE_TASK, GRADE_TASK, PING_TASK, RESUME_TASK, get_app, send
@@ -50,6 +53,35 @@ log = logging.getLogger(__name__)
 _DB: dict[str, Database] = {}
 _DB_LOCK = threading.Lock()  # a multi-episode (threads pool) worker asks from several threads at once (also _TASKS)
 _TASKS: TaskCache | None = None  # this process's task sources, each loaded once (episodes and grades alike)
+#: the worker's main process as its ``workers`` row names it (its sweeper writes that row), noted before the pool forks
+_MAIN_PROCESS: list[str] = []
+
+
+@worker_init.connect
+def _note_main_process(**_kwargs) -> None:
+    """Celery sends ``worker_init`` in the worker's main process before it starts the pool, so every pool process
+    (forked later) inherits the name."""
+    _MAIN_PROCESS[:] = [worker_identity()]
+
+
+def _taker() -> str:
+    """Who takes a message here: the worker's main process (a pool process killed alone gets its message requeued by
+    Celery; the main process or its host dying is what leaves a message taken and nothing claimed)."""
+    return _MAIN_PROCESS[0] if _MAIN_PROCESS else worker_identity()
+
+
+def _mark_taken(app: Celery, episode_id: str, *, taken: bool) -> None:
+    """Best effort: mark ``episode_id``'s queued row as taken by this worker (``taken``), or clear this worker's mark
+    (its message goes back to the broker). A database that does not answer is logged, never fails the task: the
+    claim retries on its own, and without the mark only the sweeper's early re-send is lost."""
+    try:
+        with database(app).session() as s:
+            if taken:
+                note_taken(s, episode_id, _taker(), utcnow())
+            else:
+                clear_taken(s, [episode_id], taken_by=_taker())
+    except Exception as exc:
+        log.warning("episode %s: could not %s its message as taken: %s", episode_id, "mark" if taken else "unmark", exc)
 
 
 def _tasks(app: Celery) -> TaskCache:
@@ -131,6 +163,7 @@ class EpisodeTask(Task):
 
 @shared_task(name=EPISODE_TASK, bind=True, base=EpisodeTask, acks_late=True, reject_on_worker_lost=True)
 def episode_task(self: Task, episode_id: str) -> dict[str, Any]:
+    _mark_taken(self.app, episode_id, taken=True)  # before the wait: if this worker dies now, a sweeper resends it
     settings = self.app.conf.nexus_settings
     # our own deadline before Celery's soft limit (10%, at most 5 min), so that a turn boundary usually ends
     # the run cleanly and the diff is taken; Celery's SoftTimeLimitExceeded (raised wherever the code is) is
@@ -152,6 +185,8 @@ def episode_task(self: Task, episode_id: str) -> dict[str, Any]:
         hooks = EpisodeHooks(progress=_progress_reporter(self), time_limits=(SoftTimeLimitExceeded,))
         outcome = execute_episode(database(self.app), episode_id, worker=worker, hooks=hooks)
     except (DockerDown, DatabaseStillDown) as exc:
+        if isinstance(exc, DockerDown):  # the message goes back to the broker, taken by nobody
+            _mark_taken(self.app, episode_id, taken=False)
         raise _requeue(f"episode {episode_id}", exc) from exc
     if outcome.needs_grade:
         _senders(self.app)["send_grade"](episode_id)

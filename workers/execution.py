@@ -185,7 +185,7 @@ def execute_episode(
         spec = stored_episode_spec(config, device=worker.device)
         check_episode_endpoint(spec, worker.allowed)
         # the claim's holder labels the container: once another process holds the episode (a takeover, on any
-        # host) or nobody does, this host's sweeps remove it (workers.faults.recovery.reap_finished_containers)
+        # host) or nobody does, this host's sweeps remove it (workers.faults.recovery.reap_lost_containers)
         labels = {**hooks.labels, "nexus-eval.job": job_id, EPISODE_LABEL: episode_id, WORKER_LABEL: claim.worker}
         with Heartbeat(db, claim, every_s=liveness.heartbeat_s):
             task = (worker.tasks or TaskCache()).task(spec)

@@ -37,7 +37,7 @@ IMAGE_ENV = "image"  # SandboxConfig.path: keep the image's own environment
 LABEL_PREFIX = "nexus-eval"
 #: the episode a container serves (``episode_labels``), and the process whose claim it serves: the service's
 #: ``hostname/pid/kernel`` identity (``db.process_identity``). A host reaps a container whose episode another
-#: process holds now, or nobody (``workers.faults.recovery.reap_finished_containers``).
+#: process holds now, or nobody (``workers.faults.recovery.reap_lost_containers``).
 EPISODE_LABEL = f"{LABEL_PREFIX}.episode"
 WORKER_LABEL = f"{LABEL_PREFIX}.worker"
 # No file in a container grows past this (ulimit fsize): a runaway print or write cannot fill the engine's disk

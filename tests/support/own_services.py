@@ -73,9 +73,20 @@ class _Own:
 
 
 class OwnPostgres(_Own):
-    """A private cluster, run as the ``postgres`` user (initdb refuses root); trust auth on 127.0.0.1."""
+    """A private cluster, run as the ``postgres`` user (initdb refuses root); trust auth on 127.0.0.1. With ``netns``
+    it runs inside that network namespace listening on ``address``, where clients log in with the role's password
+    (``tests.support.hosts``)."""
 
-    def __init__(self, user: str = "nexus", password: str = "nexus", database: str = "nexus") -> None:
+    def __init__(
+        self,
+        user: str = "nexus",
+        password: str = "nexus",
+        database: str = "nexus",
+        *,
+        netns: str | None = None,
+        address: str = "127.0.0.1",
+        server_settings: dict[str, str] | None = None,
+    ) -> None:
         versions = sorted((p.parent for p in PG_ROOT.glob("*/bin/initdb")), key=lambda p: int(p.parent.name))
         require(os.geteuid() == 0 and bool(versions), f"OwnPostgres needs root and binaries under {PG_ROOT}")
         self.bin = versions[-1]
@@ -83,11 +94,14 @@ class OwnPostgres(_Own):
         self.dir = Path(tempfile.mkdtemp(prefix="/tmp/nxpg"))
         self.data = self.dir / "data"
         shutil.chown(self.dir, "postgres", "postgres")
-        self.url = f"postgresql+psycopg://{user}:{password}@127.0.0.1:{self.port}/{database}"
+        self.url = f"postgresql+psycopg://{user}:{password}@{address}:{self.port}/{database}"
         self._role = (user, password, database)
+        self.netns, self.address = netns, address
+        self.server_settings = dict(server_settings or {})  # server-wide, as compose.yaml's `postgres -c ...`
 
     def _pg(self, tool: str, *args: str, timeout: float = 60) -> None:
-        cmd = ["runuser", "-u", "postgres", "--", str(self.bin / tool), *args]
+        inside = ["ip", "netns", "exec", self.netns] if self.netns else []
+        cmd = [*inside, "runuser", "-u", "postgres", "--", str(self.bin / tool), *args]
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=self.dir)
         if done.returncode != 0:
             log = self.dir / "postgres.log"
@@ -98,16 +112,21 @@ class OwnPostgres(_Own):
         first = not self.data.exists()
         if first:
             self._pg("initdb", "-D", str(self.data), "-U", "postgres", "--auth=trust", "--no-sync", "-E", "UTF8")
-            settings = {"listen_addresses": "127.0.0.1", "port": self.port, "unix_socket_directories": self.dir}
+            settings = {"listen_addresses": self.address, "port": self.port, "unix_socket_directories": self.dir}
+            settings |= self.server_settings
             with open(self.data / "postgresql.conf", "a") as conf:
                 conf.writelines(f"{key} = '{value}'\n" for key, value in settings.items())
                 conf.write("fsync = off\n")  # a test cluster: only an OS crash could lose data
+            if self.address != "127.0.0.1":  # the other hosts of a test bed: with the role's password
+                with open(self.data / "pg_hba.conf", "a") as hba:
+                    hba.write(f"host all all {self.address.rsplit('.', 1)[0]}.0/24 scram-sha-256\n")
         self._pg("pg_ctl", "-D", str(self.data), "-l", str(self.dir / "postgres.log"), "-w", "-t", "30", "start")
         if first:
             import psycopg
 
             user, password, database = self._role
-            with psycopg.connect(host="127.0.0.1", port=self.port, user="postgres", autocommit=True) as conn:
+            # through the unix socket in our folder: it reaches the cluster from any network namespace
+            with psycopg.connect(host=str(self.dir), port=self.port, user="postgres", autocommit=True) as conn:
                 conn.execute(f"CREATE ROLE {user} LOGIN PASSWORD '{password}'")
                 conn.execute(f"CREATE DATABASE {database} OWNER {user}")
 
@@ -128,26 +147,39 @@ class OwnPostgres(_Own):
 
 
 class OwnRedis(_Own):
-    """``redis-server`` with an append-only file, so a clean ``shutdown()`` keeps every key across restarts."""
+    """``redis-server`` with an append-only file, so a clean ``shutdown()`` keeps every key across restarts. With
+    ``netns`` it runs inside that network namespace on ``address``; with ``password`` clients must give it."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, netns: str | None = None, address: str = "127.0.0.1", password: str | None = None) -> None:
         require(shutil.which("redis-server") is not None, "redis-server not installed")
         self.port = free_port()
         self.dir = Path(tempfile.mkdtemp(prefix="/tmp/nxredis"))
-        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.url = f"redis://{f':{password}@' if password else ''}{address}:{self.port}/0"
+        self.netns, self.address, self.password = netns, address, password
         self.process: subprocess.Popen | None = None
 
     def start(self) -> None:
-        args = ["--bind", "127.0.0.1", "--port", str(self.port), "--dir", str(self.dir)]
+        inside = ["ip", "netns", "exec", self.netns] if self.netns else []
+        settings = {"bind": self.address, "port": self.port, "dir": self.dir, "appendonly": "yes", "save": '""'}
+        settings |= {"requirepass": self.password} if self.password else {}
         with open(self.dir / "redis.log", "ab") as log:
             self.process = subprocess.Popen(
-                ["redis-server", *args, "--appendonly", "yes", "--save", ""], stdout=log, stderr=subprocess.STDOUT
+                [*inside, "redis-server", "-"],
+                stdin=subprocess.PIPE,
+                stdout=log,
+                stderr=subprocess.STDOUT,
             )
+            # the settings on stdin (a config file read from "-"), so the password never shows in ps
+            self.process.stdin.write("".join(f"{key} {value}\n" for key, value in settings.items()).encode())
+            self.process.stdin.close()
         wait_until(lambda: redis_ping(self.url), 20, f"redis-server on port {self.port}")
 
     def shutdown(self) -> None:
         """A clean ``SHUTDOWN`` (the AOF is synced first)."""
-        subprocess.run(["redis-cli", "-p", str(self.port), "shutdown"], capture_output=True, timeout=20)
+        import redis
+
+        with contextlib.suppress(redis.exceptions.ConnectionError):  # the server closes the link as it goes
+            redis.Redis.from_url(self.url, socket_timeout=20).shutdown()
         _stop_process(self.process, signal.SIGTERM, timeout=20)
 
     def kill(self) -> None:

@@ -1,7 +1,7 @@
 """A host reaps the containers of episodes it no longer holds (issue 48: on separate hosts each has its own Docker
 daemon, so nobody else can). Every container the service starts names its episode and the process whose claim it
 serves (``nexus-eval.worker``: the run's, the grade's); the worker's sweeper, at its start and every sweep
-(``workers.faults.recovery.reap_finished_containers``), removes a container whose episode another process holds now
+(``workers.faults.recovery.reap_lost_containers``), removes a container whose episode another process holds now
 or nobody holds, and keeps one this process still holds. Real containers on the real engine (marked ``docker``);
 the database is a SQLite file."""
 

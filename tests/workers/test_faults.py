@@ -9,10 +9,7 @@
 
 from __future__ import annotations
 
-import shutil
-import socket
 import subprocess
-import time
 
 import pytest
 from sqlalchemy import func, select
@@ -28,11 +25,9 @@ from tests.support.worker_fixtures import (
     fresh_redis_url,
     job_done,
     oracle_job,
-    redis_ping,
     service_env,
     submit_file,
     tiny_job,
-    wait_first_finished,
     wait_until,
     write_job,
 )
@@ -94,74 +89,6 @@ def test_sigkilled_worker_mid_episode_is_redelivered_with_exactly_one_result(pg_
         assert _turn_count(s, episode_id) == row.n_turns == 4  # the dead run's partial turns were replaced
         assert row.result["took_over_from"] == victim
     assert _containers(job_id) == []
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _start_redis(port: int, data_dir) -> subprocess.Popen:
-    process = subprocess.Popen(
-        [
-            "redis-server",
-            "--bind",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--dir",
-            str(data_dir),
-            "--appendonly",
-            "yes",
-            "--save",
-            "",
-        ],
-        stdout=subprocess.DEVNULL,
-    )
-    wait_until(lambda: redis_ping(f"redis://127.0.0.1:{port}/0"), 20, "redis-server")
-    return process
-
-
-def test_redis_restarted_mid_job_and_the_job_completes(pg_db, tmp_path):
-    require(*docker_status())
-    require(shutil.which("redis-server") is not None, "redis-server not installed")
-    port, data = _free_port(), tmp_path / "redis"
-    data.mkdir()
-    redis = _start_redis(port, data)
-    env = service_env(
-        f"redis://127.0.0.1:{port}/0",
-        pg_db.url,
-        NEXUS_EVAL_SOFT_TIME_LIMIT="40",
-        NEXUS_EVAL_HARD_TIME_LIMIT="50",
-        NEXUS_EVAL_VISIBILITY_TIMEOUT="60",
-    )
-    job = write_job(tmp_path / "job.yaml", **oracle_job(TASKS, ["dense", "nexus"], ["true_eviction"]))
-    gpu = Worker(env, "gpu", tmp_path / "gpu.log")
-    grade = Worker(env, "grade,default", tmp_path / "grade.log")
-    try:
-        job_id = submit_file(job, env)
-
-        wait_first_finished(pg_db, job_id, gpu)
-        subprocess.run(["redis-cli", "-p", str(port), "shutdown"], check=False)  # AOF is synced on shutdown
-        redis.wait(20)
-        time.sleep(3)  # the workers see the broker gone
-        redis = _start_redis(port, data)
-        wait_until(
-            lambda: job_done(pg_db, job_id), 300, f"job {job_id} after the restart", lambda: gpu.tail() + grade.tail()
-        )
-        lost = gpu.tail(10**6) + grade.tail(10**6)
-        assert "Connection to broker lost" in lost or "Cannot connect to redis" in lost, lost[-3000:]
-    finally:
-        gpu.stop()
-        grade.stop()
-        redis.terminate()
-        redis.wait(20)
-
-    with pg_db.session() as s:
-        rows = db_store.episodes_for_job(s, job_id, full=True)
-        assert len(rows) == 4 and {r.status for r in rows} == {"resolved"}
-        assert all(r.attempt == 1 for r in rows)
 
 
 def test_two_workers_never_run_the_same_episode_twice(pg_db, tmp_path):

@@ -82,7 +82,7 @@ def reaped_fixture(monkeypatch) -> dict[str, list]:
         return 0
 
     monkeypatch.setattr(rec, "reap_episode_containers", episode)
-    monkeypatch.setattr(rec, "reap_finished_containers", finished)
+    monkeypatch.setattr(rec, "reap_lost_containers", finished)
     return calls
 
 

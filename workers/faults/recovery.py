@@ -10,7 +10,9 @@ outage, some rows wait for a message that will never come. This module finds the
   embedded SQLite broker, which never redelivers a message its consumer took, the first sweep of a worker also
   sends every unsent row of every unfinished job (:func:`recover_at_start`). And on every broker, an agent exit
   whose grade nobody started for ``grade_resend_s`` has its grade sent again, once per that bound
-  (:func:`resend_due_grades`): a hand-off the broker lost (issue 48) no longer leaves its job running.
+  (:func:`resend_due_grades`): a hand-off the broker lost (issue 48) no longer leaves its job running. And a
+  ``queued`` row whose message was taken by a worker that died before claiming it (waiting for Docker) is sent
+  again (:func:`resend_taken`, ``db.taken_messages``), not left to the broker's visibility timeout (hours).
 - :func:`resume_job` (``nexus-eval resume JOB``): the same for one job, plus its ``queued`` rows and agent
   exits awaiting a grade nobody started; then the job's status is recomputed from its episodes.
 - :func:`retry_infra_failure`: an ``infra_failure`` is followed by a new attempt (the failed one is kept, so
@@ -35,7 +37,8 @@ from db.claims import lock_job
 from db.connection import begin_write
 from db.job_status import refresh_job_status
 from db.liveness import due_grades, release, stranded, take_due_grade, unfinished_jobs, unsent
-from db.models import AGENT_EXIT_STATUSES, AttemptDriver, Episode, EpisodeStatus, JobStatus
+from db.models import AGENT_EXIT_STATUSES, AttemptDriver, Episode, EpisodeStatus, JobStatus, utcnow
+from db.taken_messages import clear_taken, gone_takers, mark_again, take_back
 from env.sandbox.config import EPISODE_LABEL, WORKER_LABEL
 from jobs.control import UNSENT_NOTE
 from jobs.settings import Liveness
@@ -58,10 +61,11 @@ class Recovered:
     sent_grades: list[str] = field(default_factory=list)  # unstarted grades sent
     resent_grades: list[str] = field(default_factory=list)  # grades nobody started for grade_resend_s, sent again
     ended: list[str] = field(default_factory=list)  # interactive reruns whose process is gone: infra_failure
+    taken: list[str] = field(default_factory=list)  # queued runs whose message a gone worker took, sent again
     containers: int = 0  # containers removed
 
     def __bool__(self) -> bool:
-        sent = self.sent_runs or self.sent_grades or self.resent_grades
+        sent = self.sent_runs or self.sent_grades or self.resent_grades or self.taken
         return bool(self.runs or self.grades or sent or self.ended or self.containers)
 
     def describe(self) -> str:
@@ -71,6 +75,7 @@ class Recovered:
             (len(self.sent_runs), "queued run(s) sent again (a duplicate is a no-op)"),
             (len(self.sent_grades), "unstarted grade(s) sent again"),
             (len(self.resent_grades), "grade(s) nobody started sent again"),
+            (len(self.taken), "queued run(s) whose message a gone worker took sent again"),
             (len(self.ended), "interactive rerun(s) ended"),
             (self.containers, "container(s) removed"),
         ]
@@ -85,6 +90,8 @@ def _hand_back(
     for episode_id in gone:
         with db.session() as s:
             released = release(s, episode_id, stale_after_s=liveness.stale_after_s)
+            if released is not None and released.run and not released.ended:
+                clear_taken(s, [episode_id])  # sent again below: no message of it is taken now
         if released is None:  # another sweeper got it, or its holder beat meanwhile
             continue
         if released.ended:
@@ -105,8 +112,11 @@ def _send_unsent(
 ) -> None:
     with db.session() as s:
         todo = unsent(s, job_ids, sent_before=sent_before)
-    handed_back = {*out.runs, *out.grades}  # sent a moment ago
-    for episode_id in (i for i in todo.runs if i not in handed_back):
+    handed_back = {*out.runs, *out.grades, *out.taken}  # sent a moment ago
+    runs = [i for i in todo.runs if i not in handed_back]
+    with db.session() as s:
+        clear_taken(s, runs)  # sent again below: no message of them is taken now
+    for episode_id in runs:
         send_run(episode_id)
         out.sent_runs.append(episode_id)
     for episode_id in (i for i in todo.grades if i not in handed_back):
@@ -123,12 +133,13 @@ def sweep(
     docker_up: bool = True,
 ) -> Recovered:
     """One sweep over every job: hand back and resend what a gone holder left, and (when Docker answers)
-    remove the containers their episodes' holders no longer hold (:func:`reap_finished_containers`)."""
+    remove the containers their episodes' holders no longer hold (:func:`reap_lost_containers`)."""
     out = Recovered()
     _hand_back(db, liveness, None, out, send_run, send_grade)
+    resend_taken(db, liveness, out, send_run)
     resend_due_grades(db, liveness, out, send_grade)
     if docker_up:
-        out.containers += reap_finished_containers(db)
+        out.containers += reap_lost_containers(db)
     return out
 
 
@@ -147,6 +158,27 @@ def resend_due_grades(db: Database, liveness: Liveness, out: Recovered, send_gra
             log.warning("episode %s: no grade started %.0f s after its hand-off; sent again", episode_id, after)
             send_grade(episode_id)
             out.resent_grades.append(episode_id)
+
+
+def resend_taken(db: Database, liveness: Liveness, out: Recovered, send_run: Send) -> None:
+    """Send again every ``queued`` row of an unfinished job whose message was taken by a worker that is gone before it
+    claimed the row (``db.taken_messages.gone_takers``: its process is dead here, or its ``workers`` row is gone or
+    older than ``worker_gone_after_s``). Each mark is cleared by a compare-and-swap first, so of all the sweepers
+    one sends it; a send that fails puts the mark back for the next sweep."""
+    with db.session() as s:
+        gone = gone_takers(s, gone_after_s=liveness.worker_gone_after_s, now=utcnow())
+    for taken in gone:
+        with db.session() as s:
+            if not take_back(s, taken):
+                continue
+        log.warning("episode %s: %s took its message and is gone; sent again", taken.episode_id, taken.taken_by)
+        try:
+            send_run(taken.episode_id)
+        except Exception:
+            with db.session() as s:
+                mark_again(s, taken)
+            raise
+        out.taken.append(taken.episode_id)
 
 
 def recover_at_start(
@@ -231,7 +263,7 @@ def reap_episode_containers(db: Database, episode_id: str) -> int:
         return 0
 
 
-def reap_finished_containers(db: Database) -> int:
+def reap_lost_containers(db: Database) -> int:
     """Remove the containers (on this host's Docker daemon) of this database's episodes that their run or grade
     no longer holds: nobody holds the episode (not running, not being graded), or another process does (the
     container's ``nexus-eval.worker`` label names a claim that was taken over, on this host or another:
