@@ -31,6 +31,7 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, column_property, mapped_column, relationship
@@ -201,6 +202,13 @@ class Episode(Base):
         Index("ix_episodes_job_status", "job_id", "status"),
         Index("ix_episodes_job_method", "job_id", "method"),
         Index("ix_episodes_job_task", "job_id", "task_id"),
+        # the sweepers' look for messages taken by gone workers (db.taken_messages): only marked rows, a handful
+        Index(
+            "ix_episodes_taken",
+            "status",
+            postgresql_where=text("taken_by IS NOT NULL"),
+            sqlite_where=text("taken_by IS NOT NULL"),
+        ),
     )
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)

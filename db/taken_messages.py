@@ -25,7 +25,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import select, update
+from sqlalchemy import Select, select, update
 from sqlalchemy.orm import Session
 
 from db.claims import expire_loaded
@@ -96,7 +96,15 @@ def gone_takers(
     """The ``queued`` rows of unfinished jobs (neither done nor cancelled) that the service runs (not an interactive
     rerun) whose message was taken by a worker that is gone (:func:`taker_gone`), oldest mark first. Send each again
     only if :func:`take_back` gives it."""
-    query = (
+    query = marked_rows()
+    marked = [Taken(*row) for row in session.execute(query)]
+    return [t for t in marked if taker_gone(t, gone_after_s=gone_after_s, now=now, is_dead=is_dead)]
+
+
+def marked_rows() -> Select:
+    """The marked ``queued`` rows of unfinished jobs that the service runs, with their takers' ``workers`` rows, oldest
+    mark first: what every sweeper reads each sweep (through the partial index ``ix_episodes_taken``)."""
+    return (
         select(Episode.id, Episode.taken_by, Episode.taken_at, WorkerRow.state, WorkerRow.seen_at)
         .join(Job, Job.id == Episode.job_id)
         .outerjoin(WorkerRow, WorkerRow.name == Episode.taken_by)
@@ -108,8 +116,6 @@ def gone_takers(
         )
         .order_by(Episode.taken_at)
     )
-    marked = [Taken(*row) for row in session.execute(query)]
-    return [t for t in marked if taker_gone(t, gone_after_s=gone_after_s, now=now, is_dead=is_dead)]
 
 
 def take_back(session: Session, taken: Taken) -> bool:

@@ -26,7 +26,7 @@ from db.worker_rows import mark_gone_workers, report_worker
 from jobs.settings import LIVENESS, ServiceSettings
 from tests.conftest import docker_status, require
 from tests.db.test_liveness import _claim, _job, _row, _submitted
-from tests.support.db_fixtures import pg_db_fixture, sqlite_db_fixture  # noqa: F401  (fixtures)
+from tests.support.db_fixtures import any_db_fixture, pg_db_fixture, sqlite_db_fixture  # noqa: F401  (fixtures)
 from tests.support.worker_fixtures import (
     Worker,
     fresh_redis_url,
@@ -223,3 +223,23 @@ def test_a_worker_killed_while_it_waits_for_docker_has_its_taken_message_sent_ag
             w.stop()
     (row,) = assert_finished_exactly_once(pg_db, job_id, n_keys=1, verdicts=GRADE_STATUSES)
     assert row.n_claims == 1 and row.taken_by is None
+
+
+def test_the_sweepers_look_for_marked_rows_reads_only_the_partial_index(any_db):
+    """Every sweeper runs ``marked_rows`` each sweep: it must go through ``ix_episodes_taken`` (the marked rows only),
+    never the whole episodes table, whatever the table's size (PostgreSQL: told not to scan when it can help it)."""
+    from sqlalchemy import text
+    from sqlalchemy.dialects import postgresql, sqlite
+
+    from db.taken_messages import marked_rows
+
+    postgres = any_db.engine.dialect.name == "postgresql"
+    dialect = postgresql.dialect() if postgres else sqlite.dialect()
+    sql = str(marked_rows().compile(dialect=dialect, compile_kwargs={"literal_binds": True}))
+    with any_db.session() as s:
+        if postgres:
+            s.execute(text("SET LOCAL enable_seqscan = off"))
+            plan = "\n".join(row[0] for row in s.execute(text(f"EXPLAIN {sql}")))
+        else:
+            plan = "\n".join(str(row[-1]) for row in s.execute(text(f"EXPLAIN QUERY PLAN {sql}")))
+    assert "ix_episodes_taken" in plan, plan
