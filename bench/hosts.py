@@ -50,10 +50,9 @@ from typing import Any  # noqa: E402
 
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
-from service import per_episode, run_until_finished  # noqa: E402
+from service import TASKS, job_spec, per_episode, run_until_finished  # noqa: E402
 
 SCHEMA = "nexus-bench-hosts/1"
-TASKS = ["humanfmt__humanfmt-1", "dslib__dslib-1", "argkit__argkit-1", "tinyparse__tinyparse-1"]
 PARTS = ("pickup_s", "db_s", "agent_s", "handoff_s", "grade_s", "wall_s")
 RUNS = {"1 host": ("A",), "2 hosts": ("A", "B")}
 
@@ -164,24 +163,6 @@ def table(runs: dict[str, dict], ratio: float | None) -> Table:
     if ratio is not None:
         out.caption = f"wall(1 host) / wall(2 hosts) = {ratio:.2f}"
     return out
-
-
-def job_spec(episodes: int, name: str):
-    """4 tasks x dense x prefill_only x true_eviction x ceil(episodes / 4) seeds, oracle backend."""
-    from jobs.spec import JobSpec
-
-    seeds = list(range(max(1, -(-episodes // len(TASKS)))))
-    return JobSpec.from_dict(
-        {
-            "name": name,
-            "backend": "oracle",
-            "methods": ["dense"],
-            "scopes": ["prefill_only"],
-            "protocols": ["true_eviction"],
-            "seeds": seeds,
-            "tasks": {"suite": "mini", "ids": TASKS},
-        }
-    )
 
 
 # --- the runs on the bed ---------------------------------------------------------------------------------------------

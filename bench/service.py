@@ -62,6 +62,24 @@ def run_until_finished(db, spec, *, timeout: float, status: str, on_timeout, con
     return job_id, n, time.perf_counter() - started
 
 
+def job_spec(episodes: int, name: str):
+    """4 tasks x dense x prefill_only x true_eviction x ceil(episodes / 4) seeds, oracle backend."""
+    from jobs.spec import JobSpec
+
+    seeds = list(range(max(1, -(-episodes // len(TASKS)))))
+    return JobSpec.from_dict(
+        {
+            "name": name,
+            "backend": "oracle",
+            "methods": ["dense"],
+            "scopes": ["prefill_only"],
+            "protocols": ["true_eviction"],
+            "seeds": seeds,
+            "tasks": {"suite": "mini", "ids": TASKS},
+        }
+    )
+
+
 def per_episode(rows) -> list[dict]:
     """Timings per episode (seconds) from the stored rows; see the module docstring."""
     out, last_finish = [], {}
@@ -116,20 +134,8 @@ def main() -> None:
 
     from db import connect
     from db import store as db_store
-    from jobs.spec import JobSpec
 
-    seeds = list(range(max(1, -(-args.episodes // len(TASKS)))))
-    spec = JobSpec.from_dict(
-        {
-            "name": "bench-service",
-            "backend": "oracle",
-            "methods": ["dense"],
-            "scopes": ["prefill_only"],
-            "protocols": ["true_eviction"],
-            "seeds": seeds,
-            "tasks": {"suite": "mini", "ids": TASKS},
-        }
-    )
+    spec = job_spec(args.episodes, "bench-service")
     db = connect(db_url)
     log = OUT / "service-bench-worker.log"
     queues = ["gpu", "grade,default"] if args.broker else ["gpu,grade,default"]

@@ -25,6 +25,7 @@ from db.models import GRADE_STATUSES
 from tests.conftest import docker_status, require
 from tests.support.hosts import HostBed, wait_for
 from tests.support.worker_fixtures import job_done, oracle_job, submit_file, write_job
+from tests.workers.test_fault_recovery import _poll, _quietly  # 20 Hz polls; a read while the database is down
 
 pytestmark = [pytest.mark.services, pytest.mark.docker, pytest.mark.slow]
 TASKS = ["humanfmt__humanfmt-1", "dslib__dslib-1"]
@@ -70,15 +71,6 @@ def _job(bed: HostBed, folder: Path, methods: list[str]) -> str:
 def _rows(bed: HostBed, job_id: str) -> list:
     with bed.db.session() as s:
         return db_store.episodes_for_job(s, job_id, full=True)
-
-
-def _poll(condition, timeout: float, what: str, bed: HostBed) -> None:
-    """At 20 Hz: an oracle episode or grade holds its claim for a second or two."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}\n{bed.tails()}")
-        time.sleep(0.05)
 
 
 def _held_by(bed: HostBed, job_id: str, host: str, statuses=("running",)) -> list:
@@ -130,7 +122,7 @@ def test_a_host_killed_whole_mid_episode_is_taken_over_and_its_containers_reaped
     hosts.worker("A", env)  # A alone first, so that it is A that holds an episode when it dies
     hosts.worker("S", env, queues="grade,default")
     job_id = _job(hosts, tmp_path, ["dense", "snapkv"])
-    _poll(lambda: _held_by(hosts, job_id, "A"), 120, "an episode running on A", hosts)
+    _poll(lambda: _held_by(hosts, job_id, "A"), 120, "an episode running on A", hosts.tails)
     victim = _held_by(hosts, job_id, "A")[0].id
     hosts.kill_host("A")  # its worker, and its Docker daemon with the episode's container in it
     hosts.worker("B", env)
@@ -148,7 +140,7 @@ def test_a_host_cut_off_past_the_deadline_and_back_is_refused_and_reaps_its_own_
     a = hosts.worker("A", env)
     hosts.worker("S", env, queues="grade,default")
     job_id = _job(hosts, tmp_path, ["dense"])
-    _poll(lambda: _held_by(hosts, job_id, "A"), 120, "an episode running on A", hosts)
+    _poll(lambda: _held_by(hosts, job_id, "A"), 120, "an episode running on A", hosts.tails)
     victim = _held_by(hosts, job_id, "A")[0].id
     hosts.cut("A")
     hosts.worker("B", env)
@@ -226,7 +218,7 @@ def test_redis_killed_and_restarted_during_hand_offs_loses_no_grade(hosts, tmp_p
     and is then sent again by a sweeper (``NEXUS_EVAL_GRADE_RESEND``, 10 s here)."""
     _start_all(hosts)
     job_id = _job(hosts, tmp_path, ["dense", "snapkv", "nexus"])
-    _poll(lambda: any(r.status != "queued" for r in _rows(hosts, job_id)), 120, "the first episode", hosts)
+    _poll(lambda: any(r.status != "queued" for r in _rows(hosts, job_id)), 120, "the first episode", hosts.tails)
     hosts.redis.kill()
     time.sleep(5)
     hosts.redis.start()
@@ -238,21 +230,14 @@ def test_redis_killed_and_restarted_during_hand_offs_loses_no_grade(hosts, tmp_p
 def test_postgres_restarted_mid_job_on_the_server_host(hosts, tmp_path):
     _start_all(hosts)
     job_id = _job(hosts, tmp_path, ["dense", "snapkv", "nexus"])
-    _poll(lambda: any(r.status != "queued" for r in _rows(hosts, job_id)), 120, "the first episode", hosts)
+    _poll(lambda: any(r.status != "queued" for r in _rows(hosts, job_id)), 120, "the first episode", hosts.tails)
     hosts.postgres.stop("fast")
     time.sleep(5)
     hosts.postgres.start()
-    wait_for(lambda: _quietly(lambda: job_done(hosts.db, job_id)), 180, f"job {job_id} after the restart", hosts)
+    wait_for(_quietly(lambda: job_done(hosts.db, job_id)), 180, f"job {job_id} after the restart", hosts)
     assert "database unreachable" in hosts.tails(10**6)  # every database call was retried through the outage
     assert_once(hosts, job_id, n_keys=6)
     assert all(r.attempt == 1 for r in _rows(hosts, job_id))  # nothing was acknowledged into nothing and retried
-
-
-def _quietly(condition) -> bool:
-    try:
-        return condition()
-    except Exception:  # the database is the fault under test
-        return False
 
 
 def test_a_grade_in_flight_on_a_host_that_dies_is_graded_once_elsewhere(hosts, tmp_path):
@@ -261,7 +246,7 @@ def test_a_grade_in_flight_on_a_host_that_dies_is_graded_once_elsewhere(hosts, t
     hosts.worker("B", env)
     job_id = _job(hosts, tmp_path, ["dense"])
     grading_on_a = lambda: _held_by(hosts, job_id, "A", ("submitted", "step_limit"))  # noqa: E731
-    _poll(grading_on_a, 120, "a grade held by A", hosts)
+    _poll(grading_on_a, 120, "a grade held by A", hosts.tails)
     victim = grading_on_a()[0].id
     hosts.kill_host("A")
     hosts.worker("S", env, queues="grade,default")
